@@ -1,0 +1,221 @@
+"""The ``rayspec`` command line: transcribe, score, train, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import textwrap
+
+EXIT_SOME_FAILED = 3
+
+EPILOG = textwrap.dedent(
+    """\
+    examples:
+      rayspec transcribe ../shared/data/an4/test.jsonl -o an4.parquet            # target greedy (AR)
+      rayspec transcribe ../shared/data/an4/test.jsonl -o an4-spec.parquet --method draft
+      rayspec score an4.parquet                                                 # WER/CER per corpus
+      rayspec train target --help                                               # the zoo's recipes
+      rayspec bench --help                                                      # speculative decoding benchmark
+    """
+)
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models")
+    g.add_argument("--target", help="target model directory (from_pretrained); default: the bundled zoo target")
+    g.add_argument("--draft", help="draft model directory for --method draft; default: the bundled zoo draft")
+    g.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1); default cpu")
+    g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
+
+
+def _add_decode_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("decoding")
+    g.add_argument("--method", choices=["ar", "draft"], default="ar",
+                   help="ar: target greedy, one target pass per token. draft: a draft model proposes, the target "
+                        "verifies in one pass; output identical to ar (exact). default: ar")
+    g.add_argument("--max-tokens-per-second", type=float, default=30.0,
+                   help="cap on generated tokens per second of audio, against runaway repetition (default 30)")
+    g.add_argument("--draft-max", type=int, default=24, help="longest draft per round (SpecASR IV.A; default 24)")
+    g.add_argument("--draft-threshold", type=float, default=0.4,
+                   help="adaptive drafting stops at the first draft token whose probability is below this "
+                        "(SpecASR IV.A; default 0.4; 0 = fixed length --draft-max)")
+    g.add_argument("--no-recycle", action="store_true", help="disable draft sequence recycling (SpecASR IV.B)")
+    g.add_argument("--no-tree", action="store_true", help="disable the two-pass sparse token tree (SpecASR IV.C)")
+    g.add_argument("--tree-threshold", type=float, default=0.6,
+                   help="trunk positions whose top-1 probability is below this get a 2nd-best branch (default 0.6)")
+    g.add_argument("--tree-branches", type=int, default=2, help="most branches per token tree (default 2)")
+    b = p.add_argument_group("batching")
+    b.add_argument("--batch-tokens", type=int, default=16000,
+                   help="token budget per batch: rows x (padded encoder frames + expected tokens); default 16000")
+    b.add_argument("--max-batch", type=int, default=64, help="most utterances per batch (default 64)")
+    b.add_argument("--max-audio-seconds", type=float, default=None,
+                   help="reject longer files (default: the model's window, 30 s for Whisper)")
+
+
+def speculation_options(args):
+    from .decoding.speculative import SpeculationOptions
+
+    return SpeculationOptions(
+        max_draft=args.draft_max, threshold=args.draft_threshold, recycle=not args.no_recycle,
+        tree=not args.no_tree, tree_threshold=args.tree_threshold, tree_branches=args.tree_branches,
+    )
+
+
+def build_transcriber(args):
+    """A :class:`~rayspec.pipeline.Transcriber` from parsed CLI arguments."""
+    import torch
+
+    from .audio import AudioLimits
+    from .pipeline import DecodeOptions, Transcriber
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    opts = DecodeOptions(args.method, args.max_tokens_per_second,
+                         speculation_options(args) if args.method == "draft" else None)
+    limits = AudioLimits(max_seconds=args.max_audio_seconds) if args.max_audio_seconds else None
+    return Transcriber(args.target, args.draft, opts, args.device, limits=limits)
+
+
+def budget_from_args(args):
+    from .batching import BatchBudget
+
+    return BatchBudget(tokens=args.batch_tokens, max_rows=args.max_batch)
+
+
+def print_summary(summary, output: str) -> None:
+    for uid, err in summary.failures[:20]:
+        print(f"  failed {uid}: {err}", file=sys.stderr)
+    print(f"{summary.written} utterances written ({summary.skipped} already done), {summary.failed} failed, "
+          f"{summary.audio_s:.1f} s of audio in {summary.wall_s:.1f} s (RTFx {summary.rtfx:.1f}) -> {output}")
+
+
+def cmd_transcribe(args) -> int:
+    from tqdm import tqdm
+
+    from .manifest import read_manifest
+    from .pipeline import run_corpus
+
+    utts = read_manifest(args.input)
+    transcriber = build_transcriber(args)
+    with tqdm(total=len(utts), desc="transcribe", unit="utt", disable=args.quiet) as bar:
+        summary = run_corpus(utts, transcriber, args.output, budget_from_args(args), progress=bar.update)
+    print_summary(summary, args.output)
+    return EXIT_SOME_FAILED if summary.failed else 0
+
+
+def cmd_score(args) -> int:
+    from .scoring import format_table, score_results
+
+    scores = score_results(args.results)
+    if args.json:
+        print(json.dumps(scores["all"]))
+    else:
+        print(format_table(scores))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .train.recipe import DRAFT_ARCH, TARGET_ARCH, Architecture, TrainOptions, train
+
+    base = DRAFT_ARCH if args.kind == "draft" else TARGET_ARCH
+    arch = Architecture(
+        d_model=args.d_model or base.d_model, encoder_layers=args.encoder_layers or base.encoder_layers,
+        decoder_layers=args.decoder_layers or base.decoder_layers, heads=args.heads or base.heads,
+        ffn=args.ffn or base.ffn,
+    )
+    opt = TrainOptions(epochs=args.epochs, batch_frames=args.batch_frames, lr=args.lr, seed=args.seed,
+                       threads=args.threads, ctc_weight=args.ctc_weight, eval_every=args.eval_every,
+                       warmup_steps=args.warmup_steps)
+    summary = train(args.kind, args.manifests, args.output, args.work_dir, opt, arch, teacher_dir=args.target,
+                    ctc_out=args.ctc_output, max_steps=args.max_steps, max_utterances=args.max_utterances)
+    print(json.dumps(summary["final_dev"]))
+    return 0
+
+
+def _train_parser(sub) -> None:
+    p = sub.add_parser(
+        "train", help="train a zoo model (target, draft, ctc) on real speech",
+        description="Train a Whisper-architecture model with rayspec's recipe: joint CTC-attention loss, "
+                    "SpecAugment, speed perturbation 0.9/1.0/1.1, AdamW + warmup/cosine, averaging of the last "
+                    "checkpoints. Resumes from --work-dir after an interruption; logs loss and dev WER per epoch "
+                    "to <work-dir>/log.jsonl.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=textwrap.dedent("""\
+            kinds:
+              target  encoder-decoder + CTC head trained jointly (--ctc-output writes the head)
+              draft   a small model with the same tokenizer, distilled from --target's greedy transcripts
+              ctc     a CTC head over the frozen encoder of --target
+
+            example (the zoo target):
+              rayspec train target ../shared/data/an4/train.jsonl ../shared/data/ljspeech/clips.jsonl \\
+                  -o rayspec/zoo/target --ctc-output rayspec/zoo/ctc --work-dir runs/zoo/target --epochs 60
+            """),
+    )
+    p.add_argument("kind", choices=["target", "draft", "ctc"])
+    p.add_argument("manifests", nargs="+", help="training manifests (JSONL/CSV/Parquet with id, audio, text)")
+    p.add_argument("-o", "--output", required=True, help="model directory to write")
+    p.add_argument("--work-dir", required=True, help="checkpoints, feature cache and logs (resumable)")
+    p.add_argument("--target", help="teacher for draft distillation / frozen encoder for ctc")
+    p.add_argument("--ctc-output", help="target only: also write the jointly trained CTC head here")
+    p.add_argument("--epochs", type=int, default=60)
+    p.add_argument("--batch-frames", type=int, default=12000, help="padded log-mel frames per batch")
+    p.add_argument("--lr", type=float, default=1.5e-3)
+    p.add_argument("--warmup-steps", type=int, default=300)
+    p.add_argument("--ctc-weight", type=float, default=0.4)
+    p.add_argument("--eval-every", type=int, default=5, help="epochs between dev WER evaluations")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=2)
+    for name in ("d-model", "encoder-layers", "decoder-layers", "heads", "ffn"):
+        p.add_argument(f"--{name}", type=int, default=None, help="architecture override")
+    p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (smoke runs)")
+    p.add_argument("--max-utterances", type=int, default=None, help="use only the first N utterances (smoke runs)")
+    p.set_defaults(func=cmd_train)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="rayspec",
+        description="Batch speech recognition with exact, batched speculative decoding. Models load from local "
+                    "directories only (a Whisper checkpoint directory, or the bundled zoo).",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+    )
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser(
+        "transcribe", help="transcribe a manifest or folder of audio to Parquet (in-process; see jobs.transcribe "
+                           "for Ray)",
+        description="Transcribe every utterance of a manifest (JSONL/CSV/Parquet with id, audio[, text]) or a "
+                    "folder of audio files into one Parquet file. Utterances are sorted by length and batched under "
+                    "a token budget. Re-running with the same output resumes: finished ids are skipped. A bad file "
+                    f"becomes a row with 'error' set; the exit status is then {EXIT_SOME_FAILED}.",
+    )
+    p.add_argument("input", help="manifest file or folder of audio")
+    p.add_argument("-o", "--output", required=True, help="results .parquet file")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    _add_model_args(p)
+    _add_decode_args(p)
+    p.set_defaults(func=cmd_transcribe)
+
+    p = sub.add_parser("score", help="WER/CER of a results file per corpus",
+                       description="WER and CER after Whisper's English normalizer, per corpus and overall, with "
+                                   "RTFx and target passes (NFE) per utterance.")
+    p.add_argument("results", help="results .parquet file (or shard folder)")
+    p.add_argument("--json", action="store_true", help="print one JSON object (wer, cer, n, errors, ...) instead")
+    p.set_defaults(func=cmd_score)
+
+    _train_parser(sub)
+    from .bench import add_bench_parser
+
+    add_bench_parser(sub)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Shared types of the decoders: per-utterance counters and hypotheses, length caps."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+DEFAULT_MAX_TOKENS_PER_SECOND = 30.0
+MIN_TOKEN_CAP = 16
+
+
+@dataclass
+class DecodeStats:
+    """Counters of one utterance's decoding.
+
+    Attributes:
+        target_forward_passes: target decoder calls that included this utterance (NFE). The prompt pass counts.
+        draft_forward_passes: draft decoder calls that included this utterance.
+        draft_tokens_proposed: draft tokens sent to the target for verification.
+        draft_tokens_accepted: of those, tokens the target accepted.
+        rounds: draft-then-verify rounds.
+        accepted_prefix: for CTC-verified decoding, the length of the verified prefix (tokens), else None.
+    """
+
+    target_forward_passes: int = 0
+    draft_forward_passes: int = 0
+    draft_tokens_proposed: int = 0
+    draft_tokens_accepted: int = 0
+    rounds: int = 0
+    accepted_prefix: Optional[int] = None
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.draft_tokens_accepted / self.draft_tokens_proposed if self.draft_tokens_proposed else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per verification round (accepted draft tokens + the target's bonus token)."""
+        return (self.draft_tokens_accepted + self.rounds) / self.rounds if self.rounds else 0.0
+
+
+@dataclass
+class Hypothesis:
+    """A decoded utterance.
+
+    Attributes:
+        tokens: generated token ids, without the prompt and without EOS.
+        finished: True if EOS ended it, False if it hit the length cap.
+        route: how it was produced ("ar", "draft", "ctc", "verified", "fallback").
+        stats: counters.
+    """
+
+    tokens: list[int]
+    finished: bool
+    route: str
+    stats: DecodeStats = field(default_factory=DecodeStats)
+
+
+def token_cap(duration_s: float, max_tokens_per_second: float, limit: int) -> int:
+    """Most tokens to generate for an utterance of ``duration_s`` seconds (against runaway repetition).
+
+    Returns ``min(limit, max(MIN_TOKEN_CAP, ceil(duration_s * max_tokens_per_second)))``, EOS not counted.
+    """
+    return int(min(limit, max(MIN_TOKEN_CAP, math.ceil(duration_s * max_tokens_per_second))))

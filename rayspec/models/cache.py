@@ -1,0 +1,102 @@
+"""A ragged, preallocated decoder KV cache: each row keeps its own committed length.
+
+Speculative decoding accepts a different number of tokens per row. Instead of HF's ``DynamicCache`` (one length for
+the whole batch) every layer holds self-attention keys/values of shape ``[B, H, capacity, Dh]`` and the cache keeps
+``lengths[b]``, the number of committed positions of row ``b``. A decoder step writes its ``Q`` new positions at
+``lengths[b] .. lengths[b] + Q - 1`` (they are *pending*), and :meth:`DecoderCache.commit` keeps a chosen subset of
+them: rolling back a rejected draft costs nothing, and the accepted root-to-leaf path of a token tree is compacted
+into consecutive positions. Cross-attention keys/values are computed once from the encoder and never change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+
+@dataclass
+class DecoderCache:
+    """Per-layer decoder caches for a batch of ``B`` rows.
+
+    Attributes:
+        self_k, self_v: one tensor per decoder layer, ``[B, H, capacity, Dh]``, the model's dtype.
+        cross_k, cross_v: one tensor per decoder layer, ``[B, H, S, Dh]`` (S encoder positions).
+        cross_mask: bool ``[B, 1, 1, S]``, True where the encoder position is real; None when no row is padded.
+        lengths: int64 ``[B]``, committed positions per row (prompt + accepted tokens).
+        pending: number of positions the last decoder call wrote past ``lengths`` (0 after a commit).
+    """
+
+    self_k: list[torch.Tensor]
+    self_v: list[torch.Tensor]
+    cross_k: list[torch.Tensor]
+    cross_v: list[torch.Tensor]
+    cross_mask: Optional[torch.Tensor]
+    lengths: torch.Tensor
+    pending: int = 0
+
+    @property
+    def batch_size(self) -> int:
+        return int(self.lengths.shape[0])
+
+    @property
+    def capacity(self) -> int:
+        return int(self.self_k[0].shape[2])
+
+    def select(self, rows: torch.Tensor) -> "DecoderCache":
+        """A cache holding only ``rows`` (int64 ``[B']`` indices), in that order: drops finished rows or reorders."""
+        pick = lambda ts: [t.index_select(0, rows) for t in ts]  # noqa: E731
+        return DecoderCache(
+            pick(self.self_k),
+            pick(self.self_v),
+            pick(self.cross_k),
+            pick(self.cross_v),
+            None if self.cross_mask is None else self.cross_mask.index_select(0, rows),
+            self.lengths.index_select(0, rows),
+            self.pending,
+        )
+
+    def commit(self, keep: torch.Tensor, counts: torch.Tensor) -> None:
+        """Keep some pending positions per row and drop the rest.
+
+        Args:
+            keep: int64 ``[B, A]``, for each row the indices (0 .. pending-1) of the pending positions to keep, in
+                order; entries at or after ``counts[b]`` are ignored. For a chain, ``arange(A)``; for a tree, the
+                node indices of the accepted path.
+            counts: int64 ``[B]``, how many pending positions row ``b`` keeps (0 .. A).
+
+        Raises:
+            ValueError: ``counts`` larger than the pending positions or than ``keep``'s width.
+        """
+        if keep.shape[1] > self.pending or bool((counts > keep.shape[1]).any()) or bool((counts < 0).any()):
+            raise ValueError(f"cannot keep {keep.shape[1]} of {self.pending} pending positions (counts {counts})")
+        a = keep.shape[1]
+        if a and not torch.equal(keep, torch.arange(a, device=keep.device).expand_as(keep)):
+            base = self.lengths[:, None]
+            src = (base + keep).clamp(max=self.capacity - 1)
+            dst = base + torch.arange(a, device=keep.device)
+            for cache in (*self.self_k, *self.self_v):
+                b, h, _, d = cache.shape
+                moved = cache.gather(2, src[:, None, :, None].expand(b, h, a, d))
+                cache.scatter_(2, dst[:, None, :, None].expand(b, h, a, d), moved)
+        self.lengths = self.lengths + counts
+        self.pending = 0
+
+    def crop(self, lengths: torch.Tensor) -> None:
+        """Roll rows back to ``lengths`` (int64 ``[B]``, each <= the row's committed length); drops pending positions.
+
+        Raises:
+            ValueError: a length beyond the committed one.
+        """
+        if bool((lengths > self.lengths).any()) or bool((lengths < 0).any()):
+            raise ValueError(f"cannot crop lengths {self.lengths.tolist()} to {lengths.tolist()}")
+        self.lengths = lengths.clone()
+        self.pending = 0
+
+    def fork(self, rows: torch.Tensor, lengths: torch.Tensor) -> "DecoderCache":
+        """A copy of ``rows`` (int64 ``[F]``, repeats allowed) cropped to ``lengths`` (``[F]``): the starting points
+        of token-tree branches drafted in parallel (SpecASR IV.C, second pass)."""
+        forked = self.select(rows)
+        forked.crop(lengths)
+        return forked

@@ -1,0 +1,391 @@
+"""Encoder-decoder ASR adapter over transformers' Whisper family.
+
+:class:`WhisperASR` loads ``WhisperForConditionalGeneration`` with its feature extractor, tokenizer and generation
+config from a local directory (``from_pretrained(path)``), so an openai/whisper-* checkpoint directory runs unchanged,
+and exposes what speculative decoders need:
+
+* :meth:`WhisperASR.features` / :meth:`WhisperASR.encode`: log-mel features and encoder states of a padded batch;
+* :meth:`WhisperASR.new_cache`: a :class:`~rayspec.models.cache.DecoderCache` with the cross-attention keys/values;
+* :meth:`WhisperASR.decode`: the decoder over ``Q`` new tokens per row, at per-row positions, under a causal or token
+  tree mask, returning logits and leaving the new keys/values pending in the cache.
+
+The decoder forward is written here over the checkpoint's own modules (embeddings, projections, layer norms) because
+transformers' caches hold one length for the whole batch, while speculative rows advance by different amounts.
+
+Batch invariance. transformers' ``WhisperEncoder`` only takes exactly ``2 * max_source_positions`` frames and ignores
+attention masks. Checkpoints trained that way (real Whisper) are run the same way: every utterance padded to the
+fixed window (``encoder_masking = False``). Checkpoints trained by rayspec's recipes set ``rayspec_encoder_masking``
+in their config: features are computed per utterance, the conv front-end output is zeroed past each utterance's
+length, and encoder self-attention and decoder cross-attention mask padded positions. Either way an utterance's
+result does not depend on its batch-mates.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .cache import DecoderCache
+
+
+class ModelLoadError(RuntimeError):
+    """A model directory that is missing, incomplete, or yields an empty tokenizer."""
+
+
+@dataclass
+class EncoderOutput:
+    """Encoder states of a padded batch.
+
+    Attributes:
+        states: ``[B, S, D]`` encoder output (model dtype); positions ``>= lengths[b]`` are padding.
+        lengths: int64 ``[B]``, number of real encoder positions per row.
+        masked: whether padded positions must be masked in cross-attention (False for fixed-window models).
+    """
+
+    states: torch.Tensor
+    lengths: torch.Tensor
+    masked: bool
+
+    def select(self, rows: torch.Tensor) -> "EncoderOutput":
+        """Rows ``rows`` (int64 ``[B']``) of this batch."""
+        return EncoderOutput(self.states.index_select(0, rows), self.lengths.index_select(0, rows), self.masked)
+
+    def to(self, device) -> "EncoderOutput":
+        return EncoderOutput(self.states.to(device), self.lengths.to(device), self.masked)
+
+
+def _require_files(path: str) -> None:
+    if not os.path.isdir(path):
+        raise ModelLoadError(f"model directory not found: {path} (rayspec loads local directories only)")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        raise ModelLoadError(f"{path} has no config.json: not a transformers model directory")
+
+
+class WhisperASR:
+    """A Whisper-architecture ASR model ready for batched (speculative) decoding.
+
+    Args:
+        model: a ``WhisperForConditionalGeneration``, eval mode unless training.
+        feature_extractor: its ``WhisperFeatureExtractor``.
+        tokenizer: its Whisper tokenizer (for ``decode_text``); may be None for tokenizer-free uses.
+        generation_config: the model's ``GenerationConfig`` (decoder prompt, EOS, suppress lists).
+    """
+
+    def __init__(self, model, feature_extractor, tokenizer, generation_config, name: str = "") -> None:
+        self.model = model
+        self.feature_extractor = feature_extractor
+        self.tokenizer = tokenizer
+        self.generation_config = generation_config
+        self.name = name
+        cfg = model.config
+        self.config = cfg
+        self.encoder_masking = bool(getattr(cfg, "rayspec_encoder_masking", False))
+        self.num_heads = cfg.decoder_attention_heads
+        self.head_dim = cfg.d_model // cfg.decoder_attention_heads
+        self.max_target_positions = cfg.max_target_positions
+        self.vocab_size = cfg.vocab_size
+        gc = generation_config
+        self.eos_token_id = int(gc.eos_token_id if gc.eos_token_id is not None else cfg.eos_token_id)
+        self.prompt_ids = self._decoder_prompt()
+        self.suppress_tokens = [t for t in (gc.suppress_tokens or []) if t < self.vocab_size]
+        self.begin_suppress_tokens = [t for t in (gc.begin_suppress_tokens or []) if t < self.vocab_size]
+        self._suppress = self._suppress_bias(self.suppress_tokens)
+        self._begin_suppress = self._suppress_bias(self.begin_suppress_tokens)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(
+        cls, path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    ) -> "WhisperASR":
+        """Load model, feature extractor, tokenizer and generation config from a local directory.
+
+        Raises:
+            ModelLoadError: missing directory or files, or a tokenizer that loads empty (transformers returns an
+                empty tokenizer instead of raising when files are missing offline).
+        """
+        from transformers import (
+            AutoTokenizer,
+            GenerationConfig,
+            WhisperFeatureExtractor,
+            WhisperForConditionalGeneration,
+        )
+
+        path = os.fspath(path)
+        _require_files(path)
+        model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        model.to(device).eval()
+        feature_extractor = WhisperFeatureExtractor.from_pretrained(path)
+        tokenizer = AutoTokenizer.from_pretrained(path)
+        if len(tokenizer) == 0:
+            raise ModelLoadError(f"the tokenizer in {path} loaded empty: tokenizer files are missing")
+        try:
+            generation_config = GenerationConfig.from_pretrained(path)
+        except OSError:
+            generation_config = GenerationConfig.from_model_config(model.config)
+        return cls(model, feature_extractor, tokenizer, generation_config, name=os.path.basename(path.rstrip("/")))
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def sample_rate(self) -> int:
+        return int(self.feature_extractor.sampling_rate)
+
+    @property
+    def frames_per_second(self) -> float:
+        """Log-mel frames per second of audio."""
+        return self.sample_rate / self.feature_extractor.hop_length
+
+    @property
+    def max_frames(self) -> int:
+        """Input window of the encoder in log-mel frames (2 x ``max_source_positions``)."""
+        return 2 * self.config.max_source_positions
+
+    @property
+    def max_audio_seconds(self) -> float:
+        return self.max_frames / self.frames_per_second
+
+    def _decoder_prompt(self) -> list[int]:
+        """Whisper's decoder prompt: <|startoftranscript|> [<|lang|> <|task|>] <|notimestamps|>."""
+        gc = self.generation_config
+        prompt = [int(gc.decoder_start_token_id)]
+        if getattr(gc, "is_multilingual", False):
+            lang = getattr(gc, "language", None) or "<|en|>"
+            lang = lang if lang.startswith("<|") else f"<|{lang}|>"
+            prompt.append(int(gc.lang_to_id[lang]))
+            prompt.append(int(gc.task_to_id[getattr(gc, "task", None) or "transcribe"]))
+        if getattr(gc, "no_timestamps_token_id", None) is not None:
+            prompt.append(int(gc.no_timestamps_token_id))
+        return prompt
+
+    def _suppress_bias(self, tokens: Sequence[int]) -> Optional[torch.Tensor]:
+        if not tokens:
+            return None
+        bias = torch.zeros(self.vocab_size, dtype=self.dtype, device=self.device)
+        bias[list(tokens)] = float("-inf")
+        return bias
+
+    # ------------------------------------------------------------------ encoder
+    def features(self, audios: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Log-mel features of a batch, each utterance computed on its own (so padding never leaks into them).
+
+        Args:
+            audios: float32 mono waveforms at :attr:`sample_rate` Hz.
+
+        Returns:
+            ``(features, frame_lengths)``: features ``[B, n_mels, T]`` in the model dtype, zero-padded to the longest
+            row (masking models) or to :attr:`max_frames` (fixed-window models); frame_lengths int64 ``[B]``.
+
+        Raises:
+            ValueError: an utterance longer than :attr:`max_audio_seconds`.
+        """
+        fe = self.feature_extractor
+        feats = []
+        for audio in audios:
+            if len(audio) > self.max_audio_seconds * self.sample_rate:
+                raise ValueError(
+                    f"audio of {len(audio) / self.sample_rate:.1f} s exceeds the model's {self.max_audio_seconds:.1f} s"
+                )
+            if self.encoder_masking:
+                out = fe(audio, sampling_rate=self.sample_rate, padding="longest", truncation=False, return_tensors="np")
+            else:
+                out = fe(audio, sampling_rate=self.sample_rate, padding="max_length", return_tensors="np")
+            feats.append(out["input_features"][0])
+        lengths = [f.shape[1] for f in feats]
+        width = max(lengths) if self.encoder_masking else self.max_frames
+        batch = np.zeros((len(feats), feats[0].shape[0], width), dtype=np.float32)
+        for i, f in enumerate(feats):
+            batch[i, :, : f.shape[1]] = f
+        return (
+            torch.from_numpy(batch).to(self.device, self.dtype),
+            torch.tensor(lengths, dtype=torch.long, device=self.device),
+        )
+
+    def encode(self, features: torch.Tensor, frame_lengths: torch.Tensor) -> EncoderOutput:
+        """Run the encoder over a padded batch.
+
+        Args:
+            features: ``[B, n_mels, T]`` log-mel features (``T`` = :attr:`max_frames` for fixed-window models).
+            frame_lengths: int64 ``[B]``, real frames per row.
+
+        Returns:
+            :class:`EncoderOutput` with ``ceil(T / 2)`` positions. Dropout applies when the model is in train mode.
+        """
+        enc = self.model.model.encoder
+        if not self.encoder_masking:
+            states = enc(features).last_hidden_state
+            full = torch.full_like(frame_lengths, states.shape[1])
+            return EncoderOutput(states, full, masked=False)
+        t = features.shape[-1]
+        frame_mask = (torch.arange(t, device=features.device)[None, :] < frame_lengths[:, None]).to(features.dtype)
+        x = F.gelu(enc.conv1(features)) * frame_mask[:, None, :]
+        x = F.gelu(enc.conv2(x)).permute(0, 2, 1)
+        s = x.shape[1]
+        lengths = (frame_lengths + 1) // 2
+        x = x + enc.embed_positions.weight[:s]
+        x = F.dropout(x, p=enc.dropout, training=enc.training)
+        keep = torch.arange(s, device=x.device)[None, :] < lengths[:, None]
+        bias = torch.zeros(keep.shape, dtype=x.dtype, device=x.device).masked_fill(~keep, torch.finfo(x.dtype).min)
+        bias = bias[:, None, None, :]
+        for layer in enc.layers:
+            x = layer(x, bias)
+        return EncoderOutput(enc.layer_norm(x), lengths, masked=True)
+
+    # ------------------------------------------------------------------ decoder
+    def new_cache(self, encoder_output: EncoderOutput, capacity: int) -> DecoderCache:
+        """An empty decoder cache for a batch, with cross-attention keys/values precomputed.
+
+        Args:
+            encoder_output: from :meth:`encode`.
+            capacity: most decoder positions any row will hold (prompt + tokens + pending draft positions).
+        """
+        dec = self.model.model.decoder
+        states = encoder_output.states
+        b, s, _ = states.shape
+        cross_k, cross_v, self_k, self_v = [], [], [], []
+        for layer in dec.layers:
+            attn = layer.encoder_attn
+            cross_k.append(attn.k_proj(states).view(b, s, self.num_heads, self.head_dim).transpose(1, 2))
+            cross_v.append(attn.v_proj(states).view(b, s, self.num_heads, self.head_dim).transpose(1, 2))
+            self_k.append(states.new_zeros((b, self.num_heads, capacity, self.head_dim)))
+            self_v.append(states.new_zeros((b, self.num_heads, capacity, self.head_dim)))
+        cross_mask = None
+        if encoder_output.masked and bool((encoder_output.lengths < s).any()):
+            cross_mask = (torch.arange(s, device=states.device)[None, :] < encoder_output.lengths[:, None])[
+                :, None, None, :
+            ]
+        lengths = torch.zeros(b, dtype=torch.long, device=states.device)
+        return DecoderCache(self_k, self_v, cross_k, cross_v, cross_mask, lengths)
+
+    def decode(
+        self,
+        cache: DecoderCache,
+        tokens: torch.Tensor,
+        ancestors: Optional[torch.Tensor] = None,
+        depths: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """Run the decoder over ``Q`` new tokens per row; their keys/values become pending in ``cache``.
+
+        New token ``i`` of row ``b`` sits at decoder position ``cache.lengths[b] + depths[i]`` and attends to the
+        row's committed positions plus the new tokens ``j`` with ``ancestors[i, j]`` (itself included). A chain is
+        the default (``ancestors`` lower-triangular, ``depths = arange(Q)``); a token tree gives each node its
+        root-path (SpecInfer's tree attention, SpecASR IV.C). Padding tokens past a row's real ones are harmless:
+        nothing real attends to them and :meth:`DecoderCache.commit` drops them.
+
+        Args:
+            cache: from :meth:`new_cache`; must have no pending positions.
+            tokens: int64 ``[B, Q]``.
+            ancestors: bool ``[Q, Q]`` or ``[B, Q, Q]``; default causal.
+            depths: int64 ``[Q]`` or ``[B, Q]``; default ``arange(Q)``.
+
+        Returns:
+            Float logits ``[B, Q, V]`` (suppress lists not applied; see :meth:`suppress`).
+
+        Raises:
+            ValueError: the cache has pending positions, or positions beyond its capacity.
+        """
+        if cache.pending:
+            raise ValueError("decode() called with pending cache positions: commit() them first")
+        dec = self.model.model.decoder
+        b, q = tokens.shape
+        dev = tokens.device
+        if ancestors is None:
+            ancestors = torch.ones(q, q, dtype=torch.bool, device=dev).tril()
+        if depths is None:
+            depths = torch.arange(q, device=dev)
+        if ancestors.dim() == 2:
+            ancestors = ancestors.expand(b, q, q)
+        depths = depths.expand(b, q)
+        base = cache.lengths
+        positions = base[:, None] + depths
+        slots = base[:, None] + torch.arange(q, device=dev)
+        top = int(slots.max()) + 1
+        if top > cache.capacity:
+            raise ValueError(f"decoder positions up to {top} exceed the cache capacity {cache.capacity}")
+        # Callers cap real tokens below max_target_positions; only padding may reach past it, and is clamped.
+        positions = positions.clamp(max=self.max_target_positions - 1)
+        # Key visibility [B, Q, K]: committed keys, plus pending keys on the query's root path.
+        rel = torch.arange(top, device=dev)[None, :] - base[:, None]  # [B, K]
+        is_new = (rel >= 0) & (rel < q)
+        anc = ancestors.gather(2, rel.clamp(0, q - 1)[:, None, :].expand(b, q, top))
+        visible = (rel < 0)[:, None, :] | (is_new[:, None, :] & anc)
+        visible = visible[:, None]  # [B, 1, Q, K]
+
+        x = dec.embed_tokens(tokens) * dec.embed_scale + dec.embed_positions.weight[positions]
+        x = F.dropout(x, p=dec.dropout, training=dec.training)
+        write = slots[:, None, :, None].expand(b, self.num_heads, q, self.head_dim)
+        for i, layer in enumerate(dec.layers):
+            attn = layer.self_attn
+            h = layer.self_attn_layer_norm(x)
+            qh = self._heads(attn.q_proj(h) * attn.scaling)
+            cache.self_k[i].scatter_(2, write, self._heads(attn.k_proj(h)))
+            cache.self_v[i].scatter_(2, write, self._heads(attn.v_proj(h)))
+            k = cache.self_k[i][:, :, :top]
+            v = cache.self_v[i][:, :, :top]
+            out = self._attend(attn, qh, k, v, visible)
+            x = x + F.dropout(out, p=layer.dropout, training=layer.training)
+
+            cross = layer.encoder_attn
+            h = layer.encoder_attn_layer_norm(x)
+            qh = self._heads(cross.q_proj(h) * cross.scaling)
+            out = self._attend(cross, qh, cache.cross_k[i], cache.cross_v[i], cache.cross_mask)
+            x = x + F.dropout(out, p=layer.dropout, training=layer.training)
+
+            h = layer.final_layer_norm(x)
+            h = layer.activation_fn(layer.fc1(h))
+            h = F.dropout(h, p=layer.activation_dropout, training=layer.training)
+            x = x + F.dropout(layer.fc2(h), p=layer.dropout, training=layer.training)
+        x = dec.layer_norm(x)
+        cache.pending = q
+        return self.model.proj_out(x)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        b, q, _ = x.shape
+        return x.view(b, q, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def _attend(self, attn, q, k, v, mask) -> torch.Tensor:
+        p = attn.dropout if attn.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)
+        b, _, n, _ = out.shape
+        return attn.out_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+    def suppress(self, logits: torch.Tensor, first: torch.Tensor | bool = False) -> torch.Tensor:
+        """Apply Whisper's suppress lists to logits ``[..., V]`` (returns a new tensor).
+
+        Args:
+            first: where the position is the first generated token (``begin_suppress_tokens`` apply): a bool, or a
+                bool tensor broadcastable to ``logits.shape[:-1]``.
+        """
+        if self._suppress is not None:
+            logits = logits + self._suppress
+        if self._begin_suppress is not None:
+            first = torch.as_tensor(first, device=logits.device)
+            if bool(first.any()):
+                logits = torch.where(first[..., None], logits + self._begin_suppress, logits)
+        return logits
+
+    def decode_text(self, ids: Sequence[int]) -> str:
+        """Text of generated ids (special tokens dropped)."""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True).strip()
+
+    def count_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters())
+
+
+def decoder_flops_per_token(config) -> float:
+    """Approximate decoder multiply-accumulates per generated token (projections and FFN, excluding attention
+    scores): ``layers * (4 d^2 self + 2 d^2 cross q/out + 2 d f)``. Used to compare draft and target costs."""
+    d, f = config.d_model, config.decoder_ffn_dim
+    return float(config.decoder_layers * (4 * d * d + 2 * d * d + 2 * d * f)) + d * config.vocab_size
+
+

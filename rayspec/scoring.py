@@ -1,0 +1,60 @@
+"""Score a results file: WER/CER per corpus after Whisper's normalizer, RTFx and NFE (open_asr_leaderboard style:
+RTFx = total audio seconds / total decode seconds; normalization at scoring time)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from .metrics import error_rates
+from .results import read_results
+
+
+def _score(rows: list[dict]) -> dict:
+    ok = [r for r in rows if not r["error"]]
+    scored = [r for r in ok if r["reference"]]
+    rates = error_rates([r["reference"] for r in scored], [r["text"] or "" for r in scored])
+    audio = sum(r["duration_s"] or 0.0 for r in ok)
+    decode = sum(r["decode_s"] or 0.0 for r in ok)
+    nfe = sum(r["target_forward_passes"] or 0 for r in ok)
+    tokens = sum(r["num_tokens"] or 0 for r in ok)
+    return {
+        "wer": rates.wer, "cer": rates.cer, "n": len(rows), "scored": rates.n, "words": rates.words,
+        "errors": len(rows) - len(ok), "audio_s": round(audio, 3), "decode_s": round(decode, 3),
+        "rtfx": audio / decode if decode else None, "nfe_per_utt": nfe / len(ok) if ok else None,
+        "tokens_per_nfe": tokens / nfe if nfe else None,
+    }
+
+
+def score_results(path: str) -> dict:
+    """Scores of a results file: ``{"all": {...}, "corpora": {name: {...}}}``; each entry has wer, cer (fractions),
+    n (rows), scored, words, errors (failed rows), audio_s, decode_s, rtfx, nfe_per_utt, tokens_per_nfe.
+
+    Raises:
+        FileNotFoundError: no results at ``path``.
+    """
+    rows = read_results(path).to_pylist()
+    by_corpus: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        by_corpus[r["corpus"] or "-"].append(r)
+    return {"all": _score(rows), "corpora": {c: _score(rs) for c, rs in sorted(by_corpus.items())}}
+
+
+def _pct(x) -> str:
+    return "-" if x is None or x != x else f"{100 * x:.2f}"
+
+
+def _num(x, fmt="{:.1f}") -> str:
+    return "-" if x is None else fmt.format(x)
+
+
+def format_table(scores: dict) -> str:
+    """A Markdown table: one line per corpus and one for all."""
+    head = "| corpus | n | errors | WER % | CER % | audio s | RTFx | NFE/utt | tokens/NFE |"
+    lines = [head, "|" + "---|" * 9]
+    items = list(scores["corpora"].items()) + [("all", scores["all"])]
+    for name, s in items:
+        lines.append(
+            f"| {name} | {s['n']} | {s['errors']} | {_pct(s['wer'])} | {_pct(s['cer'])} | {s['audio_s']:.1f} | "
+            f"{_num(s['rtfx'])} | {_num(s['nfe_per_utt'])} | {_num(s['tokens_per_nfe'], '{:.2f}')} |"
+        )
+    return "\n".join(lines)

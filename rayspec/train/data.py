@@ -1,0 +1,100 @@
+"""Training data: manifests -> cached log-mel features (with speed perturbation) and character token ids."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+import soxr
+import torch
+from tqdm import tqdm
+
+from ..audio import load_audio
+from ..manifest import Utterance, read_manifest
+from ..models.tokenizer import normalize_transcript
+
+SPEEDS = (0.9, 1.0, 1.1)
+
+
+@dataclass
+class Example:
+    """One training utterance.
+
+    Attributes:
+        id: utterance id.
+        features: one float16 ``[n_mels, T]`` log-mel array per speed factor in :data:`SPEEDS` order.
+        text: normalized transcript (see :func:`~rayspec.models.tokenizer.normalize_transcript`).
+    """
+
+    id: str
+    features: list[np.ndarray]
+    text: str
+
+
+def _features_one(args) -> list[np.ndarray]:
+    path, fe_dict, speeds = args
+    from transformers import WhisperFeatureExtractor
+
+    fe = WhisperFeatureExtractor(**fe_dict)
+    audio = load_audio(path, fe.sampling_rate)
+    out = []
+    for s in speeds:
+        # Speed perturbation (tempo and pitch, as Kaldi/ESPnet's sp): play `s` times faster.
+        a = audio if s == 1.0 else soxr.resample(audio, fe.sampling_rate, fe.sampling_rate / s)
+        f = fe(a, sampling_rate=fe.sampling_rate, padding="longest", truncation=False, return_tensors="np")
+        out.append(f["input_features"][0].astype(np.float16))
+    return out
+
+
+def load_examples(
+    utterances: list[Utterance], feature_extractor, cache_dir: str, speeds=SPEEDS, workers: int = 2
+) -> list[Example]:
+    """Compute (or load from ``cache_dir``) features for ``utterances`` at every speed in ``speeds``.
+
+    The cache key covers the utterance ids, audio paths, speeds and the feature extractor's settings, so a changed
+    setting recomputes. Utterances whose audio fails to load are skipped with a warning.
+    """
+    fe_dict = {k: v for k, v in feature_extractor.to_dict().items() if k in
+               ("feature_size", "sampling_rate", "hop_length", "chunk_length", "n_fft", "padding_value")}
+    key = hashlib.sha1(json.dumps([[u.id, u.audio] for u in utterances] + [list(speeds), fe_dict],
+                                  sort_keys=True).encode()).hexdigest()[:16]
+    path = os.path.join(cache_dir, f"features-{key}.pt")
+    if os.path.exists(path):
+        feats = torch.load(path, weights_only=False)
+    else:
+        os.makedirs(cache_dir, exist_ok=True)
+        jobs = [(u.audio, fe_dict, tuple(speeds)) for u in utterances]
+        with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+            feats = list(tqdm(pool.map(_features_one, jobs, chunksize=8), total=len(jobs), desc="features"))
+        tmp = path + ".tmp"
+        torch.save(feats, tmp)
+        os.replace(tmp, path)
+    return [Example(u.id, f, normalize_transcript(u.text or "")) for u, f in zip(utterances, feats)]
+
+
+def split_manifests(paths: list[str], dev_fraction: float, seed: int) -> tuple[list[Utterance], list[Utterance]]:
+    """Read manifests and hold out a dev split for early stopping and checkpoint selection.
+
+    AN4-style ids (``an<N>-<speaker>-b``) are split by speaker, so dev speakers are unseen in training; other corpora
+    hold out their last ``dev_fraction`` of rows (LJSpeech: the last clips of the reading).
+    """
+    rng = np.random.default_rng(seed)
+    train, dev = [], []
+    for p in paths:
+        rows = [u for u in read_manifest(p) if u.text]
+        speakers = sorted({u.id.split("-")[1] for u in rows if u.id.startswith("an") and u.id.count("-") == 2})
+        if speakers:
+            n = max(1, round(len(speakers) * dev_fraction))
+            held = set(rng.choice(speakers, size=n, replace=False).tolist())
+            for u in rows:
+                (dev if u.id.split("-")[1] in held else train).append(u)
+        else:
+            n = max(1, round(len(rows) * dev_fraction))
+            train += rows[:-n]
+            dev += rows[-n:]
+    return train, dev

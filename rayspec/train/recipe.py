@@ -1,0 +1,445 @@
+"""The zoo's training recipe: joint CTC-attention training of Whisper-architecture models on real speech.
+
+One loop serves the three zoo kinds:
+
+* ``target``: encoder + decoder + CTC head, joint loss ``w * CTC + (1 - w) * CE`` (hybrid CTC-attention, Watanabe et
+  al. 2017; ESPnet's AN4 recipe), label smoothing, SpecAugment (Park et al. 2019), on-the-fly speed perturbation
+  0.9/1.0/1.1, AdamW with warmup + cosine decay, weight averaging of the last checkpoints.
+* ``draft``: a much smaller model of the same family and tokenizer, trained on the data and on the target's own greedy
+  transcripts (sequence-level knowledge distillation, Kim & Rush 2016) so it agrees with the target.
+* ``ctc``: a CTC head over a frozen target encoder (the SSD paper's drafter, section 3.1).
+
+Every epoch writes a resumable checkpoint (model, optimizer, step, RNG) to the work directory; a re-run of the same
+command resumes from it. Logs go to ``<work>/log.jsonl`` (loss and dev WER per epoch).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from ..decoding.ar import greedy_decode
+from ..metrics import error_rates
+from ..models.ctc import CTCHead
+from ..models.tokenizer import SPECIAL_TOKENS, build_char_tokenizer
+from ..models.whisper import WhisperASR
+from .data import SPEEDS, Example, load_examples, split_manifests
+
+
+@dataclass
+class Architecture:
+    """Whisper-architecture sizes (``WhisperConfig`` fields)."""
+
+    d_model: int = 256
+    encoder_layers: int = 6
+    decoder_layers: int = 3
+    heads: int = 4
+    ffn: int = 1024
+    max_source_positions: int = 750  # 30 s at 25 encoder positions / s
+    max_target_positions: int = 448
+
+
+TARGET_ARCH = Architecture()
+DRAFT_ARCH = Architecture(d_model=128, encoder_layers=4, decoder_layers=1, heads=2, ffn=512)
+
+
+@dataclass
+class TrainOptions:
+    """Recipe options (all recorded in the model card).
+
+    Attributes:
+        epochs: passes over the training set (each utterance at one random speed per epoch).
+        batch_frames: token budget of a batch in log-mel frames (sum over rows of padded length).
+        lr: peak learning rate; warmup_steps linear warmup, cosine decay to 5% after.
+        ctc_weight: weight of the CTC loss in the joint loss (1.0 = CTC only).
+        dropout: residual dropout; attention/activation dropout is ``dropout * 2/3``.
+        average: number of last epoch checkpoints averaged into the exported weights.
+        eval_every: epochs between dev evaluations (CTC greedy WER; attention greedy WER too when the decoder trains).
+    """
+
+    epochs: int = 60
+    batch_frames: int = 12000
+    lr: float = 1.5e-3
+    warmup_steps: int = 300
+    weight_decay: float = 0.05
+    ctc_weight: float = 0.4
+    label_smoothing: float = 0.1
+    dropout: float = 0.15
+    freq_masks: int = 2
+    freq_width: int = 15
+    time_masks: int = 3
+    time_fraction: float = 0.08
+    average: int = 5
+    eval_every: int = 5
+    seed: int = 0
+    threads: int = 2
+    dev_fraction: float = 0.08
+
+
+FEATURE_EXTRACTOR = dict(feature_size=80, sampling_rate=16000, hop_length=320, chunk_length=30, n_fft=400)
+
+
+def new_model(arch: Architecture, dropout: float, out_dir: str) -> WhisperASR:
+    """A randomly initialised zoo model with the character tokenizer, written to ``out_dir`` and loaded back."""
+    from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    tok = build_char_tokenizer(out_dir)
+    ids = {t: tok.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    eot, sot, nots = ids["<|endoftext|>"], ids["<|startoftranscript|>"], ids["<|notimestamps|>"]
+    space = tok.convert_tokens_to_ids("\u0120")
+    cfg = WhisperConfig(
+        vocab_size=len(tok), num_mel_bins=80, d_model=arch.d_model,
+        encoder_layers=arch.encoder_layers, decoder_layers=arch.decoder_layers,
+        encoder_attention_heads=arch.heads, decoder_attention_heads=arch.heads,
+        encoder_ffn_dim=arch.ffn, decoder_ffn_dim=arch.ffn,
+        max_source_positions=arch.max_source_positions, max_target_positions=arch.max_target_positions,
+        dropout=dropout, attention_dropout=dropout * 2 / 3, activation_dropout=dropout * 2 / 3,
+        pad_token_id=eot, bos_token_id=eot, eos_token_id=eot, decoder_start_token_id=sot,
+        suppress_tokens=[], begin_suppress_tokens=[space, eot], tie_word_embeddings=True,
+    )
+    cfg.rayspec_encoder_masking = True
+    model = WhisperForConditionalGeneration(cfg)
+    gen = GenerationConfig(
+        decoder_start_token_id=sot, eos_token_id=eot, pad_token_id=eot, bos_token_id=eot,
+        no_timestamps_token_id=nots, is_multilingual=False, max_length=arch.max_target_positions,
+        suppress_tokens=sorted(set(ids.values()) - {eot}), begin_suppress_tokens=[space, eot],
+    )
+    model.generation_config = gen
+    model.save_pretrained(out_dir)
+    gen.save_pretrained(out_dir)
+    WhisperFeatureExtractor(**FEATURE_EXTRACTOR).save_pretrained(out_dir)
+    return WhisperASR.from_pretrained(out_dir)
+
+
+def _spec_augment(x: torch.Tensor, lengths: torch.Tensor, opt: TrainOptions, rng: random.Random) -> torch.Tensor:
+    """SpecAugment frequency and time masks on ``[B, n_mels, T]`` (masked to 0), per row within its length."""
+    x = x.clone()
+    n_mels = x.shape[1]
+    for b in range(x.shape[0]):
+        for _ in range(opt.freq_masks):
+            w = rng.randint(0, opt.freq_width)
+            f0 = rng.randint(0, n_mels - w)
+            x[b, f0 : f0 + w, :] = 0.0
+        t_len = int(lengths[b])
+        for _ in range(opt.time_masks):
+            w = rng.randint(0, max(1, int(t_len * opt.time_fraction)))
+            t0 = rng.randint(0, max(0, t_len - w))
+            x[b, :, t0 : t0 + w] = 0.0
+    return x
+
+
+def _batches(lengths: list[int], budget: int, rng: random.Random) -> list[list[int]]:
+    """Length-sorted batches under a padded-frame budget, in random order."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
+    out, cur = [], []
+    for i in order:
+        if cur and lengths[i] * (len(cur) + 1) > budget:
+            out.append(cur)
+            cur = []
+        cur.append(i)
+    if cur:
+        out.append(cur)
+    rng.shuffle(out)
+    return out
+
+
+def _collate(examples: list[Example], speed_idx: list[int], tokenizer, device):
+    feats = [torch.from_numpy(ex.features[s].astype(np.float32)) for ex, s in zip(examples, speed_idx)]
+    lengths = torch.tensor([f.shape[1] for f in feats])
+    x = torch.zeros(len(feats), feats[0].shape[0], int(lengths.max()))
+    for i, f in enumerate(feats):
+        x[i, :, : f.shape[1]] = f
+    toks = [tokenizer(ex.text, add_special_tokens=False).input_ids for ex in examples]
+    return x.to(device), lengths.to(device), toks
+
+
+def _losses(model: WhisperASR, ctc: CTCHead, x, lengths, toks, opt: TrainOptions, train_decoder: bool):
+    enc = model.encode(x, lengths)
+    logp = ctc(enc.states)
+    targets = [ctc.targets(torch.tensor(t, dtype=torch.long)) for t in toks]
+    flat = torch.cat(targets) if targets else torch.zeros(0, dtype=torch.long)
+    ctc_loss = F.ctc_loss(
+        logp.transpose(0, 1), flat, enc.lengths.cpu(), torch.tensor([len(t) for t in targets]),
+        blank=0, reduction="mean", zero_infinity=True,
+    )
+    if not train_decoder:
+        return ctc_loss, torch.zeros(())
+    prompt = model.prompt_ids
+    p, eos = len(prompt), model.eos_token_id
+    width = max(len(t) for t in toks) + 1
+    inp = torch.full((len(toks), p + width - 1), eos, dtype=torch.long)
+    labels = torch.full((len(toks), width), -100, dtype=torch.long)
+    for i, t in enumerate(toks):
+        inp[i, :p] = torch.tensor(prompt)
+        inp[i, p : p + len(t)] = torch.tensor(t, dtype=torch.long)
+        labels[i, : len(t) + 1] = torch.tensor(t + [eos], dtype=torch.long)
+    cache = model.new_cache(enc, inp.shape[1])
+    logits = model.decode(cache, inp.to(x.device))[:, p - 1 :]
+    att = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.to(x.device).reshape(-1),
+                          ignore_index=-100, label_smoothing=opt.label_smoothing)
+    return ctc_loss, att
+
+
+def ctc_greedy(ctc: CTCHead, logp: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
+    """Greedy CTC: best class per frame, collapse repeats, drop blanks (SSD eq. 2). Returns target token ids."""
+    best = logp.argmax(-1)
+    out = []
+    for b in range(best.shape[0]):
+        seq = best[b, : int(lengths[b])].tolist()
+        ids, prev = [], None
+        for c in seq:
+            if c != prev and c != 0:
+                ids.append(ctc.token_ids[c - 1])
+            prev = c
+        out.append(ids)
+    return out
+
+
+@torch.no_grad()
+def evaluate(model: WhisperASR, ctc: Optional[CTCHead], examples: list[Example], attention: bool = True) -> dict:
+    """Dev WER of greedy CTC and (optionally) greedy attention decoding, speed 1.0 features, batches of 16."""
+    was = model.model.training
+    model.model.eval()
+    refs, hyp_ctc, hyp_att = [], [], []
+    order = sorted(range(len(examples)), key=lambda i: examples[i].features[SPEEDS.index(1.0)].shape[1])
+    for s in range(0, len(order), 16):
+        batch = [examples[i] for i in order[s : s + 16]]
+        x, lengths, _ = _collate(batch, [SPEEDS.index(1.0)] * len(batch), model.tokenizer, model.device)
+        enc = model.encode(x, lengths)
+        refs += [ex.text for ex in batch]
+        if ctc is not None:
+            hyp_ctc += [model.decode_text(t) for t in ctc_greedy(ctc, ctc(enc.states), enc.lengths)]
+        if attention:
+            caps = [min(200, int(l) // 2) for l in lengths]
+            hyp_att += [model.decode_text(h.tokens) for h in greedy_decode(model, enc, caps)]
+    model.model.train(was)
+    out = {}
+    if hyp_ctc:
+        out["dev_ctc_wer"] = error_rates(refs, hyp_ctc).wer
+    if hyp_att:
+        out["dev_att_wer"] = error_rates(refs, hyp_att).wer
+    return out
+
+
+@dataclass
+class RunState:
+    epoch: int = 0
+    step: int = 0
+    history: list = field(default_factory=list)
+
+
+def train(
+    kind: str,
+    manifests: list[str],
+    out_dir: str,
+    work_dir: str,
+    opt: TrainOptions,
+    arch: Optional[Architecture] = None,
+    teacher_dir: Optional[str] = None,
+    ctc_out: Optional[str] = None,
+    max_steps: Optional[int] = None,
+    max_utterances: Optional[int] = None,
+) -> dict:
+    """Train one zoo model and export it.
+
+    Args:
+        kind: "target" (joint CTC-attention; exports the CTC head to ``ctc_out`` if given), "draft" (distilled from
+            ``teacher_dir``'s greedy transcripts when given) or "ctc" (head only, over the frozen encoder of
+            ``teacher_dir``; exported to ``out_dir``).
+        manifests: training manifests (JSONL/CSV/Parquet with id, audio, text).
+        out_dir: where the model directory is written (``from_pretrained``-loadable).
+        work_dir: checkpoints, feature cache and ``log.jsonl``; a re-run resumes from here.
+        opt, arch: recipe options and sizes (defaults per kind).
+        max_steps, max_utterances: limits for smoke runs.
+
+    Returns:
+        Summary dict (parameters, epochs, minutes, last dev metrics), also written to ``<work_dir>/summary.json``.
+
+    Raises:
+        ValueError: unknown kind, or "ctc" without ``teacher_dir``.
+    """
+    if kind not in ("target", "draft", "ctc"):
+        raise ValueError(f"unknown kind {kind!r} (target, draft or ctc)")
+    if kind == "ctc" and not teacher_dir:
+        raise ValueError("train ctc needs --target: the model whose frozen encoder the head reads")
+    torch.set_num_threads(opt.threads)
+    torch.manual_seed(opt.seed)
+    rng = random.Random(opt.seed)
+    os.makedirs(work_dir, exist_ok=True)
+    arch = arch or (DRAFT_ARCH if kind == "draft" else TARGET_ARCH)
+    init_dir = os.path.join(work_dir, "init")
+    if kind == "ctc":
+        model = WhisperASR.from_pretrained(teacher_dir)
+        model.model.requires_grad_(False)
+    else:
+        model = new_model(arch, opt.dropout, init_dir)
+    tok = model.tokenizer
+    special = set(tok.convert_tokens_to_ids(SPECIAL_TOKENS))
+    char_ids = [i for i in range(len(tok)) if i not in special]
+    ctc = CTCHead(model.config.d_model, char_ids)
+
+    train_utts, dev_utts = split_manifests(manifests, opt.dev_fraction, opt.seed)
+    if max_utterances:
+        train_utts, dev_utts = train_utts[:max_utterances], dev_utts[: max(2, max_utterances // 4)]
+    cache_dir = os.path.join(work_dir, "..", "features")
+    train_ex = load_examples(train_utts, model.feature_extractor, cache_dir)
+    dev_ex = load_examples(dev_utts, model.feature_extractor, cache_dir, speeds=(1.0,))
+    dev_ex = [Example(e.id, [e.features[0]] * len(SPEEDS), e.text) for e in dev_ex]
+    if kind == "draft" and teacher_dir:
+        train_ex += _distillation_examples(teacher_dir, train_ex, work_dir)
+
+    params = [p for p in model.model.parameters() if p.requires_grad] + list(ctc.parameters())
+    optim = torch.optim.AdamW(params, lr=opt.lr, weight_decay=opt.weight_decay, betas=(0.9, 0.98))
+    steps_per_epoch = len(_batches([e.features[1].shape[1] for e in train_ex], opt.batch_frames, random.Random(0)))
+    total = max(1, opt.epochs * steps_per_epoch)
+
+    def lr_at(step: int) -> float:
+        if step < opt.warmup_steps:
+            return opt.lr * (step + 1) / opt.warmup_steps
+        prog = min(1.0, (step - opt.warmup_steps) / max(1, total - opt.warmup_steps))
+        return opt.lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * prog)))
+
+    state = RunState()
+    ckpt = os.path.join(work_dir, "checkpoint.pt")
+    if os.path.exists(ckpt):
+        saved = torch.load(ckpt, weights_only=False)
+        model.model.load_state_dict(saved["model"])
+        ctc.load_state_dict(saved["ctc"])
+        optim.load_state_dict(saved["optim"])
+        state = RunState(**saved["state"])
+        rng.setstate(saved["rng"])
+        torch.set_rng_state(saved["torch_rng"])
+        print(f"resuming {kind} from epoch {state.epoch} ({ckpt})")
+    train_decoder = kind != "ctc"
+    model.model.train(train_decoder)
+    ctc.train()
+    log_path = os.path.join(work_dir, "log.jsonl")
+    t_start = time.time()
+    lengths = [e.features[1].shape[1] for e in train_ex]
+    while state.epoch < opt.epochs and (max_steps is None or state.step < max_steps):
+        t0 = time.time()
+        batches = _batches(lengths, opt.batch_frames, rng)
+        sums = np.zeros(3)
+        bar = tqdm(batches, desc=f"{kind} epoch {state.epoch + 1}/{opt.epochs}", leave=False)
+        for idx in bar:
+            if max_steps is not None and state.step >= max_steps:
+                break
+            ex = [train_ex[i] for i in idx]
+            x, xl, toks = _collate(ex, [rng.randrange(len(SPEEDS)) for _ in ex], tok, model.device)
+            x = _spec_augment(x, xl, opt, rng)
+            ctc_loss, att_loss = _losses(model, ctc, x, xl, toks, opt, train_decoder)
+            w = opt.ctc_weight if train_decoder else 1.0
+            loss = w * ctc_loss + (1 - w) * att_loss
+            for g in optim.param_groups:
+                g["lr"] = lr_at(state.step)
+            optim.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 5.0)
+            optim.step()
+            state.step += 1
+            sums += [float(ctc_loss), float(att_loss), 1]
+            bar.set_postfix(ctc=f"{sums[0] / sums[2]:.3f}", att=f"{sums[1] / sums[2]:.3f}")
+        state.epoch += 1
+        rec = {"epoch": state.epoch, "step": state.step, "ctc_loss": sums[0] / max(1, sums[2]),
+               "att_loss": sums[1] / max(1, sums[2]), "epoch_s": round(time.time() - t0, 1),
+               "lr": lr_at(state.step)}
+        if state.epoch % opt.eval_every == 0 or state.epoch == opt.epochs:
+            rec.update(evaluate(model, ctc, dev_ex, attention=train_decoder))
+            model.model.train(train_decoder)
+        state.history.append(rec)
+        print(json.dumps(rec), flush=True)
+        with open(log_path, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        _save_epoch(work_dir, model, ctc, optim, state, rng, opt.average)
+
+    model.model.load_state_dict(_average(work_dir, "model", opt.average, model.model.state_dict()))
+    ctc.load_state_dict(_average(work_dir, "ctc", opt.average, ctc.state_dict()))
+    model.model.eval()
+    ctc.eval()
+    final = evaluate(model, ctc, dev_ex, attention=train_decoder)
+    if kind == "ctc":
+        ctc.save_pretrained(out_dir)
+    else:
+        _export(model, out_dir)
+        if ctc_out:
+            ctc.save_pretrained(ctc_out)
+    summary = {
+        "kind": kind, "parameters": model.count_parameters(), "ctc_parameters": sum(p.numel() for p in ctc.parameters()),
+        "epochs": state.epoch, "steps": state.step, "train_minutes_this_run": round((time.time() - t_start) / 60, 1),
+        "train_minutes_total": round(sum(r["epoch_s"] for r in state.history) / 60, 1),
+        "train_utterances": len(train_utts), "dev_utterances": len(dev_utts),
+        "averaged_last": opt.average, "final_dev": final, "options": asdict(opt), "architecture": asdict(arch),
+    }
+    with open(os.path.join(work_dir, "summary.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    return summary
+
+
+def _distillation_examples(teacher_dir: str, examples: list[Example], work_dir: str) -> list[Example]:
+    """Sequence-level distillation: the teacher's greedy transcript of every training utterance at every speed."""
+    path = os.path.join(work_dir, "teacher_transcripts.json")
+    if os.path.exists(path):
+        with open(path) as f:
+            texts = json.load(f)
+    else:
+        teacher = WhisperASR.from_pretrained(teacher_dir)
+        texts = {}
+        for s in range(len(SPEEDS)):
+            order = sorted(range(len(examples)), key=lambda i: examples[i].features[s].shape[1])
+            for k in tqdm(range(0, len(order), 16), desc=f"teacher transcripts x{SPEEDS[s]}"):
+                batch = [examples[i] for i in order[k : k + 16]]
+                x, xl, _ = _collate(batch, [s] * len(batch), teacher.tokenizer, teacher.device)
+                with torch.no_grad():
+                    hyps = greedy_decode(teacher, teacher.encode(x, xl), [min(200, int(l) // 2) for l in xl])
+                for ex, h in zip(batch, hyps):
+                    texts[f"{ex.id}@{s}"] = teacher.decode_text(h.tokens)
+        with open(path, "w") as f:
+            json.dump(texts, f)
+    out = []
+    for ex in examples:
+        for s in range(len(SPEEDS)):
+            only = [ex.features[s]] * len(SPEEDS)
+            out.append(Example(f"{ex.id}@{s}", only, texts[f"{ex.id}@{s}"]))
+    return out
+
+
+def _save_epoch(work_dir, model, ctc, optim, state: RunState, rng, keep: int) -> None:
+    torch.save({"model": model.model.state_dict(), "ctc": ctc.state_dict()},
+               os.path.join(work_dir, f"epoch{state.epoch:04d}.pt"))
+    old = os.path.join(work_dir, f"epoch{state.epoch - keep:04d}.pt")
+    if os.path.exists(old):
+        os.remove(old)
+    tmp = os.path.join(work_dir, "checkpoint.pt.tmp")
+    torch.save({"model": model.model.state_dict(), "ctc": ctc.state_dict(), "optim": optim.state_dict(),
+                "state": asdict(state), "rng": rng.getstate(), "torch_rng": torch.get_rng_state()}, tmp)
+    os.replace(tmp, os.path.join(work_dir, "checkpoint.pt"))
+
+
+def _average(work_dir: str, key: str, k: int, current: dict) -> dict:
+    """Average the last ``k`` epoch checkpoints (ESPnet's checkpoint averaging); ``current`` if none exist."""
+    files = sorted(f for f in os.listdir(work_dir) if f.startswith("epoch") and f.endswith(".pt"))[-k:]
+    if not files:
+        return current
+    states = [torch.load(os.path.join(work_dir, f), weights_only=False)[key] for f in files]
+    return {n: (sum(s[n].float() for s in states) / len(states)).to(v.dtype) if v.is_floating_point() else v
+            for n, v in current.items()}
+
+
+def _export(model: WhisperASR, out_dir: str) -> None:
+    """Write the trained model as a ``from_pretrained`` directory (safetensors + configs + tokenizer)."""
+    os.makedirs(out_dir, exist_ok=True)
+    model.model.config.dropout = model.model.config.attention_dropout = model.model.config.activation_dropout = 0.0
+    model.model.save_pretrained(out_dir)
+    model.generation_config.save_pretrained(out_dir)
+    model.feature_extractor.save_pretrained(out_dir)
+    model.tokenizer.save_pretrained(out_dir)
