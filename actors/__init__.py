@@ -1,0 +1,1 @@
+"""Ray actors hosting rayspec models (the only Ray-dependent code besides ``jobs``)."""

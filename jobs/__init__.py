@@ -1,0 +1,1 @@
+"""Entrypoints for ``ray job submit --working-dir . -- python -m jobs.<name>``."""

@@ -1,0 +1,38 @@
+import pytest
+
+from rayspec.batching import BatchBudget, plan_batches
+from rayspec.results import SCHEMA, ResultRow, ResultWriter, read_results
+
+
+def test_plan_batches_sorted_under_budget():
+    secs = [5.0, 1.0, 3.0, 1.0, 10.0, 2.0]
+    budget = BatchBudget(tokens=200, max_rows=3, frames_per_second=25, tokens_per_second=15)
+    batches = plan_batches(list(range(6)), secs, budget)
+    assert sorted(i for b in batches for i in b) == list(range(6))
+    flat = [secs[i] for b in batches for i in b]
+    assert flat == sorted(flat)
+    for b in batches:
+        assert len(b) <= 3
+        assert len(b) == 1 or len(b) * budget.cost(max(secs[i] for i in b)) <= 200
+
+
+def test_plan_batches_length_mismatch():
+    with pytest.raises(ValueError):
+        plan_batches([1, 2], [1.0], BatchBudget())
+
+
+def test_writer_resumes_and_deduplicates(tmp_path):
+    out = str(tmp_path / "r.parquet")
+    w = ResultWriter(out)
+    w.write([ResultRow("a", text="x"), ResultRow("b", text="y")])
+    # killed here: shards exist, no merged file; a new writer sees the ids
+    w2 = ResultWriter(out)
+    assert w2.done_ids == {"a", "b"}
+    w2.write([ResultRow("b", text="dup"), ResultRow("c", text="z")])
+    table = w2.finalize()
+    assert sorted(table.column("id").to_pylist()) == ["a", "b", "c"]
+    assert table.schema.equals(SCHEMA)
+    w3 = ResultWriter(out)
+    w3.write([ResultRow("d")])
+    assert sorted(w3.finalize().column("id").to_pylist()) == ["a", "b", "c", "d"]
+    assert len(read_results(out)) == 4

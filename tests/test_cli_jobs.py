@@ -1,0 +1,86 @@
+"""End-to-end: the CLI over a corpus with bad files, resume after a kill, score, and the Ray job."""
+
+import json
+import shutil
+
+import numpy as np
+import pyarrow.parquet as pq
+import soundfile as sf
+
+from rayspec.cli import EXIT_SOME_FAILED, main
+from rayspec.results import ResultRow, ResultWriter
+
+
+def _bad_corpus(tmp_path, samples_manifest):
+    src = [json.loads(line) for line in open(samples_manifest)]
+    base = samples_manifest.rsplit("/", 1)[0]
+    good = f"{base}/{src[0]['audio']}"
+    audio, rate = sf.read(good, dtype="float32")
+    sf.write(tmp_path / "stereo44k.wav", np.stack([audio, audio], 1), 44100)  # played at 44.1 kHz
+    sf.write(tmp_path / "eight_k.flac", audio[::2], 8000)
+    shutil.copy(good, tmp_path / "good.flac")
+    data = open(good, "rb").read()
+    (tmp_path / "corrupt.flac").write_bytes(data[:200] + b"\x00" * 500)
+    (tmp_path / "empty.wav").write_bytes(b"")
+    (tmp_path / "text.wav").write_text("not audio at all\n")
+    rows = [{"id": n, "audio": f, "text": src[0]["text"]} for n, f in [
+        ("good", "good.flac"), ("stereo", "stereo44k.wav"), ("eight_k", "eight_k.flac"), ("corrupt", "corrupt.flac"),
+        ("empty", "empty.wav"), ("text", "text.wav"), ("missing", "does/not/exist.wav")]]
+    (tmp_path / "bad.jsonl").write_text("\n".join(json.dumps(r) for r in rows))
+    return str(tmp_path / "bad.jsonl")
+
+
+def test_bad_input_corpus_completes(tmp_path, samples_manifest, tiny_target, capsys):
+    manifest = _bad_corpus(tmp_path, samples_manifest)
+    out = str(tmp_path / "out.parquet")
+    code = main(["transcribe", manifest, "-o", out, "--target", tiny_target.model.name_or_path, "-q",
+                 "--max-tokens-per-second", "4"])
+    assert code == EXIT_SOME_FAILED
+    assert "4 failed" in capsys.readouterr().out
+    rows = {r["id"]: r for r in pq.read_table(out).to_pylist()}
+    assert len(rows) == 7
+    for uid in ("corrupt", "empty", "text", "missing"):
+        assert rows[uid]["error"] and rows[uid]["text"] == ""
+    for uid in ("good", "stereo", "eight_k"):
+        assert rows[uid]["error"] is None and rows[uid]["text"] and rows[uid]["target_forward_passes"] > 0
+    # score works and counts the failures
+    assert main(["score", out, "--json"]) == 0
+    scored = json.loads(capsys.readouterr().out)
+    assert scored["n"] == 7 and scored["errors"] == 4 and 0 <= scored["wer"]
+
+
+def test_killed_run_resumes_without_duplicates(tmp_path, samples_manifest, tiny_target, capsys):
+    out = str(tmp_path / "r.parquet")
+    ids = [json.loads(line)["id"] for line in open(samples_manifest)]
+    # A run killed after its first batches: shards for some ids, no merged file.
+    ResultWriter(out).write([ResultRow(ids[0], text="from the first run"), ResultRow(ids[1], text="x")])
+    code = main(["transcribe", samples_manifest, "-o", out, "--target", tiny_target.model.name_or_path, "-q",
+                 "--max-tokens-per-second", "4", "--max-batch", "3"])
+    assert code == 0
+    assert "2 already done" in capsys.readouterr().out
+    table = pq.read_table(out).to_pylist()
+    assert sorted(r["id"] for r in table) == sorted(ids)
+    assert next(r for r in table if r["id"] == ids[0])["text"] == "from the first run"
+    assert main(["transcribe", samples_manifest, "-o", out, "--target", tiny_target.model.name_or_path, "-q"]) == 0
+    assert len(pq.read_table(out)) == len(ids)
+
+
+def test_ray_job_embedded_local(tmp_path, samples_manifest, tiny_target, tiny_draft, capsys):
+    import ray
+
+    from jobs.transcribe import main as job_main
+
+    out = str(tmp_path / "ray.parquet")
+    try:
+        code = job_main([samples_manifest, "-o", out, "--target", tiny_target.model.name_or_path,
+                         "--draft", tiny_draft.model.name_or_path, "--method", "draft", "--num-cpus", "2",
+                         "--actors", "2", "--actor-cpus", "0.5", "--max-batch", "4", "--max-tokens-per-second", "4"])
+    finally:
+        ray.shutdown()
+    assert code == 0
+    ray_rows = {r["id"]: r["text"] for r in pq.read_table(out).to_pylist()}
+    assert len(ray_rows) == 10
+    local = str(tmp_path / "local.parquet")
+    assert main(["transcribe", samples_manifest, "-o", local, "--target", tiny_target.model.name_or_path, "-q",
+                 "--max-tokens-per-second", "4"]) == 0
+    assert {r["id"]: r["text"] for r in pq.read_table(local).to_pylist()} == ray_rows

@@ -1,0 +1,104 @@
+"""Exactness on tiny random Whisper models: our AR loop == transformers' generate; speculative == AR."""
+
+import pytest
+import torch
+
+from rayspec.decoding.ar import greedy_decode
+from rayspec.decoding.speculative import SpeculationOptions, speculative_decode
+from tiny import hf_greedy, random_audio
+
+AUDIO = random_audio(16, seed=3)
+CAP = 40
+
+CONFIGS = {
+    "fixed-8": SpeculationOptions(max_draft=8, threshold=0.0, recycle=False, tree=False),
+    "fixed-16": SpeculationOptions(max_draft=16, threshold=0.0, recycle=False, tree=False),
+    "adaptive": SpeculationOptions(recycle=False, tree=False),
+    "recycle": SpeculationOptions(tree=False),
+    "tree": SpeculationOptions(),
+}
+
+
+def _encode(model, audios):
+    feats, lengths = model.features(audios)
+    return model.encode(feats, lengths)
+
+
+def _ar_single(model, audios, cap=CAP):
+    with torch.inference_mode():
+        return [greedy_decode(model, _encode(model, [a]), [cap])[0].tokens for a in audios]
+
+
+@pytest.mark.parametrize("fixture", ["tiny_target", "tiny_fixed"])
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_ar_equals_transformers_generate(request, fixture, batch_size):
+    model = request.getfixturevalue(fixture)
+    audios = AUDIO[:4]
+    expected = [hf_greedy(model, a, 30) for a in audios]
+    got = []
+    with torch.inference_mode():
+        for s in range(0, len(audios), batch_size):
+            chunk = audios[s : s + batch_size]
+            got += [h.tokens for h in greedy_decode(model, _encode(model, chunk), [30] * len(chunk))]
+    assert got == expected
+
+
+def test_ar_batch_invariant(tiny_target):
+    single = _ar_single(tiny_target, AUDIO)
+    with torch.inference_mode():
+        batched = [h.tokens for h in greedy_decode(tiny_target, _encode(tiny_target, AUDIO), [CAP] * len(AUDIO))]
+    assert batched == single
+    assert len({len(a) for a in AUDIO}) > 8  # the batch really is ragged
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("batch_size", [1, 4, 16])
+def test_speculative_equals_ar(tiny_target, tiny_draft, name, batch_size):
+    expected = _ar_single(tiny_target, AUDIO)
+    got, stats = [], []
+    with torch.inference_mode():
+        for s in range(0, len(AUDIO), batch_size):
+            chunk = AUDIO[s : s + batch_size]
+            hyps = speculative_decode(tiny_target, _encode(tiny_target, chunk), tiny_draft,
+                                      _encode(tiny_draft, chunk), [CAP] * len(chunk), CONFIGS[name])
+            got += [h.tokens for h in hyps]
+            stats += [h.stats for h in hyps]
+    assert got == expected
+    proposed = sum(s.draft_tokens_proposed for s in stats)
+    accepted = sum(s.draft_tokens_accepted for s in stats)
+    assert 0 < accepted < proposed  # partial acceptance: rejections at position 0 and later both happen
+    assert sum(s.target_forward_passes for s in stats) < sum(len(t) + 1 for t in expected)
+
+
+def test_length_cap_inside_a_draft(tiny_target, tiny_draft):
+    """Ragged caps (some smaller than one draft) end rows exactly where AR ends them."""
+    caps = [1, 2, 3, 5, 7, 11, 13, 17]
+    audios = AUDIO[:8]
+    with torch.inference_mode():
+        expected = [greedy_decode(tiny_target, _encode(tiny_target, [a]), [c])[0].tokens for a, c in zip(audios, caps)]
+        for opt in CONFIGS.values():
+            hyps = speculative_decode(tiny_target, _encode(tiny_target, audios), tiny_draft,
+                                      _encode(tiny_draft, audios), caps, opt)
+            assert [h.tokens for h in hyps] == expected
+            assert all(len(h.tokens) == c and not h.finished for h, c in zip(hyps, caps))
+
+
+def test_draft_equal_to_target_accepts_everything(tiny_target):
+    with torch.inference_mode():
+        enc = _encode(tiny_target, AUDIO[:4])
+        hyps = speculative_decode(tiny_target, enc, tiny_target, enc, [CAP] * 4,
+                                  SpeculationOptions(max_draft=8, threshold=0.0, recycle=False, tree=False))
+    assert [h.tokens for h in hyps] == _ar_single(tiny_target, AUDIO[:4])
+    for h in hyps:
+        assert h.stats.draft_tokens_accepted == h.stats.draft_tokens_proposed
+        assert h.stats.target_forward_passes == -(-CAP // 9)  # 8 drafted + 1 bonus per pass
+
+
+def test_mismatched_tokenizers_rejected(tiny_target, tiny_fixed):
+    tiny_fixed_prompt = list(tiny_fixed.prompt_ids)
+    tiny_fixed.prompt_ids = tiny_fixed_prompt + [0]
+    try:
+        with pytest.raises(ValueError, match="share the tokenizer"):
+            speculative_decode(tiny_target, None, tiny_fixed, None, [1])
+    finally:
+        tiny_fixed.prompt_ids = tiny_fixed_prompt
