@@ -22,9 +22,9 @@ import ray  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from rayspec.cli import EXIT_SOME_FAILED, _add_decode_args, _add_model_args, budget_from_args  # noqa: E402
-from rayspec.cli import print_summary, speculation_options  # noqa: E402
+from rayspec.cli import decode_options, print_summary  # noqa: E402
 from rayspec.manifest import read_manifest  # noqa: E402
-from rayspec.pipeline import DecodeOptions, RunSummary, pending_batches  # noqa: E402
+from rayspec.pipeline import RunSummary, pending_batches  # noqa: E402
 from rayspec.results import ResultRow, ResultWriter  # noqa: E402
 from rayspec.scoring import format_table, score_results  # noqa: E402
 
@@ -66,9 +66,7 @@ def run(args) -> int:
     batches = pending_batches(utts, writer, budget_from_args(args))
     summary = RunSummary(skipped=len(utts) - sum(len(b) for b in batches))
     connect(args.address, args.num_cpus)
-    opts = DecodeOptions(args.method, args.max_tokens_per_second,
-                         speculation_options(args) if args.method == "draft" else None)
-    kwargs = {"target": args.target, "draft": args.draft, "options": opts,
+    kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": decode_options(args),
               "device": "cuda" if args.actor_gpus else args.device}
     actors = [actor_class(args).remote(kwargs, max(1, int(args.actor_cpus))) for _ in range(args.actors)]
     ray.get([a.ready.remote() for a in actors])

@@ -31,9 +31,11 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
 
 def _add_decode_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding")
-    g.add_argument("--method", choices=["ar", "draft"], default="ar",
+    g.add_argument("--method", choices=["ar", "draft", "ssd"], default="ar",
                    help="ar: target greedy, one target pass per token. draft: a draft model proposes, the target "
-                        "verifies in one pass; output identical to ar (exact). default: ar")
+                        "verifies in one pass; output identical to ar (exact). ssd: the CTC head's hypothesis is "
+                        "gated by entropy, verified by the target in one pass, and decoding falls back from the "
+                        "verified prefix (lossy unless --exact and --tau-ctc 0). default: ar")
     g.add_argument("--max-tokens-per-second", type=float, default=30.0,
                    help="cap on generated tokens per second of audio, against runaway repetition (default 30)")
     g.add_argument("--draft-max", type=int, default=24, help="longest draft per round (SpecASR IV.A; default 24)")
@@ -45,6 +47,18 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tree-threshold", type=float, default=0.6,
                    help="trunk positions whose top-1 probability is below this get a 2nd-best branch (default 0.6)")
     g.add_argument("--tree-branches", type=int, default=2, help="most branches per token tree (default 2)")
+    c = p.add_argument_group("ssd (CTC gating, verification, fallback)")
+    c.add_argument("--ctc", help="CTC head directory; default: the bundled zoo CTC head")
+    c.add_argument("--tau-ctc", type=float, default=0.0,
+                   help="accept the CTC hypothesis with no target pass if every frame's entropy (nats) is below "
+                        "this; 0 = gate off (default)")
+    c.add_argument("--tau-slm", type=float, default=0.1,
+                   help="verification accepts a token whose target probability exceeds this (default 0.1)")
+    c.add_argument("--exact", action=argparse.BooleanOptionalAction, default=True,
+                   help="verified tokens must also be the target's argmax (default on: with --tau-ctc 0 the "
+                        "output equals ar)")
+    c.add_argument("--fallback", choices=["ar", "draft"], default="ar",
+                   help="decoder after the verified prefix: greedy ar, or draft-model speculation (default ar)")
     b = p.add_argument_group("batching")
     b.add_argument("--batch-tokens", type=int, default=16000,
                    help="token budget per batch: rows x (padded encoder frames + expected tokens); default 16000")
@@ -62,19 +76,28 @@ def speculation_options(args):
     )
 
 
+def decode_options(args):
+    """:class:`~rayspec.pipeline.DecodeOptions` from parsed CLI arguments."""
+    from .decoding.ssd import SSDOptions
+    from .pipeline import DecodeOptions
+
+    ssd = SSDOptions(args.tau_ctc, args.tau_slm, args.exact, True, args.fallback, speculation_options(args))
+    return DecodeOptions(args.method, args.max_tokens_per_second,
+                         speculation_options(args) if args.method == "draft" else None,
+                         ssd if args.method == "ssd" else None)
+
+
 def build_transcriber(args):
     """A :class:`~rayspec.pipeline.Transcriber` from parsed CLI arguments."""
     import torch
 
     from .audio import AudioLimits
-    from .pipeline import DecodeOptions, Transcriber
+    from .pipeline import Transcriber
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    opts = DecodeOptions(args.method, args.max_tokens_per_second,
-                         speculation_options(args) if args.method == "draft" else None)
     limits = AudioLimits(max_seconds=args.max_audio_seconds) if args.max_audio_seconds else None
-    return Transcriber(args.target, args.draft, opts, args.device, limits=limits)
+    return Transcriber(args.target, args.draft, decode_options(args), args.ctc, args.device, limits=limits)
 
 
 def budget_from_args(args):

@@ -23,7 +23,7 @@ from .manifest import Utterance
 from .models.whisper import WhisperASR
 from .results import ResultRow, ResultWriter
 
-METHODS = ("ar", "draft")
+METHODS = ("ar", "draft", "ssd")
 
 
 def zoo_path(name: str) -> str:
@@ -36,14 +36,24 @@ class DecodeOptions:
     """What decoder to run and how (see ``rayspec transcribe --help``).
 
     Attributes:
-        method: "ar" (target greedy) or "draft" (draft-model speculative decoding, exact).
+        method: "ar" (target greedy), "draft" (draft-model speculative decoding, exact) or "ssd" (CTC gating,
+            verification and fallback; exact only with ``ssd.exact`` and the gate off).
         max_tokens_per_second: cap on generated tokens per second of audio (against runaway repetition).
         speculation: options of the draft method (:class:`~rayspec.decoding.speculative.SpeculationOptions`).
+        ssd: options of the ssd method (:class:`~rayspec.decoding.ssd.SSDOptions`).
     """
 
     method: str = "ar"
     max_tokens_per_second: float = DEFAULT_MAX_TOKENS_PER_SECOND
     speculation: Optional[object] = None
+    ssd: Optional[object] = None
+
+    @property
+    def mode(self) -> str:
+        """"exact" when the output is provably the target's greedy output, else "lossy"."""
+        if self.method == "ssd" and self.ssd is not None and not (self.ssd.exact and self.ssd.tau_ctc <= 0):
+            return "lossy"
+        return "exact"
 
 
 @dataclass
@@ -58,7 +68,9 @@ class Transcriber:
 
     Args:
         target: target model directory (default: the zoo target).
-        draft: draft model directory, needed by ``method="draft"`` (default: the zoo draft).
+        draft: draft model directory, needed by ``method="draft"`` and the ssd draft fallback (default: the zoo
+            draft).
+        ctc: CTC head directory for ``method="ssd"`` (default: the zoo CTC head).
         options: decoder choice and options.
         device: torch device string; dtype: model dtype (fp32 is the exact reference on CPU).
         limits: audio byte/duration limits.
@@ -73,6 +85,7 @@ class Transcriber:
         target: Optional[str] = None,
         draft: Optional[str] = None,
         options: DecodeOptions = DecodeOptions(),
+        ctc: Optional[str] = None,
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         limits: Optional[AudioLimits] = None,
@@ -81,8 +94,14 @@ class Transcriber:
             raise ValueError(f"unknown method {options.method!r}; choose from {', '.join(METHODS)}")
         self.options = options
         self.target = WhisperASR.from_pretrained(target or zoo_path("target"), device, dtype)
-        self.draft = None
-        if options.method == "draft":
+        self.draft = self.ctc = None
+        if options.method == "ssd":
+            from .decoding.ssd import SSDOptions
+            from .models.ctc import CTCHead
+
+            options.ssd = options.ssd or SSDOptions()
+            self.ctc = CTCHead.from_pretrained(ctc or zoo_path("ctc"), device).to(dtype)
+        if options.method == "draft" or (options.method == "ssd" and options.ssd.fallback == "draft"):
             self.draft = WhisperASR.from_pretrained(draft or zoo_path("draft"), device, dtype)
         self.limits = limits or AudioLimits(max_seconds=self.target.max_audio_seconds)
 
@@ -109,6 +128,8 @@ class Transcriber:
                 from .decoding.ar import greedy_decode
 
                 hyps = greedy_decode(self.target, enc, caps)
+            elif self.options.method == "ssd":
+                hyps = self._ssd(audios, enc, caps)
             else:
                 from .decoding.speculative import SpeculationOptions, speculative_decode
 
@@ -117,6 +138,22 @@ class Transcriber:
                 spec = self.options.speculation or SpeculationOptions()
                 hyps = speculative_decode(self.target, enc, self.draft, denc, caps, spec)
         return hyps, time.perf_counter() - t0
+
+    def _ssd(self, audios, enc, caps) -> list[Hypothesis]:
+        """Gate + verify the batch, then decode the rejected rows as their own length-sorted batch."""
+        from .decoding.ssd import SSDDecoder
+
+        decoder = SSDDecoder(self.target, self.ctc, self.options.ssd, self.draft)
+        hyps, parked = decoder.first_pass(enc, caps)
+        if parked:
+            parked.sort(key=lambda x: x.length)
+            draft_enc = None
+            if self.draft is not None:
+                feats, lengths = self.draft.features([audios[x.index] for x in parked])
+                draft_enc = self.draft.encode(feats, lengths)
+            for x, h in zip(parked, decoder.fallback(parked, draft_enc)):
+                hyps[x.index] = h
+        return hyps
 
     def transcribe(self, utterances: list[Utterance]) -> list[ResultRow]:
         """Transcribe one batch; every utterance yields exactly one row (bad audio -> ``error`` row)."""
@@ -143,7 +180,7 @@ class Transcriber:
         row = ResultRow(
             id=u.id, corpus=u.corpus, audio=u.audio, reference=u.text, duration_s=duration if duration else u.duration_s,
             model=self.target.name, draft_model=self.draft.name if self.draft else "", method=self.options.method,
-            mode="exact", error=error, decode_s=seconds,
+            mode=self.options.mode, error=error, decode_s=seconds,
         )
         if h is not None:
             s = h.stats

@@ -7,6 +7,7 @@ from typing import Sequence
 
 import torch
 
+from ..models.cache import DecoderCache
 from ..models.whisper import EncoderOutput, WhisperASR
 from .common import Hypothesis
 
@@ -27,34 +28,44 @@ def greedy_decode(model: WhisperASR, encoder_output: EncoderOutput, caps: Sequen
         ``B`` hypotheses, route "ar"; ``stats.target_forward_passes`` = tokens generated (EOS included).
     """
     b = encoder_output.states.shape[0]
-    dev = encoder_output.states.device
-    prompt = torch.tensor(model.prompt_ids, device=dev)
-    capacity = len(model.prompt_ids) + max(caps) + 1
-    cache = model.new_cache(encoder_output, capacity)
+    cache = model.new_cache(encoder_output, len(model.prompt_ids) + max(caps) + 1)
     hyps = [Hypothesis([], False, "ar") for _ in range(b)]
-    live = torch.arange(b, device=dev)
-    cap_t = torch.tensor(list(caps), device=dev)
-    tokens = prompt.expand(b, -1)
-    step = 0
+    prompt = torch.tensor(model.prompt_ids, device=cache.lengths.device).expand(b, -1)
+    greedy_continue(model, cache, hyps, prompt, caps)
+    return hyps
+
+
+@torch.inference_mode()
+def greedy_continue(
+    model: WhisperASR, cache: DecoderCache, hyps: list[Hypothesis], tokens: torch.Tensor, caps: Sequence[int]
+) -> None:
+    """Continue greedy decoding of ``B`` rows from a cache (in place on ``hyps``).
+
+    Args:
+        cache: committed up to, but excluding, ``tokens``; rows may have different lengths.
+        hyps: per row, tokens generated so far (extended in place; counters updated).
+        tokens: int64 ``[B, Q]``, the tokens to feed first (the prompt, or each row's last unseen token).
+        caps: per row cap on ``len(hyp.tokens)``.
+    """
+    dev = cache.lengths.device
+    live = torch.arange(len(hyps), device=dev)
     while live.numel():
+        q = tokens.shape[1]
         logits = model.decode(cache, tokens)[:, -1]
-        cache.commit(torch.arange(tokens.shape[1], device=dev).expand(live.numel(), -1),
-                     torch.full((live.numel(),), tokens.shape[1], device=dev))
-        nxt = model.suppress(logits, first=step == 0).argmax(-1)
-        step += 1
-        done = torch.zeros_like(nxt, dtype=torch.bool)
-        for j, row in enumerate(live.tolist()):
+        cache.commit(torch.arange(q, device=dev).expand(live.numel(), -1), torch.full((live.numel(),), q, device=dev))
+        rows = live.tolist()
+        first = torch.tensor([len(hyps[r].tokens) == 0 for r in rows], device=dev)
+        nxt = model.suppress(logits, first=first).argmax(-1)
+        done = []
+        for j, (row, tok) in enumerate(zip(rows, nxt.tolist())):
             h = hyps[row]
             h.stats.target_forward_passes += 1
-            tok = int(nxt[j])
             if tok == model.eos_token_id:
                 h.finished = True
-                done[j] = True
             else:
                 h.tokens.append(tok)
-                done[j] = len(h.tokens) >= int(cap_t[row])
-        if bool(done.any()):
-            keep = (~done).nonzero().squeeze(1)
+            done.append(h.finished or len(h.tokens) >= caps[row])
+        if any(done):
+            keep = torch.tensor([j for j, d in enumerate(done) if not d], dtype=torch.long, device=dev)
             live, nxt, cache = live[keep], nxt[keep], cache.select(keep)
         tokens = nxt[:, None]
-    return hyps

@@ -119,16 +119,39 @@ class SpeculativeDecoder:
 
     @torch.inference_mode()
     def decode(
-        self, target_enc: EncoderOutput, draft_enc: EncoderOutput, caps: Sequence[int]
+        self,
+        target_enc: EncoderOutput,
+        draft_enc: EncoderOutput,
+        caps: Sequence[int],
+        prefixes: Optional[list[list[int]]] = None,
+        target_prefix_kv: Optional[list] = None,
     ) -> list[Hypothesis]:
-        """Decode a batch; returns one hypothesis per row (route "draft"), identical to AR greedy's tokens."""
+        """Decode a batch; returns one hypothesis per row (route "draft"), identical to AR greedy's tokens.
+
+        Args:
+            prefixes: optional per-row tokens already decided (e.g. a verified CTC prefix plus the target's next
+                token); decoding continues after them.
+            target_prefix_kv: optional target keys/values of prompt + prefix minus its last token, per row (from
+                :meth:`~rayspec.models.cache.DecoderCache.export_rows`), so the target does not recompute them.
+        """
         b = target_enc.states.shape[0]
         prompt = list(self.target.prompt_ids)
+        prefixes = prefixes or [[] for _ in range(b)]
         width = self.opt.max_draft * (1 + (self.opt.branch_max + 1) * (self.opt.tree_branches if self.opt.tree else 0))
         tcache = self.target.new_cache(target_enc, len(prompt) + max(caps) + width + 2)
         dcache = self.draft.new_cache(draft_enc, len(prompt) + max(caps) + self.opt.max_draft + self.opt.branch_max + 2)
-        rows = [_Row(i, int(c), Hypothesis([], False, "draft"), list(prompt)) for i, c in enumerate(caps)]
-        live = list(rows)
+        rows = [_Row(i, int(c), Hypothesis(list(p), False, "draft"), prompt + list(p))
+                for i, (c, p) in enumerate(zip(caps, prefixes))]
+        if target_prefix_kv is not None:
+            tcache.import_rows(target_prefix_kv)
+            for r, n in zip(rows, tcache.lengths.tolist()):
+                if n != len(r.seq) - 1:
+                    raise ValueError(f"prefix keys/values cover {n} positions, expected {len(r.seq) - 1}")
+                r.target_len = n
+        live = [r for r in rows if r.room > 0]
+        if len(live) < len(rows):
+            idx = torch.tensor([r.index for r in live], dtype=torch.long, device=tcache.lengths.device)
+            tcache, dcache = tcache.select(idx), dcache.select(idx)
         while live:
             self._draft_trunk(live, dcache)
             if self.opt.tree and self.opt.tree_branches:
@@ -348,6 +371,8 @@ def speculative_decode(
     draft_enc: EncoderOutput,
     caps: Sequence[int],
     options: SpeculationOptions = SpeculationOptions(),
+    prefixes: Optional[list[list[int]]] = None,
+    target_prefix_kv: Optional[list] = None,
 ) -> list[Hypothesis]:
     """Exact speculative decoding of a batch: the same tokens as :func:`~rayspec.decoding.ar.greedy_decode`.
 
@@ -356,8 +381,9 @@ def speculative_decode(
         draft, draft_enc: the draft model (same tokenizer) and its encoder output for the same rows.
         caps: ``B`` caps on generated tokens (EOS not counted).
         options: :class:`SpeculationOptions`.
+        prefixes, target_prefix_kv: start after already decided tokens (see :meth:`SpeculativeDecoder.decode`).
 
     Returns:
         ``B`` hypotheses (route "draft") with NFE, draft passes, proposed/accepted tokens and rounds.
     """
-    return SpeculativeDecoder(target, draft, options).decode(target_enc, draft_enc, caps)
+    return SpeculativeDecoder(target, draft, options).decode(target_enc, draft_enc, caps, prefixes, target_prefix_kv)

@@ -100,3 +100,19 @@ class DecoderCache:
         forked = self.select(rows)
         forked.crop(lengths)
         return forked
+
+    def export_rows(self, rows: list[int], lengths: list[int]) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+        """Committed self-attention keys/values of ``rows`` up to ``lengths``, copied to CPU: per row, per layer
+        ``(k, v)`` of shape ``[H, n, Dh]``. Used to park a verified prefix between batching phases (SSD 3.2)."""
+        return [[(k[r, :, :n].cpu().clone(), v[r, :, :n].cpu().clone()) for k, v in zip(self.self_k, self.self_v)]
+                for r, n in zip(rows, lengths)]
+
+    def import_rows(self, prefixes: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
+        """Load per-row prefixes from :meth:`export_rows` into rows ``0..B-1`` and commit them (lengths set)."""
+        for r, layers in enumerate(prefixes):
+            for (k, v), ck, cv in zip(layers, self.self_k, self.self_v):
+                n = k.shape[1]
+                ck[r, :, :n] = k.to(ck.device, ck.dtype)
+                cv[r, :, :n] = v.to(cv.device, cv.dtype)
+        self.lengths = torch.tensor([layers[0][0].shape[1] for layers in prefixes], device=self.lengths.device)
+        self.pending = 0

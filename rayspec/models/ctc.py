@@ -54,9 +54,45 @@ class CTCHead(nn.Module):
         head.load_state_dict(load_file(os.path.join(path, "model.safetensors")))
         return head.to(device).eval()
 
+    def greedy(self, logp: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
+        """Greedy CTC hypotheses (SSD eq. 2): best class per frame, collapse repeats, drop blanks.
+
+        Args:
+            logp: ``[B, S, C]`` log-probabilities from :meth:`forward`; lengths: int64 ``[B]`` real frames.
+
+        Returns:
+            ``B`` lists of target token ids.
+        """
+        best = logp.argmax(-1).tolist()
+        return [collapse(row[: int(n)], self.token_ids) for row, n in zip(best, lengths.tolist())]
+
     def targets(self, token_ids: torch.Tensor) -> torch.Tensor:
         """Map target token ids (any shape) to CTC class indices; ids outside the head's set map to -1."""
         lut = torch.full((max(self.token_ids) + 1,), -1, dtype=torch.long)
         lut[torch.tensor(self.token_ids)] = torch.arange(1, len(self.token_ids) + 1)
         ids = token_ids.clamp(0, lut.numel() - 1)
         return torch.where(token_ids < lut.numel(), lut.to(token_ids.device)[ids], -1)
+
+
+def collapse(path: list[int], token_ids: list[int]) -> list[int]:
+    """CTC's mapping B: remove consecutive duplicates, then blanks; class ``c`` maps to ``token_ids[c - 1]``."""
+    out, prev = [], None
+    for c in path:
+        if c != prev and c != BLANK:
+            out.append(token_ids[c - 1])
+        prev = c
+    return out
+
+
+def max_frame_entropy(logp: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Largest per-frame entropy (nats) of each row's CTC distribution over its real frames (SSD eq. 3).
+
+    Args:
+        logp: ``[B, S, C]`` log-probabilities; lengths: int64 ``[B]``.
+
+    Returns:
+        float32 ``[B]``; 0 for a row without frames.
+    """
+    ent = -(logp.exp() * logp).sum(-1)
+    valid = torch.arange(logp.shape[1], device=logp.device)[None, :] < lengths[:, None]
+    return torch.where(valid, ent, torch.zeros_like(ent)).amax(-1)

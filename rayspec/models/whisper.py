@@ -273,6 +273,7 @@ class WhisperASR:
         tokens: torch.Tensor,
         ancestors: Optional[torch.Tensor] = None,
         depths: Optional[torch.Tensor] = None,
+        logits_from: int = 0,
     ) -> torch.Tensor:
         """Run the decoder over ``Q`` new tokens per row; their keys/values become pending in ``cache``.
 
@@ -287,9 +288,10 @@ class WhisperASR:
             tokens: int64 ``[B, Q]``.
             ancestors: bool ``[Q, Q]`` or ``[B, Q, Q]``; default causal.
             depths: int64 ``[Q]`` or ``[B, Q]``; default ``arange(Q)``.
+            logits_from: project only new tokens ``logits_from ..`` to the vocabulary (e.g. skip the prompt).
 
         Returns:
-            Float logits ``[B, Q, V]`` (suppress lists not applied; see :meth:`suppress`).
+            Float logits ``[B, Q - logits_from, V]`` (suppress lists not applied; see :meth:`suppress`).
 
         Raises:
             ValueError: the cache has pending positions, or positions beyond its capacity.
@@ -345,7 +347,7 @@ class WhisperASR:
             h = layer.activation_fn(layer.fc1(h))
             h = F.dropout(h, p=layer.activation_dropout, training=layer.training)
             x = x + F.dropout(layer.fc2(h), p=layer.dropout, training=layer.training)
-        x = dec.layer_norm(x)
+        x = dec.layer_norm(x[:, logits_from:])
         cache.pending = q
         return self.model.proj_out(x)
 

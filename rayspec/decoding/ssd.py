@@ -1,0 +1,208 @@
+"""Self-speculative decoding with a CTC drafter: CTC gating -> one-pass verification -> fallback from the verified
+prefix (../shared/seeds/ssd-ctc-self-speculative.txt, section 2, eq. 2-7; batching as section 3.2).
+
+Per utterance:
+
+1. Gate (eq. 2-3): the greedy CTC hypothesis over the target's own encoder states is final, with no target decoder
+   pass, if every frame's CTC entropy is below ``tau_ctc`` (route "ctc").
+2. Verify (eq. 4-5): the hypothesis, re-tokenized with the target's tokenizer and followed by EOS, is scored in ONE
+   teacher-forced target pass (logits only at the hypothesis positions). It is accepted if every token's probability
+   exceeds ``tau_slm`` (route "verified"); with ``exact`` a token must also be the target's argmax. Verifying the
+   closing EOS too (beyond the paper) rejects hypotheses the target would continue.
+3. Fallback (eq. 6-7): from the longest verified prefix, the target's own next token is already known from the
+   verification logits; decoding continues from there with greedy AR or with draft-model speculation, reusing the
+   verification pass's KV cache for the prefix (route "fallback").
+
+Phase 1 (gate + verify) and phase 2 (fallback) are batched separately: utterances that fail verification park their
+encoder states and prefix keys/values in CPU memory and are re-batched by length for the fallback.
+
+With ``exact=True`` and ``tau_ctc=0`` (gate off) the output equals the target's greedy output for any ``tau_slm``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from ..models.ctc import CTCHead, max_frame_entropy
+from ..models.whisper import EncoderOutput, WhisperASR
+from .ar import greedy_continue
+from .common import Hypothesis
+from .speculative import SpeculationOptions, speculative_decode
+
+
+@dataclass(frozen=True)
+class SSDOptions:
+    """Options of :class:`SSDDecoder`.
+
+    Attributes:
+        tau_ctc: CTC gate threshold on the largest frame entropy (nats); 0 turns the gate off.
+        tau_slm: verification threshold on each token's target probability (eq. 5).
+        exact: also require every verified token to be the target's argmax (output == AR greedy when tau_ctc = 0).
+        verify: run the verification pass; False sends every gate-rejected utterance to full AR from the prompt
+            (the paper's "CTC gate + AR" ablation).
+        fallback: "ar" (greedy) or "draft" (draft-model speculation from the prefix).
+        speculation: options of the draft fallback.
+    """
+
+    tau_ctc: float = 0.0
+    tau_slm: float = 0.1
+    exact: bool = True
+    verify: bool = True
+    fallback: str = "ar"
+    speculation: SpeculationOptions = SpeculationOptions()
+
+    def __post_init__(self):
+        if self.fallback not in ("ar", "draft"):
+            raise ValueError(f"fallback must be 'ar' or 'draft', not {self.fallback!r}")
+
+
+def verified_prefix(token_probs: Sequence[float], is_argmax: Sequence[bool], tau_slm: float, exact: bool) -> int:
+    """Length of the longest verified prefix (SSD eq. 6: the first position failing eq. 5 ends it).
+
+    Args:
+        token_probs: target probability of each hypothesis token (EOS last).
+        is_argmax: whether each token is the target's argmax at its position.
+
+    Returns:
+        ``j`` in ``0 .. len(token_probs)``; ``len(token_probs)`` means the whole hypothesis is verified.
+    """
+    for j, (p, top) in enumerate(zip(token_probs, is_argmax)):
+        if p <= tau_slm or (exact and not top):
+            return j
+    return len(token_probs)
+
+
+def retokenize(ctc_ids: list[int], ctc: CTCHead, target: WhisperASR) -> list[int]:
+    """CTC hypothesis (token ids of the CTC head's vocabulary) -> text -> the target tokenizer's ids."""
+    text = target.tokenizer.decode(ctc_ids, skip_special_tokens=True)
+    return target.tokenizer(text, add_special_tokens=False).input_ids if text else []
+
+
+@dataclass
+class _Parked:
+    """A gate- and verification-rejected utterance waiting for the fallback phase (CPU memory)."""
+
+    index: int
+    states: torch.Tensor  # [S, D] encoder states, CPU
+    length: int
+    prefix: list[int]  # verified prefix + the target's next token
+    kv: Optional[list]  # target keys/values of prompt + prefix (per layer (k, v) [H, n, Dh]), CPU
+    cap: int
+
+
+class SSDDecoder:
+    """CTC-gated self-speculative decoding of utterances (see the module docstring).
+
+    Args:
+        target: the target model; ctc: a CTC head over its encoder; draft: needed for ``fallback="draft"``.
+        options: :class:`SSDOptions`.
+    """
+
+    def __init__(self, target: WhisperASR, ctc: CTCHead, options: SSDOptions, draft: Optional[WhisperASR] = None):
+        if options.fallback == "draft" and draft is None:
+            raise ValueError("fallback='draft' needs a draft model")
+        self.target, self.ctc, self.opt, self.draft = target, ctc, options, draft
+
+    @torch.inference_mode()
+    def first_pass(self, enc: EncoderOutput, caps: Sequence[int], offset: int = 0):
+        """Phase 1 for one batch: gate and verify. Returns ``(hypotheses or None per row, parked rows)``."""
+        t, eos = self.target, self.target.eos_token_id
+        logp = self.ctc(enc.states)
+        entropy = max_frame_entropy(logp, enc.lengths).tolist()
+        hyps_ctc = [retokenize(ids, self.ctc, t) for ids in self.ctc.greedy(logp, enc.lengths)]
+        out: list[Optional[Hypothesis]] = [None] * len(caps)
+        parked: list[_Parked] = []
+        todo = []
+        for i, (h, e) in enumerate(zip(hyps_ctc, entropy)):
+            if e < self.opt.tau_ctc:
+                out[i] = Hypothesis(h[: caps[i]], len(h) <= caps[i], "ctc")
+            elif not self.opt.verify:
+                parked.append(_Parked(offset + i, enc.states[i].cpu(), int(enc.lengths[i]), [], None, caps[i]))
+            else:
+                todo.append(i)
+        if not todo:
+            return out, parked
+        rows = torch.tensor(todo, device=enc.states.device)
+        sub = enc.select(rows)
+        p = len(t.prompt_ids)
+        seqs = [hyps_ctc[i][: caps[i]] for i in todo]
+        width = max(len(s) for s in seqs) + 1
+        cache = t.new_cache(sub, p + width + 1)
+        tokens = torch.tensor([t.prompt_ids + s + [eos] * (width - len(s)) for s in seqs], device=rows.device)
+        # Logits only where they score the hypothesis: positions p-1 .. p-1+len(s) predict s and EOS.
+        logits = t.decode(cache, tokens[:, :-1], logits_from=p - 1)
+        first = torch.zeros(logits.shape[:2], dtype=torch.bool, device=logits.device)
+        first[:, 0] = True
+        probs = t.suppress(logits, first=first).float().softmax(-1)
+        targets = torch.tensor([s + [eos] + [eos] * (width - 1 - len(s)) for s in seqs], device=rows.device)
+        tok_p = probs.gather(-1, targets[..., None])[..., 0].tolist()
+        best = probs.argmax(-1).tolist()
+        keep_len = []
+        for k, (i, s) in enumerate(zip(todo, seqs)):
+            n = len(s) + 1
+            top = [best[k][j] == targets[k, j].item() for j in range(n)]
+            j = verified_prefix(tok_p[k][:n], top, self.opt.tau_slm, self.opt.exact)
+            if j == n:
+                h = Hypothesis(list(s), True, "verified")
+                h.stats.target_forward_passes = 1
+                h.stats.accepted_prefix = len(s)
+                out[i] = h
+                keep_len.append(None)
+                continue
+            nxt = best[k][j]  # the target's own token after the verified prefix
+            prefix = s[:j] + ([] if nxt == eos else [nxt])
+            if nxt == eos or len(prefix) >= caps[i]:
+                h = Hypothesis(prefix[: caps[i]], nxt == eos, "fallback")
+                h.stats.target_forward_passes = 1
+                h.stats.accepted_prefix = j
+                out[i] = h
+                keep_len.append(None)
+                continue
+            keep_len.append(p + j)
+            parked.append(_Parked(offset + i, enc.states[i].cpu(), int(enc.lengths[i]), prefix, None, caps[i]))
+        live = [(k, n) for k, n in enumerate(keep_len) if n is not None]
+        if live:
+            kvs = cache.export_rows([k for k, _ in live], [n for _, n in live])
+            for park, kv in zip(parked[len(parked) - len(live):], kvs):
+                park.kv = kv
+        return out, parked
+
+    @torch.inference_mode()
+    def fallback(self, parked: list[_Parked], draft_states: Optional[EncoderOutput] = None) -> list[Hypothesis]:
+        """Phase 2 for one batch of parked rows: continue after each prefix (AR or draft speculation).
+
+        Args:
+            draft_states: the draft's encoder output for the same rows (``fallback="draft"``).
+        """
+        t = self.target
+        dev = t.device
+        s_max = max(x.states.shape[0] for x in parked)
+        states = torch.zeros((len(parked), s_max, parked[0].states.shape[1]), dtype=t.dtype, device=dev)
+        for r, x in enumerate(parked):
+            states[r, : x.states.shape[0]] = x.states.to(dev)
+        enc = EncoderOutput(states, torch.tensor([x.length for x in parked], device=dev), t.encoder_masking)
+        caps = [x.cap for x in parked]
+        routes = ["fallback" if x.kv is not None else "ar" for x in parked]
+        verified = [x.kv is not None for x in parked]
+        if self.opt.fallback == "draft":
+            kv = [x.kv for x in parked] if all(verified) else None
+            prefixes = [x.prefix for x in parked] if kv is not None else None
+            hyps = speculative_decode(t, enc, self.draft, draft_states, caps, self.opt.speculation, prefixes, kv)
+        else:
+            hyps = [Hypothesis(list(x.prefix), False, r) for x, r in zip(parked, routes)]
+            cache = t.new_cache(enc, len(t.prompt_ids) + max(caps) + 1)
+            if all(verified):
+                cache.import_rows([x.kv for x in parked])
+                tokens = torch.tensor([[x.prefix[-1]] for x in parked], device=dev)
+            else:
+                tokens = torch.tensor(t.prompt_ids, device=dev).expand(len(parked), -1)
+            greedy_continue(t, cache, hyps, tokens, caps)
+        for h, x, r in zip(hyps, parked, routes):
+            h.route = r
+            if x.kv is not None:
+                h.stats.target_forward_passes += 1  # the verification pass
+                h.stats.accepted_prefix = len(x.prefix) - 1
+        return hyps

@@ -1,0 +1,123 @@
+"""CTC gating / verification / fallback (SSD): unit tests on hand-made distributions and exactness vs AR."""
+
+import math
+
+import pytest
+import torch
+
+from rayspec.decoding.ar import greedy_decode
+from rayspec.decoding.ssd import SSDDecoder, SSDOptions, retokenize, verified_prefix
+from rayspec.models.ctc import BLANK, CTCHead, collapse, max_frame_entropy
+from tiny import random_audio
+
+AUDIO = random_audio(8, seed=11)
+
+
+def test_collapse_repeats_then_blanks():
+    ids = [10, 11, 12]
+    assert collapse([0, 1, 1, 0, 1, 2, 2, 0, 3], ids) == [10, 10, 11, 12]
+    assert collapse([BLANK] * 5, ids) == []
+    assert collapse([], ids) == []
+
+
+def test_max_frame_entropy():
+    uniform = torch.full((1, 3, 4), math.log(0.25))
+    peaked = torch.log(torch.tensor([[[0.97, 0.01, 0.01, 0.01]] * 3]))
+    logp = torch.cat([uniform, peaked])
+    ent = max_frame_entropy(logp, torch.tensor([3, 3]))
+    assert ent[0] == pytest.approx(math.log(4), rel=1e-5)
+    assert ent[1] < 0.2
+    # padded frames beyond a row's length do not count
+    mixed = torch.cat([peaked, uniform], dim=1)
+    assert max_frame_entropy(mixed, torch.tensor([3]))[0] < 0.2
+
+
+def test_verified_prefix():
+    assert verified_prefix([0.9, 0.8, 0.7], [True] * 3, 0.1, exact=True) == 3
+    assert verified_prefix([0.05, 0.8], [True, True], 0.1, exact=False) == 0  # prefix of length 0
+    assert verified_prefix([0.9, 0.4, 0.9], [True, False, True], 0.1, exact=False) == 3
+    assert verified_prefix([0.9, 0.4, 0.9], [True, False, True], 0.1, exact=True) == 1
+    assert verified_prefix([], [], 0.5, exact=True) == 0
+
+
+def test_retokenize_roundtrip(tiny_target):
+    ids = tiny_target.tokenizer("HELLO WORLD", add_special_tokens=False).input_ids
+    ctc = CTCHead(tiny_target.config.d_model, list(range(28)))
+    assert retokenize(ids, ctc, tiny_target) == ids
+    assert retokenize([], ctc, tiny_target) == []
+
+
+def _ctc(model, seed=0):
+    torch.manual_seed(seed)
+    head = CTCHead(model.config.d_model, list(range(28)))
+    with torch.no_grad():
+        head.proj.weight.mul_(5)
+    return head.eval()
+
+
+def _encode(model, audios):
+    f, l = model.features(audios)
+    return model.encode(f, l)
+
+
+class _Patched(CTCHead):
+    """A CTC head whose greedy hypotheses are given (to exercise partial prefixes deterministically)."""
+
+    def __init__(self, base, hyps):
+        super().__init__(base.proj.in_features, base.token_ids)
+        self.load_state_dict(base.state_dict())
+        self.hyps = hyps
+
+    def greedy(self, logp, lengths):
+        return self.hyps
+
+
+def _run(decoder, enc, caps):
+    hyps, parked = decoder.first_pass(enc, caps)
+    if parked:
+        draft_enc = None
+        if decoder._draft_enc is not None:
+            draft_enc = decoder._draft_enc.select(torch.tensor([x.index for x in parked]))
+        for x, h in zip(parked, decoder.fallback(parked, draft_enc)):
+            hyps[x.index] = h
+    return hyps
+
+
+@pytest.mark.parametrize("tau_slm", [0.01, 0.1, 0.2, 0.9])
+@pytest.mark.parametrize("fallback", ["ar", "draft"])
+def test_exact_with_gate_off_equals_ar(tiny_target, tiny_draft, tau_slm, fallback):
+    caps = [30] * len(AUDIO)
+    with torch.inference_mode():
+        enc = _encode(tiny_target, AUDIO)
+        ar = [h.tokens for h in greedy_decode(tiny_target, enc, caps)]
+        # CTC hypotheses: exact AR output, a wrong token in the middle, a truncation, garbage, empty, too long.
+        eos = tiny_target.eos_token_id
+        hyps = [ar[0], ar[1][:5] + [(ar[1][5] + 1) % 27] + ar[1][6:], ar[2][:10], [3, 4, 5], [], ar[5] * 3,
+                ar[6][:-1], ar[7]]
+        assert eos not in sum(hyps, [])
+        decoder = SSDDecoder(tiny_target, _Patched(_ctc(tiny_target), hyps),
+                             SSDOptions(tau_ctc=0.0, tau_slm=tau_slm, exact=True, fallback=fallback), tiny_draft)
+        decoder._draft_enc = _encode(tiny_draft, AUDIO) if fallback == "draft" else None
+        out = _run(decoder, enc, caps)
+    assert [h.tokens for h in out] == ar
+    assert {h.route for h in out} <= {"verified", "fallback"}
+    if tau_slm <= 0.2:  # verified prefixes are reused (the fallback starts after them)
+        assert any(h.stats.accepted_prefix and h.stats.accepted_prefix >= 5 for h in out)
+
+
+def test_gate_accepts_confident_ctc_without_target_pass(tiny_target):
+    with torch.inference_mode():
+        enc = _encode(tiny_target, AUDIO[:3])
+        decoder = SSDDecoder(tiny_target, _ctc(tiny_target), SSDOptions(tau_ctc=100.0))
+        hyps, parked = decoder.first_pass(enc, [30] * 3)
+    assert not parked and all(h.route == "ctc" and h.stats.target_forward_passes == 0 for h in hyps)
+
+
+def test_verification_off_runs_full_ar(tiny_target):
+    with torch.inference_mode():
+        enc = _encode(tiny_target, AUDIO[:3])
+        ar = [h.tokens for h in greedy_decode(tiny_target, enc, [20] * 3)]
+        decoder = SSDDecoder(tiny_target, _ctc(tiny_target), SSDOptions(verify=False))
+        decoder._draft_enc = None
+        out = _run(decoder, enc, [20] * 3)
+    assert [h.tokens for h in out] == ar and all(h.route == "ar" for h in out)
