@@ -1,36 +1,55 @@
-"""``rayspec bench``: speculative decoding against AR, measured side by side in one run (SpecASR Table II ablation).
+"""``rayspec bench``: decoders against AR, measured side by side in one run.
 
-For each batch size, every configuration decodes the same preloaded audio with the same models: AR greedy, fixed
-draft lengths, then adaptive drafting, recycling and the token tree added in turn, and (batch 1 only) transformers'
-assisted generation with the same draft. Timings cover features, encoders and decoding (audio decoding excluded);
-each configuration runs a warm-up batch first. Output: ``bench.md`` (Markdown table), ``bench.csv`` and
-``bench.png`` (speed-up and NFE per configuration) in the output folder.
+Suites:
+
+* ``spec`` (SpecASR Table II ablation): AR greedy, fixed draft lengths, then adaptive drafting, recycling and the
+  token tree added in turn, and (batch 1 only) transformers' assisted generation with the same draft.
+* ``ssd`` (SSD paper Figures 3-4): full AR, then CTC gating + verification + AR fallback over a grid of tau_CTC and
+  tau_SLM, each single stage as an ablation (gate only + AR; verification only), and the exact mode.
+
+Every configuration decodes the same preloaded audio with the same models through
+:func:`rayspec.pipeline.decode_batch` (features, encoders and decoding timed; audio decoding excluded), after one
+warm-up batch. Output in the folder: ``bench-<suite>.md`` (Markdown table), ``.csv`` and ``.png``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import os
 import time
 from dataclasses import dataclass, replace
+from typing import Optional
 
 import torch
 from tqdm import tqdm
 
 from .batching import BatchBudget, plan_batches
-from .decoding.ar import greedy_decode
 from .decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, Hypothesis, token_cap
-from .decoding.speculative import SpeculationOptions, speculative_decode
+from .decoding.speculative import SpeculationOptions
+from .decoding.ssd import SSDOptions
+from .metrics import error_rates
+from .pipeline import DecodeOptions, decode_batch
 
-ABLATION = [
-    ("ar", None),
-    ("fixed-8", SpeculationOptions(max_draft=8, threshold=0.0, recycle=False, tree=False)),
-    ("fixed-16", SpeculationOptions(max_draft=16, threshold=0.0, recycle=False, tree=False)),
-    ("+adaptive", SpeculationOptions(recycle=False, tree=False)),
-    ("+recycle", SpeculationOptions(tree=False)),
-    ("+tree", SpeculationOptions()),
+SPEC_ABLATION = [
+    ("ar", DecodeOptions("ar")),
+    ("fixed-8", DecodeOptions("draft", speculation=SpeculationOptions(8, 0.0, recycle=False, tree=False))),
+    ("fixed-16", DecodeOptions("draft", speculation=SpeculationOptions(16, 0.0, recycle=False, tree=False))),
+    ("+adaptive", DecodeOptions("draft", speculation=SpeculationOptions(recycle=False, tree=False))),
+    ("+recycle", DecodeOptions("draft", speculation=SpeculationOptions(tree=False))),
+    ("+tree", DecodeOptions("draft", speculation=SpeculationOptions())),
 ]
+
+
+def ssd_grid(tau_ctc=(0.3, 0.7, 1.5, 3.0), tau_slm=(0.01, 0.1, 0.2)) -> list[tuple[str, DecodeOptions]]:
+    """AR, the (tau_CTC, tau_SLM) grid in the paper's relaxed mode, the single-stage ablations and exact mode."""
+    ssd = lambda **k: DecodeOptions("ssd", ssd=SSDOptions(**k))  # noqa: E731
+    out = [("ar", DecodeOptions("ar"))]
+    out += [(f"ssd c={c} l={s}", ssd(tau_ctc=c, tau_slm=s, exact=False)) for c in tau_ctc for s in tau_slm]
+    out += [(f"gate only c={c} + AR", ssd(tau_ctc=c, verify=False)) for c in tau_ctc]
+    out += [(f"verify only l={s}", ssd(tau_ctc=0.0, tau_slm=s, exact=False)) for s in tau_slm]
+    out += [("ssd exact (c=0)", ssd(tau_ctc=0.0, exact=True)), ("ssd exact + draft fallback",
+            ssd(tau_ctc=0.0, exact=True, fallback="draft"))]
+    return out
 
 
 @dataclass
@@ -45,6 +64,8 @@ class BenchRow:
     mean_accepted_length: float
     acceptance_rate: float
     identical_to_ar: int
+    wer: Optional[float] = None
+    routes: Optional[dict] = None
     rtfx: float = 0.0
     speedup: float = 0.0
     nfe_reduction: float = 0.0
@@ -85,116 +106,151 @@ def _hf_assisted(target, draft, audio, cap) -> Hypothesis:
     return h
 
 
-def _run(config, spec, target, draft, audios, durations, batches, caps_of) -> list[Hypothesis]:
+def _run(name, options, models, audios, durations, batches) -> list[Hypothesis]:
+    target, draft, ctc = models
     out: dict[int, Hypothesis] = {}
     for batch in batches:
         a = [audios[i] for i in batch]
-        caps = [caps_of[i] for i in batch]
-        if config == "hf-assisted":
-            hyps = [_hf_assisted(target, draft, a[0], caps[0])]
+        if name == "hf-assisted":
+            limit = target.max_target_positions - len(target.prompt_ids) - 1
+            hyps = [_hf_assisted(target, draft, a[0], token_cap(durations[batch[0]], DEFAULT_MAX_TOKENS_PER_SECOND,
+                                                                 limit))]
         else:
-            f, l = target.features(a)
-            enc = target.encode(f, l)
-            if spec is None:
-                hyps = greedy_decode(target, enc, caps)
-            else:
-                df, dl = draft.features(a)
-                hyps = speculative_decode(target, enc, draft, draft.encode(df, dl), caps, spec)
+            hyps = decode_batch(target, options, a, [durations[i] for i in batch], draft, ctc)
         out.update(zip(batch, hyps))
     return [out[i] for i in range(len(audios))]
 
 
-def run_bench(target, draft, audios, batch_sizes=(1, 16), configs=None, hf_assisted=True, progress=True):
-    """Run the ablation; returns :class:`BenchRow` s (speed-ups relative to AR at the same batch size).
+def run_bench(models, audios, references, configs, batch_sizes=(1, 16), hf_assisted=False, progress=True):
+    """Run ``configs`` (name, :class:`~rayspec.pipeline.DecodeOptions`; the first must be AR) at each batch size.
 
     Args:
-        target, draft: :class:`~rayspec.models.whisper.WhisperASR` models sharing a tokenizer.
-        audios: float32 waveforms at the target's sample rate.
-        configs: (name, :class:`SpeculationOptions` or None for AR) pairs; default :data:`ABLATION`.
+        models: ``(target, draft or None, ctc head or None)``.
+        audios: float32 waveforms at the target's sample rate; references: their transcripts (or None).
+
+    Returns:
+        :class:`BenchRow` s; speed-ups and NFE reductions are relative to the AR row of the same batch size.
     """
-    configs = list(configs or ABLATION)
+    target = models[0]
     durations = [len(a) / target.sample_rate for a in audios]
-    limit = target.max_target_positions - len(target.prompt_ids) - 1
-    caps = [token_cap(d, DEFAULT_MAX_TOKENS_PER_SECOND, limit) for d in durations]
     rows: list[BenchRow] = []
     for bs in batch_sizes:
         batches = plan_batches(list(range(len(audios))), durations, BatchBudget(tokens=10**9, max_rows=bs))
-        todo = configs + ([("hf-assisted", None)] if hf_assisted and bs == 1 else [])
+        todo = list(configs) + ([("hf-assisted", None)] if hf_assisted and bs == 1 else [])
         reference = None
-        for name, spec in tqdm(todo, desc=f"bench batch {bs}", disable=not progress):
-            with torch.inference_mode() if name != "hf-assisted" else contextlib.nullcontext():
-                _run(name, spec, target, draft, audios, durations, batches[:1], caps)  # warm-up
-                t0 = time.perf_counter()
-                hyps = _run(name, spec, target, draft, audios, durations, batches, caps)
-                wall = time.perf_counter() - t0
+        for name, options in tqdm(todo, desc=f"bench batch {bs}", disable=not progress):
+            _run(name, options, models, audios, durations, batches[:1])  # warm-up
+            t0 = time.perf_counter()
+            hyps = _run(name, options, models, audios, durations, batches)
+            wall = time.perf_counter() - t0
             if reference is None:
                 reference = [h.tokens for h in hyps]
-            n = len(hyps)
             st = [h.stats for h in hyps]
-            rounds = sum(s.rounds for s in st)
+            n, rounds = len(hyps), sum(s.rounds for s in st)
             proposed = sum(s.draft_tokens_proposed for s in st)
             accepted = sum(s.draft_tokens_accepted for s in st)
+            wer = None
+            if references and all(references):
+                wer = error_rates(references, [target.decode_text(h.tokens) for h in hyps]).wer
+            routes = {}
+            for h in hyps:
+                routes[h.route] = routes.get(h.route, 0) + 1
             rows.append(BenchRow(
                 name, bs, n, sum(durations), wall, sum(s.target_forward_passes for s in st) / n,
                 sum(s.draft_forward_passes for s in st) / n, (accepted + rounds) / rounds if rounds else 1.0,
                 accepted / proposed if proposed else 0.0, sum(h.tokens == r for h, r in zip(hyps, reference)),
+                wer, routes,
             ))
         base = next(r for r in rows if r.batch_size == bs and r.config == "ar")
         for r in rows:
             if r.batch_size == bs:
                 r.rtfx = r.audio_s / r.wall_s
                 r.speedup = base.wall_s / r.wall_s
-                r.nfe_reduction = base.nfe_per_utt / r.nfe_per_utt if r.nfe_per_utt else 0.0
+                r.nfe_reduction = base.nfe_per_utt / r.nfe_per_utt if r.nfe_per_utt else float("inf")
     return rows
 
 
-HEADER = ["config", "batch", "utts", "NFE/utt", "NFE reduction", "draft passes/utt", "mean accepted length",
-          "acceptance rate", "wall s", "RTFx", "speed-up vs AR", "identical to AR"]
+def _cells(r: BenchRow, suite: str, ar_wer: Optional[float]) -> list:
+    pct = lambda k: f"{100 * (r.routes or {}).get(k, 0) / r.utterances:.0f}"  # noqa: E731
+    common = [r.config, r.batch_size, r.utterances, f"{r.nfe_per_utt:.2f}", f"{r.nfe_reduction:.2f}x"]
+    tail = [f"{r.wall_s:.2f}", f"{r.rtfx:.1f}", f"{r.speedup:.2f}x", f"{r.identical_to_ar}/{r.utterances}"]
+    if suite == "spec":
+        return common + [f"{r.draft_passes_per_utt:.2f}", f"{r.mean_accepted_length:.2f}",
+                         f"{r.acceptance_rate:.3f}"] + tail + ["-" if r.wer is None else f"{100 * r.wer:.2f}"]
+    rel = "-" if r.wer is None or not ar_wer else f"{100 * (r.wer - ar_wer) / ar_wer:+.1f}%"
+    return common + [pct("ctc"), pct("verified"), pct("fallback"),
+                     "-" if r.wer is None else f"{100 * r.wer:.2f}", rel] + tail
 
 
-def write_outputs(rows: list[BenchRow], out_dir: str, title: str) -> str:
-    """Write bench.md, bench.csv and bench.png to ``out_dir``; returns the Markdown."""
+HEADERS = {
+    "spec": ["config", "batch", "utts", "NFE/utt", "NFE reduction", "draft passes/utt", "mean accepted length",
+             "acceptance rate", "wall s", "RTFx", "speed-up vs AR", "identical to AR", "WER %"],
+    "ssd": ["config", "batch", "utts", "NFE/utt", "NFE reduction", "%C (gate)", "%L (verified)", "%fallback",
+            "WER %", "WER vs AR", "wall s", "RTFx", "speed-up vs AR", "identical to AR"],
+}
+
+
+def write_outputs(rows: list[BenchRow], out_dir: str, title: str, suite: str) -> str:
+    """Write ``bench-<suite>.md``, ``.csv`` and ``.png`` to ``out_dir``; returns the Markdown."""
     os.makedirs(out_dir, exist_ok=True)
-    cells = [[r.config, r.batch_size, r.utterances, f"{r.nfe_per_utt:.2f}", f"{r.nfe_reduction:.2f}x",
-              f"{r.draft_passes_per_utt:.2f}", f"{r.mean_accepted_length:.2f}", f"{r.acceptance_rate:.3f}",
-              f"{r.wall_s:.2f}", f"{r.rtfx:.1f}", f"{r.speedup:.2f}x", f"{r.identical_to_ar}/{r.utterances}"]
-             for r in rows]
-    md = [f"### {title}", "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    header = HEADERS[suite]
+    cells = []
+    for r in rows:
+        ar = next(x for x in rows if x.batch_size == r.batch_size and x.config == "ar")
+        cells.append(_cells(r, suite, ar.wer))
+    md = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(str(c) for c in row) + " |" for row in cells]
     text = "\n".join(md) + "\n"
-    with open(os.path.join(out_dir, "bench.md"), "w") as f:
+    stem = os.path.join(out_dir, f"bench-{suite}")
+    with open(stem + ".md", "w") as f:
         f.write(text)
-    with open(os.path.join(out_dir, "bench.csv"), "w", newline="") as f:
+    with open(stem + ".csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(HEADER)
+        w.writerow(header)
         w.writerows(cells)
+    _plot(rows, stem + ".png", title, suite)
+    return text
+
+
+def _plot(rows, path, title, suite) -> None:
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return text
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for bs in sorted({r.batch_size for r in rows}):
-        sub = [r for r in rows if r.batch_size == bs]
-        axes[0].plot([r.config for r in sub], [r.speedup for r in sub], marker="o", label=f"batch {bs}")
-        axes[1].plot([r.config for r in sub], [r.nfe_per_utt for r in sub], marker="o", label=f"batch {bs}")
-    axes[0].axhline(1.0, color="gray", lw=0.8)
-    axes[0].set_ylabel("wall-clock speed-up vs AR")
-    axes[1].set_ylabel("target passes (NFE) per utterance")
-    for ax in axes:
-        ax.tick_params(axis="x", rotation=30)
-        ax.legend()
-    fig.suptitle(title)
+        return
+    if suite == "spec":
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        for bs in sorted({r.batch_size for r in rows}):
+            sub = [r for r in rows if r.batch_size == bs]
+            axes[0].plot([r.config for r in sub], [r.speedup for r in sub], marker="o", label=f"batch {bs}")
+            axes[1].plot([r.config for r in sub], [r.nfe_per_utt for r in sub], marker="o", label=f"batch {bs}")
+        axes[0].axhline(1.0, color="gray", lw=0.8)
+        axes[0].set_ylabel("wall-clock speed-up vs AR")
+        axes[1].set_ylabel("target passes (NFE) per utterance")
+        for ax in axes:
+            ax.tick_params(axis="x", rotation=30)
+            ax.legend()
+    else:  # WER vs RTFx Pareto plot with AR marked (SSD Figures 3-4)
+        fig, ax = plt.subplots(figsize=(7, 5))
+        for r in rows:
+            if r.wer is None:
+                continue
+            style = {"marker": "*", "s": 160, "color": "red"} if r.config == "ar" else {"marker": "o", "s": 30}
+            ax.scatter(r.rtfx, 100 * r.wer, **style)
+            ax.annotate(r.config, (r.rtfx, 100 * r.wer), fontsize=6)
+        ax.set_xlabel("RTFx (audio s / processing s)")
+        ax.set_ylabel("WER %")
+    fig.suptitle(title, fontsize=9)
     fig.tight_layout()
-    fig.savefig(os.path.join(out_dir, "bench.png"), dpi=120)
-    return text
+    fig.savefig(path, dpi=120)
 
 
 def cmd_bench(args) -> int:
     from .audio import load_audio
     from .manifest import read_manifest
+    from .models.ctc import CTCHead
     from .models.whisper import WhisperASR
     from .pipeline import zoo_path
 
@@ -202,38 +258,49 @@ def cmd_bench(args) -> int:
         torch.set_num_threads(args.threads)
     target = WhisperASR.from_pretrained(args.target or zoo_path("target"), args.device)
     draft = WhisperASR.from_pretrained(args.draft or zoo_path("draft"), args.device)
+    ctc = CTCHead.from_pretrained(args.ctc or zoo_path("ctc"), args.device) if args.suite == "ssd" else None
     utts = [u for m in args.manifests for u in read_manifest(m)]
     if args.limit:
         utts = utts[: args.limit]
     audios = [load_audio(u.audio, target.sample_rate) for u in tqdm(utts, desc="audio")]
-    configs = ABLATION
-    if args.max_draft:
-        configs = [(n, None if s is None else (s if n.startswith("fixed") else replace(s, max_draft=args.max_draft)))
-                   for n, s in configs]
-    rows = run_bench(target, draft, audios, tuple(args.batch_sizes), configs, hf_assisted=not args.no_hf)
-    title = (f"{target.name} + draft {draft.name} on {', '.join(os.path.basename(m) for m in args.manifests)} "
-             f"({len(audios)} utterances, {sum(len(a) for a in audios) / target.sample_rate:.0f} s), "
+    if args.suite == "spec":
+        configs = SPEC_ABLATION
+        if args.max_draft:
+            configs = [(n, o if o.method == "ar" or n.startswith("fixed") else
+                        replace(o, speculation=replace(o.speculation, max_draft=args.max_draft))) for n, o in configs]
+    else:
+        configs = ssd_grid(tuple(args.tau_ctc), tuple(args.tau_slm))
+    rows = run_bench((target, draft, ctc), audios, [u.text for u in utts], configs, tuple(args.batch_sizes),
+                     hf_assisted=args.suite == "spec" and not args.no_hf)
+    title = (f"{args.suite}: {target.name} + {draft.name if args.suite == 'spec' else 'ctc'} on "
+             f"{', '.join(os.path.basename(os.path.dirname(os.path.abspath(m))) for m in args.manifests)} "
+             f"({len(audios)} utterances, {sum(len(a) for a in audios) / target.sample_rate:.0f} s audio), "
              f"{args.device}, {torch.get_num_threads()} threads")
-    print(write_outputs(rows, args.output, title))
+    print(write_outputs(rows, args.output, title, args.suite))
     return 0
 
 
 def add_bench_parser(sub) -> None:
     p = sub.add_parser(
-        "bench", help="benchmark speculative decoding against AR (table + plot)",
-        description="Decode the same audio with AR, fixed-length speculation and each SpecASR technique added in "
-                    "turn (plus transformers' assisted generation at batch 1), side by side in one run; writes "
-                    "bench.md, bench.csv and bench.png. NFE = target forward passes, which do not depend on "
-                    "machine noise; wall-clock ratios are measured in the same run.",
+        "bench", help="benchmark decoders against AR side by side (table + plot)",
+        description="Decode the same audio with AR and the chosen suite's configurations, side by side in one run; "
+                    "writes bench-<suite>.md/.csv/.png. NFE = target forward passes, which do not depend on "
+                    "machine noise; wall-clock ratios are measured in the same run. Suites: spec (draft-model "
+                    "speculation ablation, plus transformers' assisted generation at batch 1), ssd (CTC gating / "
+                    "verification / fallback over a tau grid, WER-vs-RTFx Pareto plot).",
     )
-    p.add_argument("manifests", nargs="+", help="manifests or folders of audio")
+    p.add_argument("manifests", nargs="+", help="manifests (with references for WER) or folders of audio")
+    p.add_argument("--suite", choices=["spec", "ssd"], default="spec")
     p.add_argument("-o", "--output", default="bench", help="output folder (default: bench)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     p.add_argument("--limit", type=int, default=0, help="use only the first N utterances")
-    p.add_argument("--max-draft", type=int, default=0, help="override max draft length of the adaptive configs")
-    p.add_argument("--no-hf", action="store_true", help="skip transformers' assisted generation")
+    p.add_argument("--max-draft", type=int, default=0, help="spec: override max draft length of adaptive configs")
+    p.add_argument("--no-hf", action="store_true", help="spec: skip transformers' assisted generation")
+    p.add_argument("--tau-ctc", type=float, nargs="+", default=[0.3, 0.7, 1.5, 3.0], help="ssd: gate thresholds")
+    p.add_argument("--tau-slm", type=float, nargs="+", default=[0.01, 0.1, 0.2], help="ssd: verification thresholds")
     p.add_argument("--target")
     p.add_argument("--draft")
+    p.add_argument("--ctc")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0)
     p.set_defaults(func=cmd_bench)

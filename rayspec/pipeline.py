@@ -119,41 +119,8 @@ class Transcriber:
     def decode(self, audios: list[np.ndarray], durations: list[float]) -> tuple[list[Hypothesis], float]:
         """Decode a batch of waveforms with the configured method. Returns hypotheses and wall seconds."""
         t0 = time.perf_counter()
-        with torch.inference_mode():
-            feats, lengths = self.target.features(audios)
-            enc = self.target.encode(feats, lengths)
-            limit = self.target.max_target_positions - len(self.target.prompt_ids) - 1
-            caps = [token_cap(d, self.options.max_tokens_per_second, limit) for d in durations]
-            if self.options.method == "ar":
-                from .decoding.ar import greedy_decode
-
-                hyps = greedy_decode(self.target, enc, caps)
-            elif self.options.method == "ssd":
-                hyps = self._ssd(audios, enc, caps)
-            else:
-                from .decoding.speculative import SpeculationOptions, speculative_decode
-
-                dfeats, dlengths = self.draft.features(audios)
-                denc = self.draft.encode(dfeats, dlengths)
-                spec = self.options.speculation or SpeculationOptions()
-                hyps = speculative_decode(self.target, enc, self.draft, denc, caps, spec)
+        hyps = decode_batch(self.target, self.options, audios, durations, self.draft, self.ctc)
         return hyps, time.perf_counter() - t0
-
-    def _ssd(self, audios, enc, caps) -> list[Hypothesis]:
-        """Gate + verify the batch, then decode the rejected rows as their own length-sorted batch."""
-        from .decoding.ssd import SSDDecoder
-
-        decoder = SSDDecoder(self.target, self.ctc, self.options.ssd, self.draft)
-        hyps, parked = decoder.first_pass(enc, caps)
-        if parked:
-            parked.sort(key=lambda x: x.length)
-            draft_enc = None
-            if self.draft is not None:
-                feats, lengths = self.draft.features([audios[x.index] for x in parked])
-                draft_enc = self.draft.encode(feats, lengths)
-            for x, h in zip(parked, decoder.fallback(parked, draft_enc)):
-                hyps[x.index] = h
-        return hyps
 
     def transcribe(self, utterances: list[Utterance]) -> list[ResultRow]:
         """Transcribe one batch; every utterance yields exactly one row (bad audio -> ``error`` row)."""
@@ -188,8 +155,46 @@ class Transcriber:
             row.route, row.num_tokens, row.finished = h.route, len(h.tokens), h.finished
             row.target_forward_passes, row.draft_forward_passes = s.target_forward_passes, s.draft_forward_passes
             row.draft_tokens_proposed, row.draft_tokens_accepted = s.draft_tokens_proposed, s.draft_tokens_accepted
-            row.rounds, row.accepted_prefix = s.rounds, s.accepted_prefix
+            row.rounds, row.accepted_prefix, row.ctc_entropy = s.rounds, s.accepted_prefix, s.ctc_entropy
         return row
+
+
+@torch.inference_mode()
+def decode_batch(
+    target: WhisperASR, options: DecodeOptions, audios: list[np.ndarray], durations: list[float], draft=None, ctc=None
+) -> list[Hypothesis]:
+    """Features, encoders and the chosen decoder for one batch of waveforms (at the target's sample rate).
+
+    Used by :class:`Transcriber` and ``rayspec bench`` alike, so benchmarks time exactly what jobs run.
+    """
+    feats, lengths = target.features(audios)
+    enc = target.encode(feats, lengths)
+    limit = target.max_target_positions - len(target.prompt_ids) - 1
+    caps = [token_cap(d, options.max_tokens_per_second, limit) for d in durations]
+    if options.method == "ar":
+        from .decoding.ar import greedy_decode
+
+        return greedy_decode(target, enc, caps)
+    if options.method == "ssd":
+        from .decoding.ssd import SSDDecoder
+
+        # Gate + verify the batch; the rejected rows then form their own length-sorted batch (SSD 3.2).
+        decoder = SSDDecoder(target, ctc, options.ssd, draft)
+        hyps, parked = decoder.first_pass(enc, caps)
+        if parked:
+            parked.sort(key=lambda x: x.length)
+            draft_enc = None
+            if draft is not None:
+                dfeats, dlengths = draft.features([audios[x.index] for x in parked])
+                draft_enc = draft.encode(dfeats, dlengths)
+            for x, h in zip(parked, decoder.fallback(parked, draft_enc)):
+                hyps[x.index] = h
+        return hyps
+    from .decoding.speculative import SpeculationOptions, speculative_decode
+
+    dfeats, dlengths = draft.features(audios)
+    return speculative_decode(target, enc, draft, draft.encode(dfeats, dlengths), caps,
+                              options.speculation or SpeculationOptions())
 
 
 def estimated_seconds(u: Utterance) -> float:

@@ -34,6 +34,7 @@ SCHEMA = pa.schema(
         pa.field("draft_tokens_accepted", pa.int32()),
         pa.field("rounds", pa.int32()),
         pa.field("accepted_prefix", pa.int32()),
+        pa.field("ctc_entropy", pa.float64()),
         pa.field("decode_s", pa.float64()),
         pa.field("model", pa.string()),
         pa.field("draft_model", pa.string()),
@@ -68,6 +69,7 @@ class ResultRow:
     draft_tokens_accepted: int = 0
     rounds: int = 0
     accepted_prefix: Optional[int] = None
+    ctc_entropy: Optional[float] = None
     decode_s: float = 0.0
     model: str = ""
     draft_model: str = ""

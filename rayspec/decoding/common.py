@@ -21,6 +21,7 @@ class DecodeStats:
         draft_tokens_accepted: of those, tokens the target accepted.
         rounds: draft-then-verify rounds.
         accepted_prefix: for CTC-verified decoding, the length of the verified prefix (tokens), else None.
+        ctc_entropy: for CTC-gated decoding, the largest per-frame CTC entropy (nats; the gate's statistic).
     """
 
     target_forward_passes: int = 0
@@ -29,6 +30,7 @@ class DecodeStats:
     draft_tokens_accepted: int = 0
     rounds: int = 0
     accepted_prefix: Optional[int] = None
+    ctc_entropy: Optional[float] = None
 
     @property
     def acceptance_rate(self) -> float:

@@ -91,6 +91,7 @@ class _Parked:
     prefix: list[int]  # verified prefix + the target's next token
     kv: Optional[list]  # target keys/values of prompt + prefix (per layer (k, v) [H, n, Dh]), CPU
     cap: int
+    entropy: float
 
 
 class SSDDecoder:
@@ -107,7 +108,7 @@ class SSDDecoder:
         self.target, self.ctc, self.opt, self.draft = target, ctc, options, draft
 
     @torch.inference_mode()
-    def first_pass(self, enc: EncoderOutput, caps: Sequence[int], offset: int = 0):
+    def first_pass(self, enc: EncoderOutput, caps: Sequence[int]):
         """Phase 1 for one batch: gate and verify. Returns ``(hypotheses or None per row, parked rows)``."""
         t, eos = self.target, self.target.eos_token_id
         logp = self.ctc(enc.states)
@@ -120,9 +121,12 @@ class SSDDecoder:
             if e < self.opt.tau_ctc:
                 out[i] = Hypothesis(h[: caps[i]], len(h) <= caps[i], "ctc")
             elif not self.opt.verify:
-                parked.append(_Parked(offset + i, enc.states[i].cpu(), int(enc.lengths[i]), [], None, caps[i]))
+                parked.append(_Parked(i, enc.states[i].cpu(), int(enc.lengths[i]), [], None, caps[i], e))
             else:
                 todo.append(i)
+        for i, h in enumerate(out):
+            if h is not None:
+                h.stats.ctc_entropy = entropy[i]
         if not todo:
             return out, parked
         rows = torch.tensor(todo, device=enc.states.device)
@@ -162,7 +166,11 @@ class SSDDecoder:
                 keep_len.append(None)
                 continue
             keep_len.append(p + j)
-            parked.append(_Parked(offset + i, enc.states[i].cpu(), int(enc.lengths[i]), prefix, None, caps[i]))
+            parked.append(_Parked(i, enc.states[i].cpu(), int(enc.lengths[i]), prefix, None, caps[i],
+                                  entropy[i]))
+        for i in todo:
+            if out[i] is not None:
+                out[i].stats.ctc_entropy = entropy[i]
         live = [(k, n) for k, n in enumerate(keep_len) if n is not None]
         if live:
             kvs = cache.export_rows([k for k, _ in live], [n for _, n in live])
@@ -202,6 +210,7 @@ class SSDDecoder:
             greedy_continue(t, cache, hyps, tokens, caps)
         for h, x, r in zip(hyps, parked, routes):
             h.route = r
+            h.stats.ctc_entropy = x.entropy
             if x.kv is not None:
                 h.stats.target_forward_passes += 1  # the verification pass
                 h.stats.accepted_prefix = len(x.prefix) - 1

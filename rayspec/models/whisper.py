@@ -15,8 +15,9 @@ transformers' caches hold one length for the whole batch, while speculative rows
 Batch invariance. transformers' ``WhisperEncoder`` only takes exactly ``2 * max_source_positions`` frames and ignores
 attention masks. Checkpoints trained that way (real Whisper) are run the same way: every utterance padded to the
 fixed window (``encoder_masking = False``). Checkpoints trained by rayspec's recipes set ``rayspec_encoder_masking``
-in their config: features are computed per utterance, the conv front-end output is zeroed past each utterance's
-length, and encoder self-attention and decoder cross-attention mask padded positions. Either way an utterance's
+in their config: features are computed per utterance (and normalized per mel bin with the training statistics
+stored in the config, if any), the conv front-end output is zeroed past each utterance's length, and encoder
+self-attention and decoder cross-attention mask padded positions. Either way an utterance's
 result does not depend on its batch-mates.
 """
 
@@ -85,6 +86,9 @@ class WhisperASR:
         cfg = model.config
         self.config = cfg
         self.encoder_masking = bool(getattr(cfg, "rayspec_encoder_masking", False))
+        mean, std = getattr(cfg, "rayspec_feature_mean", None), getattr(cfg, "rayspec_feature_std", None)
+        self.feature_mean = None if mean is None else torch.tensor(mean, dtype=model.dtype, device=model.device)[:, None]
+        self.feature_std = None if std is None else torch.tensor(std, dtype=model.dtype, device=model.device)[:, None]
         self.num_heads = cfg.decoder_attention_heads
         self.head_dim = cfg.d_model // cfg.decoder_attention_heads
         self.max_target_positions = cfg.max_target_positions
@@ -228,6 +232,8 @@ class WhisperASR:
             return EncoderOutput(states, full, masked=False)
         t = features.shape[-1]
         frame_mask = (torch.arange(t, device=features.device)[None, :] < frame_lengths[:, None]).to(features.dtype)
+        if self.feature_mean is not None:  # global per-mel-bin normalization (training statistics); padding -> 0
+            features = (features - self.feature_mean) / self.feature_std * frame_mask[:, None, :]
         x = F.gelu(enc.conv1(features)) * frame_mask[:, None, :]
         x = F.gelu(enc.conv2(x)).permute(0, 2, 1)
         s = x.shape[1]

@@ -89,8 +89,13 @@ class TrainOptions:
 FEATURE_EXTRACTOR = dict(feature_size=80, sampling_rate=16000, hop_length=320, chunk_length=30, n_fft=400)
 
 
-def new_model(arch: Architecture, dropout: float, out_dir: str) -> WhisperASR:
-    """A randomly initialised zoo model with the character tokenizer, written to ``out_dir`` and loaded back."""
+def new_model(arch: Architecture, dropout: float, out_dir: str, feature_stats=None) -> WhisperASR:
+    """A randomly initialised zoo model with the character tokenizer, written to ``out_dir`` and loaded back.
+
+    Args:
+        feature_stats: optional ``(mean, std)`` per mel bin of the training features, stored in the config and
+            applied by the adapter's masked encoder (global mean/variance normalization).
+    """
     from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
     tok = build_char_tokenizer(out_dir)
@@ -108,6 +113,8 @@ def new_model(arch: Architecture, dropout: float, out_dir: str) -> WhisperASR:
         suppress_tokens=[], begin_suppress_tokens=[space, eot], tie_word_embeddings=True,
     )
     cfg.rayspec_encoder_masking = True
+    if feature_stats is not None:
+        cfg.rayspec_feature_mean, cfg.rayspec_feature_std = [list(map(float, v)) for v in feature_stats]
     model = WhisperForConditionalGeneration(cfg)
     _init_front_end(model.model.encoder)
     gen = GenerationConfig(
@@ -137,20 +144,29 @@ def _init_front_end(encoder) -> None:
         encoder.embed_positions.weight.mul_(0.1)
 
 
-def _spec_augment(x: torch.Tensor, lengths: torch.Tensor, opt: TrainOptions, rng: random.Random) -> torch.Tensor:
-    """SpecAugment frequency and time masks on ``[B, n_mels, T]`` (masked to 0), per row within its length."""
+def feature_stats(examples: list[Example]) -> tuple[np.ndarray, np.ndarray]:
+    """Per-mel-bin mean and standard deviation of the speed-1.0 training features."""
+    cat = np.concatenate([e.features[SPEEDS.index(1.0)].astype(np.float64) for e in examples], axis=1)
+    return cat.mean(axis=1), np.maximum(cat.std(axis=1), 1e-3)
+
+
+def _spec_augment(x: torch.Tensor, lengths: torch.Tensor, opt: TrainOptions, rng: random.Random,
+                  fill: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """SpecAugment frequency and time masks on ``[B, n_mels, T]``, per row within its length. Masked cells get
+    ``fill`` (``[n_mels, 1]``, the feature mean, i.e. 0 after normalization) or 0."""
+    fill = torch.zeros(x.shape[1], 1) if fill is None else fill
     x = x.clone()
     n_mels = x.shape[1]
     for b in range(x.shape[0]):
         for _ in range(opt.freq_masks):
             w = rng.randint(0, opt.freq_width)
             f0 = rng.randint(0, n_mels - w)
-            x[b, f0 : f0 + w, :] = 0.0
+            x[b, f0 : f0 + w, :] = fill[f0 : f0 + w]
         t_len = int(lengths[b])
         for _ in range(opt.time_masks):
             w = rng.randint(0, max(1, int(t_len * opt.time_fraction)))
             t0 = rng.randint(0, max(0, t_len - w))
-            x[b, :, t0 : t0 + w] = 0.0
+            x[b, :, t0 : t0 + w] = fill
     return x
 
 
@@ -278,24 +294,28 @@ def train(
     rng = random.Random(opt.seed)
     os.makedirs(work_dir, exist_ok=True)
     arch = arch or (DRAFT_ARCH if kind == "draft" else TARGET_ARCH)
-    init_dir = os.path.join(work_dir, "init")
-    if kind == "ctc":
-        model = WhisperASR.from_pretrained(teacher_dir)
-        model.model.requires_grad_(False)
-    else:
-        model = new_model(arch, opt.dropout, init_dir)
-    model.model.model.encoder.embed_positions.requires_grad_(False)  # fixed sinusoids (from_pretrained unfreezes)
-    tok = model.tokenizer
-    special = set(tok.convert_tokens_to_ids(SPECIAL_TOKENS))
-    char_ids = [i for i in range(len(tok)) if i not in special]
-    ctc = CTCHead(model.config.d_model, char_ids)
+    from transformers import WhisperFeatureExtractor
 
     train_utts, dev_utts = split_manifests(manifests, opt.dev_fraction, opt.seed)
     if max_utterances:
         train_utts, dev_utts = train_utts[:max_utterances], dev_utts[: max(2, max_utterances // 4)]
     cache_dir = os.path.join(work_dir, "..", "features")
-    train_ex = load_examples(train_utts, model.feature_extractor, cache_dir)
-    dev_ex = load_examples(dev_utts, model.feature_extractor, cache_dir, speeds=(1.0,))
+    fe = (WhisperASR.from_pretrained(teacher_dir).feature_extractor if kind == "ctc"
+          else WhisperFeatureExtractor(**FEATURE_EXTRACTOR))
+    train_ex = load_examples(train_utts, fe, cache_dir)
+    dev_ex = load_examples(dev_utts, fe, cache_dir, speeds=(1.0,))
+
+    init_dir = os.path.join(work_dir, "init")
+    if kind == "ctc":
+        model = WhisperASR.from_pretrained(teacher_dir)
+        model.model.requires_grad_(False)
+    else:
+        model = new_model(arch, opt.dropout, init_dir, feature_stats(train_ex))
+    model.model.model.encoder.embed_positions.requires_grad_(False)  # fixed sinusoids (from_pretrained unfreezes)
+    tok = model.tokenizer
+    special = set(tok.convert_tokens_to_ids(SPECIAL_TOKENS))
+    char_ids = [i for i in range(len(tok)) if i not in special]
+    ctc = CTCHead(model.config.d_model, char_ids)
     dev_ex = [Example(e.id, [e.features[0]] * len(SPEEDS), e.text) for e in dev_ex]
     if kind == "draft" and teacher_dir:
         train_ex += _distillation_examples(teacher_dir, train_ex, work_dir)
@@ -338,7 +358,7 @@ def train(
                 break
             ex = [train_ex[i] for i in idx]
             x, xl, toks = _collate(ex, [rng.randrange(len(SPEEDS)) for _ in ex], tok, model.device)
-            x = _spec_augment(x, xl, opt, rng)
+            x = _spec_augment(x, xl, opt, rng, model.feature_mean)
             ctc_loss, att_loss = _losses(model, ctc, x, xl, toks, opt, train_decoder)
             w = opt.ctc_weight if train_decoder else 1.0
             loss = w * ctc_loss + (1 - w) * att_loss

@@ -1,0 +1,49 @@
+"""A tests-sized run of each training recipe (a few steps on a handful of bundled clips)."""
+
+import json
+
+import pytest
+
+from rayspec.cli import main
+from rayspec.models.ctc import CTCHead
+from rayspec.models.whisper import WhisperASR
+
+SMALL = ["--d-model", "32", "--encoder-layers", "1", "--decoder-layers", "1", "--heads", "2", "--ffn", "64"]
+
+
+@pytest.fixture(scope="module")
+def trained_target(tmp_path_factory, samples_manifest):
+    tmp = tmp_path_factory.mktemp("train")
+    out, ctc = tmp / "target", tmp / "ctc"
+    code = main(["train", "target", samples_manifest, "-o", str(out), "--ctc-output", str(ctc), "--work-dir",
+                 str(tmp / "work" / "target"), "--epochs", "1", "--max-steps", "2", "--eval-every", "1",
+                 "--batch-frames", "2000", "--threads", "1", *SMALL])
+    assert code == 0
+    return tmp, out, ctc
+
+
+def test_train_target_writes_loadable_model_and_ctc_head(trained_target):
+    tmp, out, ctc = trained_target
+    model = WhisperASR.from_pretrained(str(out))
+    assert model.encoder_masking and model.feature_mean is not None
+    assert CTCHead.from_pretrained(str(ctc)).token_ids
+    log = [json.loads(line) for line in open(tmp / "work" / "target" / "log.jsonl")]
+    assert log[-1]["epoch"] == 1 and "dev_ctc_wer" in log[-1]
+
+
+def test_train_draft_distills_and_ctc_trains_on_frozen_encoder(trained_target, samples_manifest):
+    tmp, out, _ = trained_target
+    assert main(["train", "draft", samples_manifest, "-o", str(tmp / "draft"), "--target", str(out), "--work-dir",
+                 str(tmp / "work" / "draft"), "--epochs", "1", "--max-steps", "1", "--threads", "1", *SMALL]) == 0
+    assert (tmp / "work" / "draft" / "teacher_transcripts.json").exists()
+    WhisperASR.from_pretrained(str(tmp / "draft"))
+    assert main(["train", "ctc", samples_manifest, "-o", str(tmp / "ctc2"), "--target", str(out), "--work-dir",
+                 str(tmp / "work" / "ctc"), "--epochs", "1", "--max-steps", "1", "--threads", "1"]) == 0
+    assert CTCHead.from_pretrained(str(tmp / "ctc2")).proj.in_features == 32
+
+
+def test_train_help():
+    for kind in ("target", "draft", "ctc"):
+        with pytest.raises(SystemExit) as exc:
+            main(["train", kind, "--help"])
+        assert exc.value.code == 0

@@ -1,0 +1,74 @@
+"""Exactness on real speech with the bundled zoo models (fp32, CPU): speculative and exact-SSD == AR greedy."""
+
+import pytest
+import torch
+
+from rayspec.audio import load_audio
+from rayspec.decoding.ar import greedy_decode
+from rayspec.decoding.speculative import SpeculationOptions, speculative_decode
+from rayspec.decoding.ssd import SSDDecoder, SSDOptions
+from rayspec.manifest import read_manifest
+from rayspec.models.ctc import CTCHead
+from rayspec.models.whisper import WhisperASR
+from rayspec.pipeline import zoo_path
+
+CONFIGS = {
+    "fixed-8": SpeculationOptions(8, 0.0, recycle=False, tree=False),
+    "fixed-16": SpeculationOptions(16, 0.0, recycle=False, tree=False),
+    "adaptive": SpeculationOptions(recycle=False, tree=False),
+    "recycle": SpeculationOptions(tree=False),
+    "tree": SpeculationOptions(),
+}
+
+
+@pytest.fixture(scope="module")
+def zoo(samples_manifest):
+    target = WhisperASR.from_pretrained(zoo_path("target"))
+    draft = WhisperASR.from_pretrained(zoo_path("draft"))
+    ctc = CTCHead.from_pretrained(zoo_path("ctc"))
+    audios = [load_audio(u.audio, target.sample_rate) for u in read_manifest(samples_manifest)]
+    caps = [200] * len(audios)
+    with torch.inference_mode():
+        reference = [greedy_decode(target, _enc(target, [a]), [200])[0] for a in audios]
+    return target, draft, ctc, audios, caps, reference
+
+
+def _enc(model, audios):
+    f, l = model.features(audios)
+    return model.encode(f, l)
+
+
+def test_zoo_models_transcribe_and_finish(zoo):
+    target, _, _, _, _, reference = zoo
+    assert all(h.finished for h in reference)  # EOS, not the cap
+    assert sum(len(h.tokens) > 0 for h in reference) >= 8
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+@pytest.mark.parametrize("batch_size", [1, 4, 16])
+def test_speculative_equals_ar_on_real_audio(zoo, name, batch_size):
+    target, draft, _, audios, caps, reference = zoo
+    got, proposed_eos = [], 0
+    with torch.inference_mode():
+        for s in range(0, len(audios), batch_size):
+            a = audios[s : s + batch_size]
+            hyps = speculative_decode(target, _enc(target, a), draft, _enc(draft, a), caps[s : s + batch_size],
+                                      CONFIGS[name])
+            got += hyps
+    assert [h.tokens for h in got] == [h.tokens for h in reference]
+    assert all(h.finished for h in got)
+    assert sum(h.stats.target_forward_passes for h in got) < sum(h.stats.target_forward_passes for h in reference)
+
+
+@pytest.mark.parametrize("fallback", ["ar", "draft"])
+def test_exact_ssd_equals_ar_on_real_audio(zoo, fallback):
+    target, draft, ctc, audios, caps, reference = zoo
+    decoder = SSDDecoder(target, ctc, SSDOptions(tau_ctc=0.0, tau_slm=0.1, exact=True, fallback=fallback), draft)
+    with torch.inference_mode():
+        enc = _enc(target, audios)
+        hyps, parked = decoder.first_pass(enc, caps)
+        if parked:
+            d = _enc(draft, [audios[x.index] for x in parked]) if fallback == "draft" else None
+            for x, h in zip(parked, decoder.fallback(parked, d)):
+                hyps[x.index] = h
+    assert [h.tokens for h in hyps] == [h.tokens for h in reference]
