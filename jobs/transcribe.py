@@ -57,7 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run(args) -> int:
+def run(args, on_batch=None) -> int:
+    """Run the job; ``on_batch(actors, batches_done)``, if given, is called after each finished batch (tests use
+    it to kill an actor mid-job)."""
     from importlib import resources
 
     source = args.input or str(resources.files("rayspec").joinpath("samples", "an4", "manifest.jsonl"))
@@ -86,6 +88,8 @@ def run(args) -> int:
                 writer.write(rows)
                 summary.add(rows)
                 bar.update(len(rows))
+                if on_batch is not None:
+                    on_batch(actors, len(batches) - len(queue) - len(pending))
     summary.wall_s = time.perf_counter() - t0
     writer.finalize()
     print_summary(summary, args.output)

@@ -156,6 +156,59 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_serve(args) -> int:
+    import os
+    import time
+
+    for key, value in (("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"), ("RAY_AUTH_MODE", "disabled"),
+                       ("RAY_USAGE_STATS_ENABLED", "0")):
+        os.environ.setdefault(key, value)
+    import ray
+    from ray import serve
+
+    from actors.serve_app import build_app
+
+    if args.address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=args.address or os.environ["RAY_ADDRESS"])
+    else:
+        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
+    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.run(build_app({"method": args.method, "target": args.target, "draft": args.draft, "ctc": args.ctc,
+                         "max_batch_size": args.max_batch_size, "num_replicas": args.replicas,
+                         "num_cpus": args.replica_cpus, "num_gpus": args.replica_gpus, "threads": args.threads,
+                         "device": args.device}), name="rayspec", route_prefix="/")
+    print(f"serving POST http://{args.host}:{args.port}/v1/audio/transcriptions (Ctrl-C to stop)", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.shutdown()
+    return 0
+
+
+def _serve_parser(sub) -> None:
+    p = sub.add_parser(
+        "serve", help="OpenAI-compatible transcription endpoint on Ray Serve",
+        description="POST /v1/audio/transcriptions (multipart file, model, response_format=json|text|verbose_json) "
+                    "and GET /health, with dynamic batching (@serve.batch) into the chosen decoder. Uploads over "
+                    "25 MB or longer than the model's window get 413, undecodable audio 415.",
+        epilog="example:\n  rayspec serve --method draft &\n  curl -F file=@clip.flac "
+               "http://127.0.0.1:8000/v1/audio/transcriptions",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray on 127.0.0.1)")
+    p.add_argument("--method", choices=["ar", "draft", "ssd"], default="draft")
+    p.add_argument("--max-batch-size", type=int, default=16)
+    p.add_argument("--replicas", type=int, default=1)
+    p.add_argument("--replica-cpus", type=float, default=1.0)
+    p.add_argument("--replica-gpus", type=float, default=0.0)
+    p.add_argument("--ctc", help="CTC head directory for --method ssd")
+    _add_model_args(p)
+    p.set_defaults(func=cmd_serve)
+
+
 def _train_parser(sub) -> None:
     p = sub.add_parser(
         "train", help="train a zoo model (target, draft, ctc) on real speech",
@@ -229,6 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_score)
 
     _train_parser(sub)
+    _serve_parser(sub)
     from .bench import add_bench_parser
 
     add_bench_parser(sub)
