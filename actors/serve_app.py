@@ -9,7 +9,6 @@ JSON error body ``{"error": {"message", "type", "code"}}``.
 Start with ``rayspec serve`` (127.0.0.1:8000) or ``serve run actors.serve_app:app``.
 """
 
-from __future__ import annotations
 
 import io
 import os

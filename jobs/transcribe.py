@@ -31,6 +31,8 @@ from rayspec.scoring import format_table, score_results  # noqa: E402
 
 def connect(address: str | None, num_cpus: int | None) -> None:
     """Join ``address`` (or ``RAY_ADDRESS``), else start an embedded local Ray bound to 127.0.0.1."""
+    if ray.is_initialized():
+        return
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address, log_to_driver=False)

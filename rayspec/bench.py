@@ -118,7 +118,7 @@ def _run(name, options, models, audios, durations, batches) -> list[Hypothesis]:
         else:
             hyps = decode_batch(target, options, a, [durations[i] for i in batch], draft, ctc)
         out.update(zip(batch, hyps))
-    return [out[i] for i in range(len(audios))]
+    return [out[i] for i in range(len(audios)) if i in out]  # all of them, except in a warm-up
 
 
 def run_bench(models, audios, references, configs, batch_sizes=(1, 16), hf_assisted=False, progress=True):

@@ -149,7 +149,7 @@ def cmd_train(args) -> int:
     )
     opt = TrainOptions(epochs=args.epochs, batch_frames=args.batch_frames, lr=args.lr, seed=args.seed,
                        threads=args.threads, ctc_weight=args.ctc_weight, eval_every=args.eval_every,
-                       warmup_steps=args.warmup_steps)
+                       warmup_steps=args.warmup_steps, dropout=args.dropout)
     summary = train(args.kind, args.manifests, args.output, args.work_dir, opt, arch, teacher_dir=args.target,
                     ctc_out=args.ctc_output, max_steps=args.max_steps, max_utterances=args.max_utterances)
     print(json.dumps(summary["final_dev"]))
@@ -239,6 +239,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--lr", type=float, default=1.5e-3)
     p.add_argument("--warmup-steps", type=int, default=300)
     p.add_argument("--ctc-weight", type=float, default=0.4)
+    p.add_argument("--dropout", type=float, default=0.15, help="residual dropout (attention/activation: 2/3 of it)")
     p.add_argument("--eval-every", type=int, default=5, help="epochs between dev WER evaluations")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
