@@ -388,12 +388,3 @@ class WhisperASR:
 
     def count_parameters(self) -> int:
         return sum(p.numel() for p in self.model.parameters())
-
-
-def decoder_flops_per_token(config) -> float:
-    """Approximate decoder multiply-accumulates per generated token (projections and FFN, excluding attention
-    scores): ``layers * (4 d^2 self + 2 d^2 cross q/out + 2 d f)``. Used to compare draft and target costs."""
-    d, f = config.d_model, config.decoder_ffn_dim
-    return float(config.decoder_layers * (4 * d * d + 2 * d * d + 2 * d * f)) + d * config.vocab_size
-
-
