@@ -281,6 +281,8 @@ def cmd_bench(args) -> int:
 
 
 def add_bench_parser(sub) -> None:
+    from .cli import _add_model_args
+
     p = sub.add_parser(
         "bench", help="benchmark decoders against AR side by side (table + plot)",
         description="Decode the same audio with AR and the chosen suite's configurations, side by side in one run; "
@@ -298,9 +300,6 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--no-hf", action="store_true", help="spec: skip transformers' assisted generation")
     p.add_argument("--tau-ctc", type=float, nargs="+", default=[0.3, 0.7, 1.5, 3.0], help="ssd: gate thresholds")
     p.add_argument("--tau-slm", type=float, nargs="+", default=[0.01, 0.1, 0.2], help="ssd: verification thresholds")
-    p.add_argument("--target")
-    p.add_argument("--draft")
-    p.add_argument("--ctc")
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, default=0)
+    p.add_argument("--ctc", help="ssd: CTC head directory; default: the bundled zoo CTC head")
+    _add_model_args(p)
     p.set_defaults(func=cmd_bench)
