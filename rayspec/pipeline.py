@@ -1,8 +1,15 @@
-"""Ray-free corpus transcription: audio -> batches -> a decoder method -> result rows.
+"""Ray-free corpus transcription: audio -> batches -> drafting side -> target side -> result rows.
 
-:class:`Transcriber` holds the models once and transcribes one batch of utterances at a time; the CLI runs it
-in-process, and the Ray actors in ``actors/`` host it. A bad file never fails a batch: it becomes one row with
-``error`` set and empty text.
+Each batch goes through two sides that only exchange plain data:
+
+- :class:`Drafter` (the drafting side): loads audio, computes features, runs the target's encoder and the drafter
+  (the CTC head for "ssd", the draft model's encoder for "draft") -> :class:`EncodedBatch`; during decoding it also
+  answers draft proposals (:class:`~rayspec.decoding.proposer.DraftProposer`).
+- :class:`TargetDecoder` (the target side): runs the target decoder (AR, verification, fallback) -> result rows.
+
+:class:`Transcriber` runs both in one process (the CLI, bench and Serve replicas); ``actors/`` hosts them on separate
+Ray actors and ``jobs/transcribe.py`` streams batches between them through the object store. A bad file never fails
+a batch: it becomes one row with ``error`` set and empty text.
 """
 
 from __future__ import annotations
@@ -18,9 +25,14 @@ import torch
 
 from .audio import AudioError, AudioLimits, load_audio
 from .batching import BatchBudget, plan_batches
+from .decoding.ar import greedy_decode
 from .decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, Hypothesis, token_cap
+from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
+from .decoding.speculative import Proposer, SpeculativeDecoder
+from .decoding.ssd import CTCDrafts, SSDDecoder, SSDOptions, ctc_drafts
 from .manifest import Utterance
-from .models.whisper import WhisperASR
+from .models.ctc import CTCHead
+from .models.whisper import EncoderOutput, WhisperASR
 from .results import ResultRow, ResultWriter
 
 METHODS = ("ar", "draft", "ssd")
@@ -45,8 +57,14 @@ class DecodeOptions:
 
     method: str = "ar"
     max_tokens_per_second: float = DEFAULT_MAX_TOKENS_PER_SECOND
-    speculation: Optional[object] = None
-    ssd: Optional[object] = None
+    speculation: Optional[SpeculationOptions] = None
+    ssd: Optional[SSDOptions] = None
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
+        if self.method == "ssd" and self.ssd is None:
+            self.ssd = SSDOptions()
 
     @property
     def mode(self) -> str:
@@ -57,96 +75,233 @@ class DecodeOptions:
 
 
 @dataclass
-class LoadedAudio:
-    utterance: Utterance
-    audio: Optional[np.ndarray] = None
-    error: Optional[str] = None
+class Encoded:
+    """What the drafting side computes for a batch of ``B`` waveforms, and the target side decodes from.
+
+    Attributes:
+        target: the target's encoder output (``states`` ``[B, S, D]`` in the model dtype, ``lengths`` int64 ``[B]``).
+        caps: ``B`` caps on generated tokens (from the audio durations).
+        ctc: the CTC drafts (method "ssd"), else None.
+        draft: the draft model's encoder output (method "draft", or "ssd" with the draft fallback), else None.
+    """
+
+    target: EncoderOutput
+    caps: list[int]
+    ctc: Optional[CTCDrafts] = None
+    draft: Optional[EncoderOutput] = None
+
+    def to(self, device) -> "Encoded":
+        """The same batch with its tensors on ``device`` (CPU before crossing Ray's object store)."""
+        return Encoded(self.target.to(device), self.caps, self.ctc, self.draft.to(device) if self.draft else None)
 
 
-class Transcriber:
-    """Transcribes batches of utterances with a target (and optionally a draft) model.
+def needs_draft(options: DecodeOptions) -> bool:
+    """Whether ``options`` use a draft model (method "draft", or "ssd" with the draft fallback)."""
+    return options.method == "draft" or (options.method == "ssd" and options.ssd.fallback == "draft")
+
+
+@torch.inference_mode()
+def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.ndarray], durations: list[float],
+                 draft: Optional[WhisperASR] = None, ctc=None) -> Encoded:
+    """The drafting side of one batch: features, the target's encoder, and the CTC head or the draft's encoder.
 
     Args:
-        target: target model directory (default: the zoo target).
-        draft: draft model directory, needed by ``method="draft"`` and the ssd draft fallback (default: the zoo
-            draft).
-        ctc: CTC head directory for ``method="ssd"`` (default: the zoo CTC head).
-        options: decoder choice and options.
-        device: torch device string; dtype: model dtype (fp32 is the exact reference on CPU).
-        limits: audio byte/duration limits.
+        audios: ``B`` mono float32 waveforms at the target's sample rate; durations: their lengths in seconds.
+    """
+    feats, lengths = target.features(audios)
+    enc = target.encode(feats, lengths)
+    limit = target.max_target_positions - len(target.prompt_ids) - 1
+    out = Encoded(enc, [token_cap(d, options.max_tokens_per_second, limit) for d in durations])
+    if options.method == "ssd":
+        out.ctc = ctc_drafts(ctc, target, enc)
+    if needs_draft(options):
+        dfeats, dlengths = draft.features(audios)
+        out.draft = draft.encode(dfeats, dlengths)
+    return out
+
+
+ProposerFactory = Callable[[list[int], list[int]], Proposer]
+"""``(rows, caps) -> proposer`` over those rows (indices into the batch, in that order) with those token caps."""
+
+
+def local_proposers(draft: WhisperASR, encoded: Encoded, options: SpeculationOptions) -> ProposerFactory:
+    """Proposers over ``encoded``'s rows with ``draft`` in this process."""
+
+    def make(rows: list[int], caps: list[int]) -> Proposer:
+        sub = encoded.draft.select(torch.tensor(rows, device=encoded.draft.states.device))
+        return DraftProposer(draft, sub, caps, options)
+
+    return make
+
+
+@torch.inference_mode()
+def decode_encoded(target: WhisperASR, options: DecodeOptions, encoded: Encoded,
+                   proposers: Optional[ProposerFactory] = None) -> list[Hypothesis]:
+    """The target side of one batch: the configured decoder over ``encoded`` (see :class:`DecodeOptions`).
+
+    Args:
+        proposers: where draft proposals come from (method "draft" and the ssd draft fallback).
 
     Raises:
-        ValueError: unknown method.
+        ValueError: a method that needs draft proposals without ``proposers``.
+    """
+    enc, caps = encoded.target, encoded.caps
+    if options.method == "ar":
+        return greedy_decode(target, enc, caps)
+    if needs_draft(options) and proposers is None:
+        raise ValueError(f"method {options.method!r} with these options needs a draft proposer")
+    if options.method == "ssd":
+        # Gate + verify the batch; the rejected rows then form their own length-sorted batch (SSD 3.2).
+        decoder = SSDDecoder(target, options.ssd)
+        hyps, parked = decoder.first_pass(enc, caps, encoded.ctc)
+        if parked:
+            parked.sort(key=lambda x: x.length)
+            proposer = None
+            if options.ssd.fallback == "draft":
+                proposer = proposers([x.index for x in parked], [x.cap for x in parked])
+            for x, h in zip(parked, decoder.fallback(parked, proposer)):
+                hyps[x.index] = h
+        return hyps
+    spec = speculation_options(options)
+    return SpeculativeDecoder(target, proposers(list(range(len(caps))), caps), spec).decode(enc, caps)
+
+
+def speculation_options(options: DecodeOptions) -> SpeculationOptions:
+    """The draft-speculation options in effect (the ssd fallback's under method "ssd")."""
+    if options.method == "ssd":
+        return options.ssd.speculation
+    return options.speculation or SpeculationOptions()
+
+
+def decode_batch(target: WhisperASR, options: DecodeOptions, audios: list[np.ndarray], durations: list[float],
+                 draft: Optional[WhisperASR] = None, ctc=None) -> list[Hypothesis]:
+    """Drafting and target side of one batch of waveforms in this process (the target's sample rate).
+
+    Used by :class:`Transcriber` and ``rayspec bench`` alike, so benchmarks time exactly what jobs run.
+    """
+    encoded = encode_audio(target, options, audios, durations, draft, ctc)
+    proposers = local_proposers(draft, encoded, speculation_options(options)) if needs_draft(options) else None
+    return decode_encoded(target, options, encoded, proposers)
+
+
+@dataclass
+class EncodedBatch:
+    """A batch of utterances after the drafting side; what travels to the target side (Ray's object store).
+
+    Attributes:
+        utterances: the batch; errors: per utterance, why its audio could not be used (None if it could).
+        durations: seconds of audio per utterance (0 for errors).
+        encoded: the good utterances' :class:`Encoded` (in batch order), None if none was good.
+        draft_model: name of the draft model ("" without one); encode_s: wall seconds spent here.
+    """
+
+    utterances: list[Utterance]
+    errors: list[Optional[str]]
+    durations: list[float]
+    encoded: Optional[Encoded]
+    draft_model: str = ""
+    encode_s: float = 0.0
+
+    @property
+    def good(self) -> list[int]:
+        """Indices of the utterances that reached the encoder."""
+        return [i for i, e in enumerate(self.errors) if e is None]
+
+
+class Drafter:
+    """The drafting side: loads audio, runs the target's encoder and the drafter (CTC head or draft model).
+
+    In process it feeds :class:`TargetDecoder` directly (:class:`Transcriber`); on Ray it is hosted by
+    ``actors.drafter.DrafterActor`` and its :class:`EncodedBatch` travels through the object store.
+
+    Args:
+        target: target model directory (default: the zoo target); its encoder runs here.
+        draft: draft model directory for ``method="draft"`` and the ssd draft fallback (default: the zoo draft).
+        ctc: CTC head directory for ``method="ssd"`` (default: the zoo CTC head).
+        options: decoder choice and options; device: torch device; dtype: model dtype (fp32 is the exact reference).
+        limits: audio byte/duration limits (default: the target's window).
+
+    Raises:
+        ValueError: unknown method, or a draft that does not share the target's tokenizer.
         ModelLoadError: a model directory that cannot be loaded.
     """
 
-    def __init__(
-        self,
-        target: Optional[str] = None,
-        draft: Optional[str] = None,
-        options: DecodeOptions = DecodeOptions(),
-        ctc: Optional[str] = None,
-        device: str = "cpu",
-        dtype: torch.dtype = torch.float32,
-        limits: Optional[AudioLimits] = None,
-    ) -> None:
-        if options.method not in METHODS:
-            raise ValueError(f"unknown method {options.method!r}; choose from {', '.join(METHODS)}")
+    def __init__(self, target: Optional[str] = None, draft: Optional[str] = None,
+                 options: DecodeOptions = DecodeOptions(), ctc: Optional[str] = None, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32, limits: Optional[AudioLimits] = None) -> None:
         self.options = options
         self.target = WhisperASR.from_pretrained(target or zoo_path("target"), device, dtype)
         self.draft = self.ctc = None
         if options.method == "ssd":
-            from .decoding.ssd import SSDOptions
-            from .models.ctc import CTCHead
-
-            options.ssd = options.ssd or SSDOptions()
             self.ctc = CTCHead.from_pretrained(ctc or zoo_path("ctc"), device).to(dtype)
-        if options.method == "draft" or (options.method == "ssd" and options.ssd.fallback == "draft"):
+        if needs_draft(options):
             self.draft = WhisperASR.from_pretrained(draft or zoo_path("draft"), device, dtype)
+            check_compatible(self.target, self.draft)
         self.limits = limits or AudioLimits(max_seconds=self.target.max_audio_seconds)
 
     @property
     def sample_rate(self) -> int:
         return self.target.sample_rate
 
-    def load(self, utterance: Utterance) -> LoadedAudio:
-        """Decode one utterance's audio; failures are returned as ``error`` instead of raised."""
-        try:
-            return LoadedAudio(utterance, load_audio(utterance.audio, self.sample_rate, self.limits))
-        except AudioError as exc:
-            return LoadedAudio(utterance, error=str(exc))
-
-    def decode(self, audios: list[np.ndarray], durations: list[float]) -> tuple[list[Hypothesis], float]:
-        """Decode a batch of waveforms with the configured method. Returns hypotheses and wall seconds."""
+    def encode(self, utterances: list[Utterance]) -> EncodedBatch:
+        """Load and encode one batch; unusable audio becomes an ``errors`` entry, never an exception."""
         t0 = time.perf_counter()
-        hyps = decode_batch(self.target, self.options, audios, durations, self.draft, self.ctc)
-        return hyps, time.perf_counter() - t0
-
-    def transcribe(self, utterances: list[Utterance]) -> list[ResultRow]:
-        """Transcribe one batch; every utterance yields exactly one row (bad audio -> ``error`` row)."""
-        loaded = [self.load(u) for u in utterances]
-        good = [x for x in loaded if x.audio is not None]
-        rows: dict[str, ResultRow] = {}
-        for x in loaded:
-            if x.error is not None:
-                rows[x.utterance.id] = self._row(x.utterance, None, 0.0, error=x.error)
-        if good:
-            durations = [len(x.audio) / self.sample_rate for x in good]
+        audios, errors = [], []
+        for u in utterances:
             try:
-                hyps, seconds = self.decode([x.audio for x in good], durations)
+                audios.append(load_audio(u.audio, self.sample_rate, self.limits))
+                errors.append(None)
+            except AudioError as exc:
+                audios.append(None)
+                errors.append(str(exc))
+        good = [a for a in audios if a is not None]
+        durations = [len(a) / self.sample_rate if a is not None else 0.0 for a in audios]
+        encoded = None
+        if good:
+            try:
+                encoded = encode_audio(self.target, self.options, good,
+                                       [d for a, d in zip(audios, durations) if a is not None], self.draft, self.ctc)
             except ValueError as exc:  # e.g. audio longer than the model's window
-                for x in good:
-                    rows[x.utterance.id] = self._row(x.utterance, None, 0.0, error=str(exc))
-            else:
-                total = sum(durations) or 1.0
-                for x, h, d in zip(good, hyps, durations):
-                    rows[x.utterance.id] = self._row(x.utterance, h, seconds * d / total, duration=d)
-        return [rows[u.id] for u in utterances]
+                errors = [e or str(exc) for e in errors]
+        name = self.draft.name if self.draft else ""
+        return EncodedBatch(list(utterances), errors, durations, encoded, name, time.perf_counter() - t0)
 
-    def _row(self, u: Utterance, h: Optional[Hypothesis], seconds: float, duration=None, error=None) -> ResultRow:
+    def proposers(self, encoded: Encoded) -> ProposerFactory:
+        """Draft proposers over a batch this drafter encoded (in this process)."""
+        return local_proposers(self.draft, encoded, speculation_options(self.options))
+
+
+class TargetDecoder:
+    """The target side: decodes :class:`EncodedBatch` es with the target model and writes result rows.
+
+    Args:
+        target: the target model (loaded, e.g. with :meth:`WhisperASR.from_pretrained`).
+        options: decoder choice and options (the drafter's).
+    """
+
+    def __init__(self, target: WhisperASR, options: DecodeOptions) -> None:
+        self.target, self.options = target, options
+
+    def decode(self, batch: EncodedBatch, proposers: Optional[ProposerFactory] = None) -> list[ResultRow]:
+        """One result row per utterance of ``batch`` (error rows for unusable audio or a failed decode)."""
+        rows = [self._row(u, None, 0.0, batch.draft_model, error=e) for u, e in zip(batch.utterances, batch.errors)]
+        if batch.encoded is None:
+            return rows
+        t0 = time.perf_counter()
+        hyps = decode_encoded(self.target, self.options, batch.encoded.to(self.target.device), proposers)
+        seconds = batch.encode_s + time.perf_counter() - t0
+        good = batch.good
+        total = sum(batch.durations[i] for i in good) or 1.0
+        for i, h in zip(good, hyps):
+            d = batch.durations[i]
+            rows[i] = self._row(batch.utterances[i], h, seconds * d / total, batch.draft_model, duration=d)
+        return rows
+
+    def _row(self, u: Utterance, h: Optional[Hypothesis], seconds: float, draft_model: str, duration=None,
+             error=None) -> ResultRow:
         row = ResultRow(
             id=u.id, corpus=u.corpus, audio=u.audio, reference=u.text, duration_s=duration if duration else u.duration_s,
-            model=self.target.name, draft_model=self.draft.name if self.draft else "", method=self.options.method,
+            model=self.target.name, draft_model=draft_model, method=self.options.method,
             mode=self.options.mode, error=error, decode_s=seconds,
         )
         if h is not None:
@@ -159,42 +314,35 @@ class Transcriber:
         return row
 
 
-@torch.inference_mode()
-def decode_batch(
-    target: WhisperASR, options: DecodeOptions, audios: list[np.ndarray], durations: list[float], draft=None, ctc=None
-) -> list[Hypothesis]:
-    """Features, encoders and the chosen decoder for one batch of waveforms (at the target's sample rate).
+class Transcriber:
+    """Drafting and target side in one process: transcribes batches of utterances.
 
-    Used by :class:`Transcriber` and ``rayspec bench`` alike, so benchmarks time exactly what jobs run.
+    Args: as :class:`Drafter` (the target model is loaded once and shared by both sides).
     """
-    feats, lengths = target.features(audios)
-    enc = target.encode(feats, lengths)
-    limit = target.max_target_positions - len(target.prompt_ids) - 1
-    caps = [token_cap(d, options.max_tokens_per_second, limit) for d in durations]
-    if options.method == "ar":
-        from .decoding.ar import greedy_decode
 
-        return greedy_decode(target, enc, caps)
-    if options.method == "ssd":
-        from .decoding.ssd import SSDDecoder
+    def __init__(self, target: Optional[str] = None, draft: Optional[str] = None,
+                 options: DecodeOptions = DecodeOptions(), ctc: Optional[str] = None, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32, limits: Optional[AudioLimits] = None) -> None:
+        self.drafter = Drafter(target, draft, options, ctc, device, dtype, limits)
+        self.decoder = TargetDecoder(self.drafter.target, options)
+        self.target, self.draft, self.ctc = self.drafter.target, self.drafter.draft, self.drafter.ctc
+        self.options, self.limits = options, self.drafter.limits
 
-        # Gate + verify the batch; the rejected rows then form their own length-sorted batch (SSD 3.2).
-        decoder = SSDDecoder(target, ctc, options.ssd, draft)
-        hyps, parked = decoder.first_pass(enc, caps)
-        if parked:
-            parked.sort(key=lambda x: x.length)
-            draft_enc = None
-            if draft is not None:
-                dfeats, dlengths = draft.features([audios[x.index] for x in parked])
-                draft_enc = draft.encode(dfeats, dlengths)
-            for x, h in zip(parked, decoder.fallback(parked, draft_enc)):
-                hyps[x.index] = h
-        return hyps
-    from .decoding.speculative import SpeculationOptions, speculative_decode
+    @property
+    def sample_rate(self) -> int:
+        return self.target.sample_rate
 
-    dfeats, dlengths = draft.features(audios)
-    return speculative_decode(target, enc, draft, draft.encode(dfeats, dlengths), caps,
-                              options.speculation or SpeculationOptions())
+    def decode(self, audios: list[np.ndarray], durations: list[float]) -> tuple[list[Hypothesis], float]:
+        """Decode a batch of waveforms with the configured method. Returns hypotheses and wall seconds."""
+        t0 = time.perf_counter()
+        hyps = decode_batch(self.target, self.options, audios, durations, self.draft, self.ctc)
+        return hyps, time.perf_counter() - t0
+
+    def transcribe(self, utterances: list[Utterance]) -> list[ResultRow]:
+        """Transcribe one batch; every utterance yields exactly one row (bad audio -> ``error`` row)."""
+        batch = self.drafter.encode(utterances)
+        proposers = self.drafter.proposers(batch.encoded) if batch.encoded and self.draft else None
+        return self.decoder.decode(batch, proposers)
 
 
 def estimated_seconds(u: Utterance) -> float:

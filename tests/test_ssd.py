@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from rayspec.decoding.ar import greedy_decode
-from rayspec.decoding.ssd import SSDDecoder, SSDOptions, retokenize, verified_prefix
+from rayspec.decoding.proposer import DraftProposer, SpeculationOptions
+from rayspec.decoding.ssd import CTCDrafts, SSDDecoder, SSDOptions, ctc_drafts, retokenize, verified_prefix
 from rayspec.models.ctc import BLANK, CTCHead, collapse, max_frame_entropy
 from tiny import random_audio
 
@@ -60,25 +61,14 @@ def _encode(model, audios):
     return model.encode(f, l)
 
 
-class _Patched(CTCHead):
-    """A CTC head whose greedy hypotheses are given (to exercise partial prefixes deterministically)."""
-
-    def __init__(self, base, hyps):
-        super().__init__(base.proj.in_features, base.token_ids)
-        self.load_state_dict(base.state_dict())
-        self.hyps = hyps
-
-    def greedy(self, logp, lengths):
-        return self.hyps
-
-
-def _run(decoder, enc, caps):
-    hyps, parked = decoder.first_pass(enc, caps)
+def _run(decoder, enc, caps, drafts, draft=None, draft_enc=None):
+    hyps, parked = decoder.first_pass(enc, caps, drafts)
     if parked:
-        draft_enc = None
-        if decoder._draft_enc is not None:
-            draft_enc = decoder._draft_enc.select(torch.tensor([x.index for x in parked]))
-        for x, h in zip(parked, decoder.fallback(parked, draft_enc)):
+        proposer = None
+        if draft is not None:
+            rows = torch.tensor([x.index for x in parked])
+            proposer = DraftProposer(draft, draft_enc.select(rows), [x.cap for x in parked], SpeculationOptions())
+        for x, h in zip(parked, decoder.fallback(parked, proposer)):
             hyps[x.index] = h
     return hyps
 
@@ -95,10 +85,12 @@ def test_exact_with_gate_off_equals_ar(tiny_target, tiny_draft, tau_slm, fallbac
         hyps = [ar[0], ar[1][:5] + [(ar[1][5] + 1) % 27] + ar[1][6:], ar[2][:10], [3, 4, 5], [], ar[5] * 3,
                 ar[6][:-1], ar[7]]
         assert eos not in sum(hyps, [])
-        decoder = SSDDecoder(tiny_target, _Patched(_ctc(tiny_target), hyps),
-                             SSDOptions(tau_ctc=0.0, tau_slm=tau_slm, exact=True, fallback=fallback), tiny_draft)
-        decoder._draft_enc = _encode(tiny_draft, AUDIO) if fallback == "draft" else None
-        out = _run(decoder, enc, caps)
+        decoder = SSDDecoder(tiny_target, SSDOptions(tau_ctc=0.0, tau_slm=tau_slm, exact=True, fallback=fallback))
+        drafts = CTCDrafts(hyps, [1.0] * len(hyps))
+        if fallback == "draft":
+            out = _run(decoder, enc, caps, drafts, tiny_draft, _encode(tiny_draft, AUDIO))
+        else:
+            out = _run(decoder, enc, caps, drafts)
     assert [h.tokens for h in out] == ar
     assert {h.route for h in out} <= {"verified", "fallback"}
     if tau_slm <= 0.2:  # verified prefixes are reused (the fallback starts after them)
@@ -108,8 +100,8 @@ def test_exact_with_gate_off_equals_ar(tiny_target, tiny_draft, tau_slm, fallbac
 def test_gate_accepts_confident_ctc_without_target_pass(tiny_target):
     with torch.inference_mode():
         enc = _encode(tiny_target, AUDIO[:3])
-        decoder = SSDDecoder(tiny_target, _ctc(tiny_target), SSDOptions(tau_ctc=100.0))
-        hyps, parked = decoder.first_pass(enc, [30] * 3)
+        decoder = SSDDecoder(tiny_target, SSDOptions(tau_ctc=100.0))
+        hyps, parked = decoder.first_pass(enc, [30] * 3, ctc_drafts(_ctc(tiny_target), tiny_target, enc))
     assert not parked and all(h.route == "ctc" and h.stats.target_forward_passes == 0 for h in hyps)
 
 
@@ -117,7 +109,6 @@ def test_verification_off_runs_full_ar(tiny_target):
     with torch.inference_mode():
         enc = _encode(tiny_target, AUDIO[:3])
         ar = [h.tokens for h in greedy_decode(tiny_target, enc, [20] * 3)]
-        decoder = SSDDecoder(tiny_target, _ctc(tiny_target), SSDOptions(verify=False))
-        decoder._draft_enc = None
-        out = _run(decoder, enc, [20] * 3)
+        decoder = SSDDecoder(tiny_target, SSDOptions(verify=False))
+        out = _run(decoder, enc, [20] * 3, ctc_drafts(_ctc(tiny_target), tiny_target, enc))
     assert [h.tokens for h in out] == ar and all(h.route == "ar" for h in out)

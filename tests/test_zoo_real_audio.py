@@ -5,8 +5,9 @@ import torch
 
 from rayspec.audio import load_audio
 from rayspec.decoding.ar import greedy_decode
+from rayspec.decoding.proposer import DraftProposer
 from rayspec.decoding.speculative import SpeculationOptions, speculative_decode
-from rayspec.decoding.ssd import SSDDecoder, SSDOptions
+from rayspec.decoding.ssd import SSDDecoder, SSDOptions, ctc_drafts
 from rayspec.manifest import read_manifest
 from rayspec.models.ctc import CTCHead
 from rayspec.models.whisper import WhisperASR
@@ -48,7 +49,7 @@ def test_zoo_models_transcribe_and_finish(zoo):
 @pytest.mark.parametrize("batch_size", [1, 4, 16])
 def test_speculative_equals_ar_on_real_audio(zoo, name, batch_size):
     target, draft, _, audios, caps, reference = zoo
-    got, proposed_eos = [], 0
+    got = []
     with torch.inference_mode():
         for s in range(0, len(audios), batch_size):
             a = audios[s : s + batch_size]
@@ -63,12 +64,15 @@ def test_speculative_equals_ar_on_real_audio(zoo, name, batch_size):
 @pytest.mark.parametrize("fallback", ["ar", "draft"])
 def test_exact_ssd_equals_ar_on_real_audio(zoo, fallback):
     target, draft, ctc, audios, caps, reference = zoo
-    decoder = SSDDecoder(target, ctc, SSDOptions(tau_ctc=0.0, tau_slm=0.1, exact=True, fallback=fallback), draft)
+    decoder = SSDDecoder(target, SSDOptions(tau_ctc=0.0, tau_slm=0.1, exact=True, fallback=fallback))
     with torch.inference_mode():
         enc = _enc(target, audios)
-        hyps, parked = decoder.first_pass(enc, caps)
+        hyps, parked = decoder.first_pass(enc, caps, ctc_drafts(ctc, target, enc))
         if parked:
-            d = _enc(draft, [audios[x.index] for x in parked]) if fallback == "draft" else None
-            for x, h in zip(parked, decoder.fallback(parked, d)):
+            proposer = None
+            if fallback == "draft":
+                d = _enc(draft, [audios[x.index] for x in parked])
+                proposer = DraftProposer(draft, d, [x.cap for x in parked], SpeculationOptions())
+            for x, h in zip(parked, decoder.fallback(parked, proposer)):
                 hyps[x.index] = h
     assert [h.tokens for h in hyps] == [h.tokens for h in reference]

@@ -30,7 +30,7 @@ from ..models.ctc import CTCHead, max_frame_entropy
 from ..models.whisper import EncoderOutput, WhisperASR
 from .ar import greedy_continue
 from .common import Hypothesis
-from .speculative import SpeculationOptions, speculative_decode
+from .speculative import Proposer, SpeculationOptions, SpeculativeDecoder
 
 
 @dataclass(frozen=True)
@@ -82,6 +82,27 @@ def retokenize(ctc_ids: list[int], ctc: CTCHead, target: WhisperASR) -> list[int
 
 
 @dataclass
+class CTCDrafts:
+    """The CTC drafter's output for a batch of ``B`` rows (SSD eq. 1-3).
+
+    Attributes:
+        tokens: per row, the greedy CTC hypothesis re-tokenized with the target's tokenizer (token ids).
+        entropy: per row, the largest frame entropy of the CTC posteriors (nats; the gate's statistic).
+    """
+
+    tokens: list[list[int]]
+    entropy: list[float]
+
+
+@torch.inference_mode()
+def ctc_drafts(ctc: CTCHead, target: WhisperASR, enc: EncoderOutput) -> CTCDrafts:
+    """Run the CTC head over the target's encoder states (``[B, S, D]``): greedy hypotheses and gate entropies."""
+    logp = ctc(enc.states)
+    entropy = max_frame_entropy(logp, enc.lengths).tolist()
+    return CTCDrafts([retokenize(ids, ctc, target) for ids in ctc.greedy(logp, enc.lengths)], entropy)
+
+
+@dataclass
 class _Parked:
     """A gate- and verification-rejected utterance waiting for the fallback phase (CPU memory)."""
 
@@ -97,23 +118,27 @@ class _Parked:
 class SSDDecoder:
     """CTC-gated self-speculative decoding of utterances (see the module docstring).
 
+    The CTC drafts come from :func:`ctc_drafts` (run where the encoder runs: in process, or on the drafting actor).
+
     Args:
-        target: the target model; ctc: a CTC head over its encoder; draft: needed for ``fallback="draft"``.
-        options: :class:`SSDOptions`.
+        target: the target model; options: :class:`SSDOptions`.
     """
 
-    def __init__(self, target: WhisperASR, ctc: CTCHead, options: SSDOptions, draft: Optional[WhisperASR] = None):
-        if options.fallback == "draft" and draft is None:
-            raise ValueError("fallback='draft' needs a draft model")
-        self.target, self.ctc, self.opt, self.draft = target, ctc, options, draft
+    def __init__(self, target: WhisperASR, options: SSDOptions):
+        self.target, self.opt = target, options
 
     @torch.inference_mode()
-    def first_pass(self, enc: EncoderOutput, caps: Sequence[int]):
-        """Phase 1 for one batch: gate and verify. Returns ``(hypotheses or None per row, parked rows)``."""
+    def first_pass(self, enc: EncoderOutput, caps: Sequence[int], drafts: CTCDrafts):
+        """Phase 1 for one batch: gate and verify.
+
+        Args:
+            enc: the target's encoder output (``B`` rows); caps: ``B`` token caps; drafts: the batch's CTC drafts.
+
+        Returns:
+            ``(hypotheses, parked)``: a hypothesis or None per row, and the rows left for :meth:`fallback`.
+        """
         t, eos = self.target, self.target.eos_token_id
-        logp = self.ctc(enc.states)
-        entropy = max_frame_entropy(logp, enc.lengths).tolist()
-        hyps_ctc = [retokenize(ids, self.ctc, t) for ids in self.ctc.greedy(logp, enc.lengths)]
+        entropy, hyps_ctc = drafts.entropy, drafts.tokens
         out: list[Optional[Hypothesis]] = [None] * len(caps)
         parked: list[_Parked] = []
         todo = []
@@ -179,11 +204,14 @@ class SSDDecoder:
         return out, parked
 
     @torch.inference_mode()
-    def fallback(self, parked: list[_Parked], draft_states: Optional[EncoderOutput] = None) -> list[Hypothesis]:
+    def fallback(self, parked: list[_Parked], proposer: Optional[Proposer] = None) -> list[Hypothesis]:
         """Phase 2 for one batch of parked rows: continue after each prefix (AR or draft speculation).
 
         Args:
-            draft_states: the draft's encoder output for the same rows (``fallback="draft"``).
+            proposer: for ``fallback="draft"``, a draft proposer over exactly these rows, in this order.
+
+        Raises:
+            ValueError: ``fallback="draft"`` without a proposer.
         """
         t = self.target
         dev = t.device
@@ -196,9 +224,11 @@ class SSDDecoder:
         routes = ["fallback" if x.kv is not None else "ar" for x in parked]
         verified = [x.kv is not None for x in parked]
         if self.opt.fallback == "draft":
+            if proposer is None:
+                raise ValueError("fallback='draft' needs a draft proposer")
             kv = [x.kv for x in parked] if all(verified) else None
             prefixes = [x.prefix for x in parked] if kv is not None else None
-            hyps = speculative_decode(t, enc, self.draft, draft_states, caps, self.opt.speculation, prefixes, kv)
+            hyps = SpeculativeDecoder(t, proposer, self.opt.speculation).decode(enc, caps, prefixes, kv)
         else:
             hyps = [Hypothesis(list(x.prefix), False, r) for x, r in zip(parked, routes)]
             cache = t.new_cache(enc, len(t.prompt_ids) + max(caps) + 1)

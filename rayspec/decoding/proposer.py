@@ -1,0 +1,276 @@
+"""The drafting side of draft-model speculative decoding: a proposer that owns the draft model's KV cache.
+
+Source: SpecASR (../shared/seeds/specasr.txt): IV.A adaptive single-sequence prediction, IV.B draft sequence
+recycling, IV.C two-pass sparse token tree. The verifier (:class:`~rayspec.decoding.speculative.SpeculativeDecoder`)
+and the proposer only exchange small per-row messages (:class:`DraftRequest` in, :class:`DraftProposal` out), so the
+proposer can run in the verifier's process or in another Ray actor on another GPU (``actors/drafter.py``), as
+vLLM's ``v1/spec_decode`` separates proposers from its rejection sampler.
+
+One call of :meth:`DraftProposer.propose`, for every live row of the batch at once:
+
+1. The trunk: the draft catches up on the tokens of the row's sequence it has not seen (ragged, one pass), then
+   proposes greedily, one batched draft pass per position, until its top-1 probability drops below ``threshold``,
+   it proposes EOS, or ``max_draft`` / the row's room is reached. With recycling, a new draft token that re-joins
+   last round's rejected suffix (same or adjacent position) ends drafting: the rest of the old suffix is reused
+   without draft passes.
+2. The branches: at up to ``tree_branches`` trunk positions whose top-1 probability is below ``tree_threshold``,
+   the 2nd-best token starts a branch, drafted greedily from a forked draft cache (all branches of all rows in one
+   batch); a branch that re-joins the trunk reuses the rest of the trunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+
+from ..models.cache import DecoderCache
+from ..models.whisper import EncoderOutput, WhisperASR
+
+
+@dataclass(frozen=True)
+class SpeculationOptions:
+    """Options of draft-model speculation (defaults: all three SpecASR techniques on).
+
+    Attributes:
+        max_draft: most trunk tokens per round (SpecASR: 24).
+        threshold: adaptive drafting stops after the first token whose draft top-1 probability is below this
+            (SpecASR IV.A: 0.4); 0 drafts exactly ``max_draft`` tokens (fixed-length speculation).
+        recycle: reuse the rejected draft suffix where the new draft re-joins it (IV.B).
+        tree: draft branches at uncertain trunk positions and verify a token tree (IV.C).
+        tree_threshold: trunk positions with top-1 probability below this are branch candidates.
+        tree_branches: most branches per row and round (the least confident positions first).
+        branch_max: most tokens per branch.
+    """
+
+    max_draft: int = 24
+    threshold: float = 0.4
+    recycle: bool = True
+    tree: bool = True
+    tree_threshold: float = 0.6
+    tree_branches: int = 2
+    branch_max: int = 8
+
+    def __post_init__(self):
+        if self.max_draft < 1 or self.tree_branches < 0 or self.branch_max < 1:
+            raise ValueError(f"invalid speculation options: {self}")
+
+    @property
+    def nodes_per_round(self) -> int:
+        """Most draft tokens one row can send to verification in one round (trunk + branches)."""
+        return self.max_draft * (1 + (self.branch_max + 1) * (self.tree_branches if self.tree else 0))
+
+
+@dataclass
+class DraftRequest:
+    """What the verifier tells the proposer about one live row before a round.
+
+    Attributes:
+        index: the row's index in the batch the proposer was built for.
+        seq: prompt + tokens emitted so far (token ids).
+        valid: leading tokens of ``seq`` whose draft keys/values are still correct (the rest is re-fed).
+        room: tokens the row may still emit (its cap minus emitted tokens); > 0.
+        old_suffix: last round's rejected draft continuation (recycling, SpecASR IV.B); [] for none.
+    """
+
+    index: int
+    seq: list[int]
+    valid: int
+    room: int
+    old_suffix: list[int] = field(default_factory=list)
+
+
+@dataclass
+class DraftProposal:
+    """The proposer's answer for one row.
+
+    Attributes:
+        trunk: the greedy draft continuation of ``seq`` (may end in EOS).
+        fed: leading trunk tokens whose draft keys/values now sit in the draft cache after ``seq``.
+        branches: ``(i, tokens)``: a branch replacing the trunk from position ``i`` on.
+        passes: draft decoder passes this row took part in this round (branch passes count per branch).
+    """
+
+    trunk: list[int] = field(default_factory=list)
+    fed: int = 0
+    branches: list[tuple[int, list[int]]] = field(default_factory=list)
+    passes: int = 0
+
+
+def check_compatible(target: WhisperASR, draft: WhisperASR) -> None:
+    """Raise ValueError unless draft and target share the tokenizer (prompt, EOS and vocabulary size)."""
+    if draft.prompt_ids != target.prompt_ids or draft.eos_token_id != target.eos_token_id:
+        raise ValueError("draft and target must share the tokenizer: prompts or EOS differ")
+    if draft.vocab_size != target.vocab_size:
+        raise ValueError(f"vocabulary sizes differ: target {target.vocab_size}, draft {draft.vocab_size}")
+
+
+def rejoin(new: list[int], old: list[int]) -> Optional[int]:
+    """Index in ``old`` right after a re-join of the newest token of ``new`` with ``old``, else None.
+
+    ``new[-1]`` sits at the position of ``old[len(new) - 1]``; it re-joins if it equals the old token at the same or
+    an adjacent position (SpecASR IV.B: the correction was a substitution, insertion or deletion).
+    """
+    i = len(new) - 1
+    for j in (i, i - 1, i + 1):
+        if 0 <= j < len(old) and old[j] == new[-1]:
+            return j + 1
+    return None
+
+
+@dataclass
+class _Work:
+    """A row being drafted: its request, its proposal so far and per-position draft statistics."""
+
+    req: DraftRequest
+    out: DraftProposal
+    p1: list[Optional[float]] = field(default_factory=list)  # top-1 probability per trunk token (None: recycled)
+    alt: list[int] = field(default_factory=list)  # 2nd-best token per trunk position
+    drafting: bool = True
+
+
+class DraftProposer:
+    """Proposes draft token trunks and branches for the rows of one batch (see the module docstring).
+
+    Args:
+        draft: the draft model; draft_enc: its encoder output for the batch (``B`` rows, any device).
+        caps: ``B`` caps on generated tokens (size the draft KV cache).
+        options: :class:`SpeculationOptions`.
+    """
+
+    def __init__(self, draft: WhisperASR, draft_enc: EncoderOutput, caps: Sequence[int],
+                 options: SpeculationOptions) -> None:
+        self.draft, self.opt = draft, options
+        self.eos = draft.eos_token_id
+        self.prompt_len = len(draft.prompt_ids)
+        capacity = self.prompt_len + max(caps) + options.max_draft + options.branch_max + 2
+        self.cache = draft.new_cache(draft_enc.to(draft.device), capacity)
+        self.rows = list(range(len(caps)))  # batch index of each cache row
+
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
+        """Draft for the live rows in ``requests`` (a subsequence of the rows still held; dropped rows are freed).
+
+        Raises:
+            ValueError: a request for a row this proposer no longer holds, or out of order.
+        """
+        pos = {b: k for k, b in enumerate(self.rows)}
+        try:
+            keep = [pos[r.index] for r in requests]
+        except KeyError as exc:
+            raise ValueError(f"row {exc.args[0]} is not held by this proposer") from None
+        if keep != sorted(keep):
+            raise ValueError("requests must keep the batch's row order")
+        dev = self.cache.lengths.device
+        if len(keep) < len(self.rows):
+            self.cache = self.cache.select(torch.tensor(keep, dtype=torch.long, device=dev))
+            self.rows = [r.index for r in requests]
+        self.cache.crop(torch.tensor([r.valid for r in requests], device=dev))
+        work = [_Work(r, DraftProposal()) for r in requests]
+        self._trunk(work)
+        if self.opt.tree and self.opt.tree_branches:
+            self._branches(work)
+        return [w.out for w in work]
+
+    def _feed(self, cache: DecoderCache, chunks: list[list[int]]) -> torch.Tensor:
+        """Feed ragged token lists (one per row, each non-empty); commit them; return logits at each row's last."""
+        dev = cache.lengths.device
+        counts = torch.tensor([len(c) for c in chunks], device=dev)
+        width = int(counts.max())
+        tokens = torch.tensor([c + [self.eos] * (width - len(c)) for c in chunks], device=dev)
+        logits = self.draft.decode(cache, tokens)
+        cache.commit(torch.arange(width, device=dev).expand(len(chunks), -1), counts)
+        return logits[torch.arange(len(chunks), device=dev), counts - 1]
+
+    def _top2(self, logits: torch.Tensor, first: list[bool]):
+        first_t = torch.tensor(first, device=logits.device)
+        probs = self.draft.suppress(logits, first=first_t).float().softmax(-1)
+        p, tok = probs.topk(2, dim=-1)
+        return p.tolist(), tok.tolist()
+
+    def _trunk(self, work: list[_Work]) -> None:
+        opt = self.opt
+        logits = self._feed(self.cache, [w.req.seq[w.req.valid :] for w in work])
+        for w in work:
+            w.out.passes += 1
+        while True:
+            first = [len(w.req.seq) - self.prompt_len + len(w.out.trunk) == 0 for w in work]
+            p, tok = self._top2(logits, first)
+            for k, w in enumerate(work):
+                if not w.drafting:
+                    continue
+                trunk = w.out.trunk
+                trunk.append(tok[k][0])
+                w.p1.append(p[k][0])
+                w.alt.append(tok[k][1])
+                limit = min(opt.max_draft, w.req.room)
+                if tok[k][0] == self.eos or len(trunk) >= limit or p[k][0] < opt.threshold:
+                    w.drafting = False
+                elif opt.recycle and w.req.old_suffix:
+                    j = rejoin(trunk, w.req.old_suffix)
+                    if j is not None:
+                        reused = w.req.old_suffix[j:]
+                        if self.eos in reused:
+                            reused = reused[: reused.index(self.eos) + 1]
+                        reused = reused[: limit - len(trunk)]
+                        trunk += reused
+                        w.p1 += [None] * len(reused)
+                        w.alt += [self.eos] * len(reused)
+                        w.drafting = False
+            if not any(w.drafting for w in work):
+                break
+            # One batched draft pass: every row feeds its next unfed trunk token (rows done drafting keep feeding
+            # their recycled tokens, which keeps those keys/values valid for the next round, or padding).
+            feed = []
+            for w in work:
+                if w.out.fed < len(w.out.trunk):
+                    feed.append([w.out.trunk[w.out.fed]])
+                    w.out.fed += 1
+                else:
+                    feed.append([self.eos])
+            for w in work:
+                if w.drafting:
+                    w.out.passes += 1
+            logits = self._feed(self.cache, feed)
+
+    def _branches(self, work: list[_Work]) -> None:
+        """Second pass: branches from the 2nd-best token at the least confident trunk positions, drafted together."""
+        opt = self.opt
+        starts = []  # (row position in work, trunk index i, first branch token)
+        for k, w in enumerate(work):
+            trunk = w.out.trunk
+            cand = [i for i, p in enumerate(w.p1) if p is not None and p < opt.tree_threshold
+                    and w.alt[i] != trunk[i] and i <= w.out.fed]
+            cand = sorted(cand, key=lambda i: w.p1[i])[: opt.tree_branches]
+            starts += [(k, i, w.alt[i]) for i in sorted(cand)]
+        if not starts:
+            return
+        dev = self.cache.lengths.device
+        rows_idx = torch.tensor([k for k, _, _ in starts], device=dev)
+        lengths = torch.tensor([len(work[k].req.seq) + i for k, i, _ in starts], device=dev)
+        fork = self.cache.fork(rows_idx, lengths)
+        branches = [[tok] for _, _, tok in starts]
+        active = [tok != self.eos and min(opt.branch_max, work[k].req.room - i) > 1 for k, i, tok in starts]
+        while any(active):
+            logits = self._feed(fork, [[br[-1]] for br in branches])
+            for (k, _, _), on in zip(starts, active):
+                if on:
+                    work[k].out.passes += 1
+            p, tok = self._top2(logits, [False] * len(branches))
+            for n, ((k, i, _), br) in enumerate(zip(starts, branches)):
+                if not active[n]:
+                    continue
+                trunk = work[k].out.trunk
+                br.append(tok[n][0])
+                limit = min(opt.branch_max, work[k].req.room - i)
+                if tok[n][0] == self.eos or len(br) >= limit or p[n][0] < opt.threshold:
+                    active[n] = False
+                    continue
+                # Re-join the trunk (same or adjacent position): reuse the rest of the trunk.
+                j = rejoin(br[1:], trunk[i + 1 :])
+                if j is not None:
+                    br += trunk[i + 1 + j :][: limit - len(br)]
+                    active[n] = False
+        for (k, i, _), br in zip(starts, branches):
+            work[k].out.branches.append((i, br))
