@@ -1,11 +1,13 @@
-"""Scaling run: throughput (RTFx, utterances/s) against transcriber replicas and the batch token budget.
+"""Scaling run: throughput (RTFx, utterances/s) against drafter/target actor counts and the batch token budget.
 
-    ray job submit --working-dir . -- python -m jobs.scaling ../shared/data/an4/test.jsonl --actors 1 2 \
-        --batch-tokens 4000 16000 -o scaling
+    ray job submit --working-dir . -- python -m jobs.scaling ../shared/data/an4/test.jsonl \\
+        --targets 1 2 --batch-tokens 2000 8000 --method draft -o bench/scaling
 
-Each point runs the full Ray pipeline of :mod:`jobs.transcribe` (actors, object refs, bounded in-flight batches)
-into a fresh output and times it end to end, actor start-up and model loading included. Writes
-``scaling.md`` (with the cluster's resources), ``scaling.csv`` and ``scaling.png`` to the output folder.
+Each point runs the full pipeline of :mod:`jobs.transcribe` (drafter and target actors, object refs, bounded
+in-flight batches) into a fresh output. Throughput is timed from the first batch to the last row (actor start-up
+and model loading are reported apart); NFE per utterance comes from the rows. Arguments not listed below (model
+paths, decoder options, --max-batch, ...) are passed to every point's job. Writes ``scaling.md`` (with the cluster's
+resources and the machine), ``scaling.csv`` and ``scaling.png`` to the output folder.
 """
 
 from __future__ import annotations
@@ -13,80 +15,102 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import platform
 import sys
 import tempfile
-import time
 
 from jobs.transcribe import build_parser as job_parser  # first: sets the loopback environment for Ray
-from jobs.transcribe import connect, run
-from rayspec.manifest import read_manifest
+from jobs.transcribe import connect, transcribe
+from rayspec.results import read_results
 
 import ray  # noqa: E402
 
+COLUMNS = ["method", "drafters", "targets", "batch_tokens", "utterances", "audio_s", "startup_s", "wall_s", "rtfx",
+           "utt_per_s", "nfe_per_utt"]
 
-def main(argv=None) -> int:
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jobs.scaling", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", help="manifest or folder of audio")
-    p.add_argument("-o", "--output", default="scaling", help="output folder")
-    p.add_argument("--actors", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--batch-tokens", type=int, nargs="+", default=[4000, 16000])
-    p.add_argument("--actor-cpus", type=float, default=1.0)
-    p.add_argument("--actor-gpus", type=float, default=0.0)
-    p.add_argument("--method", default="ar")
-    p.add_argument("--address")
-    p.add_argument("--num-cpus", type=int, default=None)
-    args = p.parse_args(argv)
-    connect(args.address, args.num_cpus)
-    utts = read_manifest(args.input)
-    audio_s = sum(u.duration_s or 0 for u in utts)
-    rows = []
-    for n in args.actors:
-        for budget in args.batch_tokens:
-            with tempfile.TemporaryDirectory() as tmp:
-                jargs = job_parser().parse_args([
-                    args.input, "-o", os.path.join(tmp, "r.parquet"), "--actors", str(n), "--actor-cpus",
-                    str(args.actor_cpus), "--actor-gpus", str(args.actor_gpus), "--batch-tokens", str(budget),
-                    "--method", args.method])
-                t0 = time.perf_counter()
-                run(jargs)
-                wall = time.perf_counter() - t0
-            rows.append({"actors": n, "batch_tokens": budget, "utterances": len(utts), "audio_s": round(audio_s, 1),
-                         "wall_s": round(wall, 2), "rtfx": round(audio_s / wall, 2),
-                         "utt_per_s": round(len(utts) / wall, 2)})
-            print(rows[-1], flush=True)
-    os.makedirs(args.output, exist_ok=True)
+    p.add_argument("-o", "--output", default="scaling", help="output folder (default: scaling)")
+    p.add_argument("--drafters", type=int, nargs="+", default=[1], help="drafter actor counts to try")
+    p.add_argument("--targets", type=int, nargs="+", default=[1, 2], help="target actor counts to try")
+    p.add_argument("--batch-tokens", type=int, nargs="+", default=[2000, 8000], help="batch token budgets to try")
+    p.add_argument("--method", nargs="+", default=["ar", "draft"], help="decoding methods to try")
+    p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else an embedded local Ray)")
+    p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the embedded local Ray")
+    return p
+
+
+def machine() -> str:
+    """The cluster's resources and the driver machine's CPU, for the table's caption."""
     res = ray.cluster_resources()
-    head = ["actors", "batch_tokens", "utterances", "audio_s", "wall_s", "rtfx", "utt_per_s"]
-    md = [f"Cluster: {res.get('CPU', 0):.0f} CPUs, {res.get('GPU', 0):.0f} GPUs; method {args.method}; "
-          f"{args.actor_cpus} CPU / {args.actor_gpus} GPU per actor; wall time includes actor start-up.", "",
-          "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    md += ["| " + " | ".join(str(r[h]) for h in head) + " |" for r in rows]
-    with open(os.path.join(args.output, "scaling.md"), "w") as f:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"Ray cluster: {res.get('CPU', 0):g} CPUs, {res.get('GPU', 0):g} GPUs, {len(ray.nodes())} node(s); "
+            f"driver CPU: {cpu}")
+
+
+def main(argv=None) -> int:
+    args, job_args = build_parser().parse_known_args(argv)
+    connect(args.address, args.num_cpus)
+    rows = []
+    for method in args.method:
+        for drafters in args.drafters:
+            for targets in args.targets:
+                for budget in args.batch_tokens:
+                    with tempfile.TemporaryDirectory() as tmp:
+                        out = os.path.join(tmp, "r.parquet")
+                        jargs = job_parser().parse_args([
+                            args.input, "-o", out, "--drafters", str(drafters), "--targets", str(targets),
+                            "--batch-tokens", str(budget), "--method", method, *job_args])
+                        s = transcribe(jargs)
+                        table = [r for r in read_results(out).to_pylist() if not r["error"]]
+                    nfe = sum(r["target_forward_passes"] for r in table) / max(1, len(table))
+                    rows.append({"method": method, "drafters": drafters, "targets": targets, "batch_tokens": budget,
+                                 "utterances": s.written, "audio_s": round(s.audio_s, 1),
+                                 "startup_s": round(s.startup_s, 1), "wall_s": round(s.wall_s, 2),
+                                 "rtfx": round(s.rtfx, 1), "utt_per_s": round(s.written / s.wall_s, 2),
+                                 "nfe_per_utt": round(nfe, 2)})
+                    print(rows[-1], flush=True)
+    write_outputs(args.output, rows, machine() + "; job options: " + (" ".join(job_args) or "defaults"))
+    return 0
+
+
+def write_outputs(folder: str, rows: list[dict], caption: str) -> None:
+    """``scaling.md`` (caption + table), ``scaling.csv`` and, with matplotlib, ``scaling.png`` in ``folder``."""
+    os.makedirs(folder, exist_ok=True)
+    md = [caption, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    md += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
+    with open(os.path.join(folder, "scaling.md"), "w") as f:
         f.write("\n".join(md) + "\n")
-    with open(os.path.join(args.output, "scaling.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=head)
+    with open(os.path.join(folder, "scaling.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
         w.writeheader()
         w.writerows(rows)
+    print("\n".join(md))
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for budget in args.batch_tokens:
-            sub = [r for r in rows if r["batch_tokens"] == budget]
-            ax.plot([r["actors"] for r in sub], [r["rtfx"] for r in sub], marker="o", label=f"{budget} tokens")
-        ax.set_xlabel("transcriber actors")
-        ax.set_ylabel("RTFx")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(os.path.join(args.output, "scaling.png"), dpi=120)
     except ImportError:
-        pass
-    print("\n".join(md))
-    return 0
+        return
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for key in sorted({(r["method"], r["drafters"], r["batch_tokens"]) for r in rows}):
+        sub = [r for r in rows if (r["method"], r["drafters"], r["batch_tokens"]) == key]
+        ax.plot([r["targets"] for r in sub], [r["rtfx"] for r in sub], marker="o",
+                label=f"{key[0]}, {key[1]} drafter(s), {key[2]} tokens")
+    ax.set_xlabel("target actors")
+    ax.set_ylabel("RTFx (audio s / wall s)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(os.path.join(folder, "scaling.png"), dpi=120)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,18 @@
 """Corpus transcription on Ray: ``ray job submit --working-dir . -- python -m jobs.transcribe <manifest> -o out.parquet``.
 
 Connects to the cluster in ``RAY_ADDRESS`` / ``--address`` (set by ``ray job submit``); with neither, starts an
-embedded local Ray on loopback (127.0.0.1 only). Transcriber actors load the models once; length-sorted token-budget
-batches stream to them with a bounded number in flight; each finished batch is written as an atomic Parquet shard
-and a re-run resumes. Prints a summary line and, when the manifest has references, the WER.
+embedded local Ray on loopback (127.0.0.1 only).
+
+Two kinds of actors load their models once (see ``actors/``):
+
+- drafter actors (``--drafters``): audio, the target's encoder, and the CTC head or the draft model;
+- target actors (``--targets``): the target decoder.
+
+Length-sorted token-budget batches stream from a drafter to a target through object refs (encoder states stay in
+the object store; the driver only sees result rows), with at most ``--in-flight`` batches per target actor in
+flight (backpressure). With draft-model speculation the target actor asks the batch's drafter for proposals each
+round. Killed actors are restarted by Ray and their batches redone. Each finished batch is written as an atomic
+Parquet shard and a re-run resumes. Prints a summary line and, when the manifest has references, the WER.
 """
 
 from __future__ import annotations
@@ -12,6 +21,8 @@ import argparse
 import os
 import sys
 import time
+import uuid
+from dataclasses import dataclass
 
 # Loopback only (see the README): set before Ray is imported.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -44,69 +55,112 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m jobs.transcribe",
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Resources: on a node with 2+ GPUs give each actor a GPU (--drafter-gpus 1 --target-gpus 1); on one GPU "
+               "share it with fractions (--drafter-gpus 0.3 --target-gpus 0.7); on CPU leave both at 0.",
     )
     p.add_argument("input", nargs="?", default=None,
                    help="manifest or folder of audio (default: the bundled AN4 sample clips)")
     p.add_argument("-o", "--output", default="results/samples.parquet", help="results .parquet file")
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else an embedded local Ray)")
-    p.add_argument("--actors", type=int, default=1, help="transcriber actors (replicas); default 1")
-    p.add_argument("--actor-cpus", type=float, default=1.0, help="CPUs per actor (also its torch threads)")
-    p.add_argument("--actor-gpus", type=float, default=0.0, help="GPUs per actor (fractions share one GPU)")
-    p.add_argument("--in-flight", type=int, default=2, help="batches in flight per actor (backpressure)")
+    p.add_argument("--drafters", type=int, default=1, help="drafter actors (audio, encoder, drafter); default 1")
+    p.add_argument("--targets", type=int, default=1, help="target actors (target decoder); default 1")
+    p.add_argument("--drafter-cpus", type=float, default=1.0, help="CPUs per drafter actor (also its torch threads)")
+    p.add_argument("--target-cpus", type=float, default=1.0, help="CPUs per target actor (also its torch threads)")
+    p.add_argument("--drafter-gpus", type=float, default=0.0, help="GPUs per drafter actor (fractions share a GPU)")
+    p.add_argument("--target-gpus", type=float, default=0.0, help="GPUs per target actor (fractions share a GPU)")
+    p.add_argument("--in-flight", type=int, default=2, help="batches in flight per target actor (backpressure)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the embedded local Ray")
     _add_model_args(p)
     _add_decode_args(p)
     return p
 
 
-def run(args, on_batch=None) -> int:
-    """Run the job; ``on_batch(actors, batches_done)``, if given, is called after each finished batch (tests use
-    it to kill an actor mid-job)."""
+@dataclass
+class ActorPool:
+    """The job's actors: ``drafters`` and ``targets`` (handles)."""
+
+    drafters: list
+    targets: list
+
+
+def start_actors(args) -> ActorPool:
+    """Start the drafter and target actors with this run's resources; returns once their models are loaded."""
+    from actors.drafter import DrafterActor
+    from actors.target import TargetActor
+
+    options = decode_options(args)
+    drafter_kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": options,
+                      "device": "cuda" if args.drafter_gpus else args.device}
+    drafters = [DrafterActor.options(num_cpus=args.drafter_cpus, num_gpus=args.drafter_gpus)
+                .remote(drafter_kwargs, max(1, int(args.drafter_cpus))) for _ in range(args.drafters)]
+    targets = [TargetActor.options(num_cpus=args.target_cpus, num_gpus=args.target_gpus)
+               .remote(args.target, options, "cuda" if args.target_gpus else args.device, max(1, int(args.target_cpus)))
+               for _ in range(args.targets)]
+    ray.get([a.ready.remote() for a in drafters + targets])
+    return ActorPool(drafters, targets)
+
+
+def transcribe(args, on_batch=None) -> RunSummary:
+    """Run the pipeline over ``args.input`` into ``args.output`` (resuming) and merge the results file.
+
+    ``on_batch(pool, batches_done)``, if given, is called after each finished batch (tests use it to kill an actor
+    mid-job). The summary's ``wall_s`` counts from the first batch (actors started, models loaded); ``startup_s``
+    is the actor start-up before it. The actors are killed at the end.
+    """
     from importlib import resources
 
+    if min(args.drafters, args.targets, args.in_flight) < 1:
+        raise SystemExit("--drafters, --targets and --in-flight must be >= 1")
     source = args.input or str(resources.files("rayspec").joinpath("samples", "an4", "manifest.jsonl"))
     utts = read_manifest(source)
     writer = ResultWriter(args.output)
     batches = pending_batches(utts, writer, budget_from_args(args))
     summary = RunSummary(skipped=len(utts) - sum(len(b) for b in batches))
     connect(args.address, args.num_cpus)
-    kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": decode_options(args),
-              "device": "cuda" if args.actor_gpus else args.device}
-    actors = [actor_class(args).remote(kwargs, max(1, int(args.actor_cpus))) for _ in range(args.actors)]
-    ray.get([a.ready.remote() for a in actors])
+    t_start = time.perf_counter()
+    pool = start_actors(args)
+    run_id = uuid.uuid4().hex[:8]
     t0 = time.perf_counter()
-    pending: dict = {}
-    queue = list(batches)
-    with tqdm(total=sum(len(b) for b in batches), desc="transcribe", unit="utt") as bar:
-        while queue or pending:
-            while queue and len(pending) < args.in_flight * len(actors):
-                actor = actors[len(pending) % len(actors)] if len(actors) > 1 else actors[0]
-                batch = queue.pop(0)
-                pending[actor.transcribe.remote(batch)] = batch
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for ref in done:
-                pending.pop(ref)
-                rows = [ResultRow(**r) for r in ray.get(ref)]
-                writer.write(rows)
-                summary.add(rows)
-                bar.update(len(rows))
-                if on_batch is not None:
-                    on_batch(actors, len(batches) - len(queue) - len(pending))
+    summary.startup_s = t0 - t_start
+    pending: dict = {}  # rows ref -> target index
+    load = [0] * len(pool.targets)
+    queue = list(enumerate(batches))
+    try:
+        with tqdm(total=sum(len(b) for b in batches), desc="transcribe", unit="utt") as bar:
+            while queue or pending:
+                while queue and len(pending) < args.in_flight * len(pool.targets):
+                    k, batch = queue.pop(0)
+                    drafter = pool.drafters[k % len(pool.drafters)]
+                    t = min(range(len(pool.targets)), key=load.__getitem__)  # least-loaded target actor
+                    encoded = drafter.encode.remote(batch)
+                    pending[pool.targets[t].decode.remote([encoded], drafter, f"{run_id}:{k}")] = t
+                    load[t] += 1
+                done, _ = ray.wait(list(pending), num_returns=1)
+                for ref in done:
+                    load[pending.pop(ref)] -= 1
+                    rows = [ResultRow(**r) for r in ray.get(ref)]
+                    writer.write(rows)
+                    summary.add(rows)
+                    bar.update(len(rows))
+                    if on_batch is not None:
+                        on_batch(pool, len(batches) - len(queue) - len(pending))
+    finally:
+        for actor in pool.drafters + pool.targets:
+            ray.kill(actor)
     summary.wall_s = time.perf_counter() - t0
     writer.finalize()
+    return summary
+
+
+def run(args, on_batch=None) -> int:
+    """The job: :func:`transcribe`, then a summary line and, with references, a WER table. Returns the exit code."""
+    summary = transcribe(args, on_batch)
     print_summary(summary, args.output)
     scores = score_results(args.output)
     if scores["all"]["scored"]:
         print(format_table(scores))
         print(f"WER {100 * scores['all']['wer']:.2f}% over {scores['all']['scored']} utterances")
     return EXIT_SOME_FAILED if summary.failed else 0
-
-
-def actor_class(args):
-    """The actor class with this run's resources: CPUs, and a GPU or a fraction of one."""
-    from actors.transcriber import TranscriberActor
-
-    return TranscriberActor.options(num_cpus=args.actor_cpus, num_gpus=args.actor_gpus)
 
 
 def main(argv=None) -> int:

@@ -363,13 +363,15 @@ def pending_batches(utterances: list[Utterance], writer: ResultWriter, budget: B
 
 @dataclass
 class RunSummary:
-    """What a corpus run did: rows written this run, failures, audio seconds, wall seconds."""
+    """What a corpus run did: rows written this run, failures, audio seconds, wall seconds (decoding; model loading
+    and actor start-up, where measured, in ``startup_s``)."""
 
     written: int = 0
     failed: int = 0
     skipped: int = 0
     audio_s: float = 0.0
     wall_s: float = 0.0
+    startup_s: float = 0.0
     failures: list = field(default_factory=list)
 
     @property

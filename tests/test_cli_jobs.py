@@ -74,7 +74,8 @@ def test_ray_job_embedded_local(tmp_path, samples_manifest, tiny_target, tiny_dr
     try:
         code = job_main([samples_manifest, "-o", out, "--target", tiny_target.model.name_or_path,
                          "--draft", tiny_draft.model.name_or_path, "--method", "draft", "--num-cpus", "2",
-                         "--actors", "2", "--actor-cpus", "0.5", "--max-batch", "4", "--max-tokens-per-second", "4"])
+                         "--targets", "2", "--target-cpus", "0.5", "--drafter-cpus", "0.5", "--max-batch", "4",
+                         "--max-tokens-per-second", "4"])
     finally:
         ray.shutdown()
     assert code == 0

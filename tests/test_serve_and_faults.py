@@ -23,26 +23,30 @@ def ray_local():
     ray.shutdown()
 
 
-def test_actor_killed_mid_job_still_writes_every_id_once(ray_local, tmp_path, samples_manifest, tiny_target):
+@pytest.mark.parametrize("victim", ["targets", "drafters"])
+def test_actor_killed_mid_job_still_writes_every_id_once(ray_local, tmp_path, samples_manifest, tiny_target,
+                                                          tiny_draft, victim):
     import ray
 
     from jobs.transcribe import build_parser, run
 
     killed = []
 
-    def kill_once(actors, done):
+    def kill_once(pool, done):
         if not killed:
-            ray.kill(actors[0], no_restart=False)  # Ray restarts it (max_restarts) and retries its tasks
+            ray.kill(getattr(pool, victim)[0], no_restart=False)  # Ray restarts it; its batches are redone
             killed.append(done)
 
     out = str(tmp_path / "ft.parquet")
     args = build_parser().parse_args([samples_manifest, "-o", out, "--target", tiny_target.model.name_or_path,
-                                      "--max-batch", "2", "--actor-cpus", "0.5", "--in-flight", "2",
-                                      "--max-tokens-per-second", "4"])
+                                      "--draft", tiny_draft.model.name_or_path, "--method", "draft",
+                                      "--max-batch", "2", "--drafter-cpus", "0.5", "--target-cpus", "0.5",
+                                      "--in-flight", "2", "--max-tokens-per-second", "4"])
     assert run(args, on_batch=kill_once) == 0
     assert killed
-    ids = [r["id"] for r in pq.read_table(out).to_pylist()]
-    assert sorted(ids) == sorted(u.id for u in read_manifest(samples_manifest))
+    rows = pq.read_table(out).to_pylist()
+    assert sorted(r["id"] for r in rows) == sorted(u.id for u in read_manifest(samples_manifest))
+    assert not any(r["error"] for r in rows)
 
 
 def test_serve_openai_endpoint(ray_local, samples_manifest, tiny_target):

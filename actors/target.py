@@ -1,0 +1,65 @@
+"""The target-side Ray actor: the target decoder (AR, verification, fallback) over batches from a drafter."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import logging
+
+import ray
+
+from actors.drafter import DraftSessionLost, RemoteProposers
+
+SESSION_ATTEMPTS = 3
+log = logging.getLogger(__name__)
+
+
+@ray.remote(max_restarts=3, max_task_retries=3)
+class TargetActor:
+    """Hosts a :class:`rayspec.pipeline.TargetDecoder`; the target model loads once and serves every batch.
+
+    Batches are idempotent (same input, same rows), so Ray may retry them on a restarted actor
+    (``max_restarts``/``max_task_retries``) and the writer de-duplicates by id.
+
+    Args:
+        target: target model directory (default: the zoo target); options: :class:`~rayspec.pipeline.DecodeOptions`.
+        device: torch device ("cuda" inside a GPU actor); threads: torch CPU threads (0 = torch's default).
+    """
+
+    def __init__(self, target, options, device: str = "cpu", threads: int = 0) -> None:
+        import torch
+
+        from rayspec.models.whisper import WhisperASR
+        from rayspec.pipeline import TargetDecoder, zoo_path
+
+        if threads:
+            torch.set_num_threads(threads)
+        self.decoder = TargetDecoder(WhisperASR.from_pretrained(target or zoo_path("target"), device), options)
+
+    def decode(self, batch_ref: list, drafter, key: str) -> list[dict]:
+        """Decode the batch behind ``batch_ref[0]`` (an ObjectRef of an EncodedBatch made by ``drafter``).
+
+        The ref comes wrapped in a list so that it arrives unresolved and can be handed on to the drafter.
+        Returns result rows as dicts (:class:`rayspec.results.ResultRow`).
+
+        Raises:
+            DraftSessionLost: the drafter lost the batch's draft session ``SESSION_ATTEMPTS`` times.
+        """
+        from rayspec.pipeline import needs_draft
+
+        batch = ray.get(batch_ref[0])
+        use_draft = batch.encoded is not None and needs_draft(self.decoder.options)
+        for attempt in range(SESSION_ATTEMPTS):
+            proposers = RemoteProposers(drafter, key, batch_ref[0]) if use_draft else None
+            try:
+                return [asdict(r) for r in self.decoder.decode(batch, proposers)]
+            except DraftSessionLost:
+                if attempt == SESSION_ATTEMPTS - 1:
+                    raise
+                log.warning("batch %s: the drafter lost its draft session (restarted?); redoing the batch", key)
+            finally:
+                if proposers is not None:
+                    proposers.close()
+
+    def ready(self) -> bool:
+        return True
