@@ -21,9 +21,9 @@ class DraftSessionLost(RuntimeError):
     """
 
 
-@ray.remote(max_restarts=3, max_task_retries=3)
-class DrafterActor:
-    """Hosts a :class:`rayspec.pipeline.Drafter`; models load once and serve every batch.
+class DraftServer:
+    """Hosts a :class:`rayspec.pipeline.Drafter`; models load once and serve every batch (the body of
+    :data:`DrafterActor`).
 
     Args:
         kwargs: :class:`~rayspec.pipeline.Drafter` arguments (target, draft, options, ctc, device, limits).
@@ -70,6 +70,10 @@ class DrafterActor:
 
     def ready(self) -> bool:
         return True
+
+
+DrafterActor = ray.remote(max_restarts=3, max_task_retries=3)(DraftServer)
+"""The drafter as a Ray actor, restarted by Ray when it dies (its in-flight tasks are retried)."""
 
 
 class RemoteProposers:

@@ -4,7 +4,8 @@
         --targets 1 2 --batch-tokens 2000 8000 --method draft -o bench/scaling
 
 Each point runs the full pipeline of :mod:`jobs.transcribe` (drafter and target actors, object refs, bounded
-in-flight batches) into a fresh output. Throughput is timed from the first batch to the last row (actor start-up
+in-flight batches) into a fresh output; a reference row per method and budget ("in-process", 0 actors) runs the same
+decoder without Ray in the driver, with ``--threads`` torch threads (default 1). Throughput is timed from the first batch to the last row (actor start-up
 and model loading are reported apart); NFE per utterance comes from the rows. Arguments not listed below (model
 paths, decoder options, --max-batch, ...) are passed to every point's job. Writes ``scaling.md`` (with the cluster's
 resources and the machine), ``scaling.csv`` and ``scaling.png`` to the output folder.
@@ -21,6 +22,9 @@ import tempfile
 
 from jobs.transcribe import build_parser as job_parser  # first: sets the loopback environment for Ray
 from jobs.transcribe import connect, transcribe
+from rayspec.cli import budget_from_args, build_transcriber
+from rayspec.manifest import read_manifest
+from rayspec.pipeline import RunSummary, run_corpus
 from rayspec.results import read_results
 
 import ray  # noqa: E402
@@ -56,11 +60,33 @@ def machine() -> str:
             f"driver CPU: {cpu}")
 
 
+def in_process(input_path: str, out: str, job_args: list[str]) -> RunSummary:
+    """The same corpus and decoder without Ray: :func:`rayspec.pipeline.run_corpus` in this process."""
+    args = job_parser().parse_args([input_path, "-o", out, *job_args])
+    args.threads = args.threads or 1
+    return run_corpus(read_manifest(input_path), build_transcriber(args), out, budget_from_args(args))
+
+
+def row(method: str, drafters: int, targets: int, budget: int, s: RunSummary, out: str) -> dict:
+    table = [r for r in read_results(out).to_pylist() if not r["error"]]
+    nfe = sum(r["target_forward_passes"] for r in table) / max(1, len(table))
+    return {"method": method, "drafters": drafters, "targets": targets, "batch_tokens": budget,
+            "utterances": s.written, "audio_s": round(s.audio_s, 1), "startup_s": round(s.startup_s, 1),
+            "wall_s": round(s.wall_s, 2), "rtfx": round(s.rtfx, 1), "utt_per_s": round(s.written / s.wall_s, 2),
+            "nfe_per_utt": round(nfe, 2)}
+
+
 def main(argv=None) -> int:
     args, job_args = build_parser().parse_known_args(argv)
     connect(args.address, args.num_cpus)
     rows = []
     for method in args.method:
+        for budget in args.batch_tokens:
+            with tempfile.TemporaryDirectory() as tmp:
+                out = os.path.join(tmp, "r.parquet")
+                s = in_process(args.input, out, ["--batch-tokens", str(budget), "--method", method, *job_args])
+                rows.append(row(method, 0, 0, budget, s, out))
+            print(rows[-1], flush=True)
         for drafters in args.drafters:
             for targets in args.targets:
                 for budget in args.batch_tokens:
@@ -69,14 +95,7 @@ def main(argv=None) -> int:
                         jargs = job_parser().parse_args([
                             args.input, "-o", out, "--drafters", str(drafters), "--targets", str(targets),
                             "--batch-tokens", str(budget), "--method", method, *job_args])
-                        s = transcribe(jargs)
-                        table = [r for r in read_results(out).to_pylist() if not r["error"]]
-                    nfe = sum(r["target_forward_passes"] for r in table) / max(1, len(table))
-                    rows.append({"method": method, "drafters": drafters, "targets": targets, "batch_tokens": budget,
-                                 "utterances": s.written, "audio_s": round(s.audio_s, 1),
-                                 "startup_s": round(s.startup_s, 1), "wall_s": round(s.wall_s, 2),
-                                 "rtfx": round(s.rtfx, 1), "utt_per_s": round(s.written / s.wall_s, 2),
-                                 "nfe_per_utt": round(nfe, 2)})
+                        rows.append(row(method, drafters, targets, budget, transcribe(jargs), out))
                     print(rows[-1], flush=True)
     write_outputs(args.output, rows, machine() + "; job options: " + (" ".join(job_args) or "defaults"))
     return 0
@@ -102,8 +121,9 @@ def write_outputs(folder: str, rows: list[dict], caption: str) -> None:
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(6, 4))
-    for key in sorted({(r["method"], r["drafters"], r["batch_tokens"]) for r in rows}):
-        sub = [r for r in rows if (r["method"], r["drafters"], r["batch_tokens"]) == key]
+    ray_rows = [r for r in rows if r["targets"]]
+    for key in sorted({(r["method"], r["drafters"], r["batch_tokens"]) for r in ray_rows}):
+        sub = [r for r in ray_rows if (r["method"], r["drafters"], r["batch_tokens"]) == key]
         ax.plot([r["targets"] for r in sub], [r["rtfx"] for r in sub], marker="o",
                 label=f"{key[0]}, {key[1]} drafter(s), {key[2]} tokens")
     ax.set_xlabel("target actors")

@@ -34,6 +34,7 @@ from tqdm import tqdm  # noqa: E402
 
 from rayspec.cli import EXIT_SOME_FAILED, _add_decode_args, _add_model_args, budget_from_args  # noqa: E402
 from rayspec.cli import decode_options, print_summary  # noqa: E402
+from rayspec.audio import AudioLimits  # noqa: E402
 from rayspec.manifest import read_manifest  # noqa: E402
 from rayspec.pipeline import RunSummary, pending_batches  # noqa: E402
 from rayspec.results import ResultRow, ResultWriter  # noqa: E402
@@ -89,11 +90,15 @@ def start_actors(args) -> ActorPool:
     from actors.target import TargetActor
 
     options = decode_options(args)
+    limits = AudioLimits(max_seconds=args.max_audio_seconds) if args.max_audio_seconds else None
     drafter_kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": options,
-                      "device": "cuda" if args.drafter_gpus else args.device}
-    drafters = [DrafterActor.options(num_cpus=args.drafter_cpus, num_gpus=args.drafter_gpus)
+                      "device": "cuda" if args.drafter_gpus else args.device, "limits": limits}
+    # Two threads per drafter: the next batch's encoding overlaps the current batch's draft proposals.
+    drafters = [DrafterActor.options(num_cpus=args.drafter_cpus, num_gpus=args.drafter_gpus, max_concurrency=2)
                 .remote(drafter_kwargs, max(1, int(args.drafter_cpus))) for _ in range(args.drafters)]
-    targets = [TargetActor.options(num_cpus=args.target_cpus, num_gpus=args.target_gpus)
+    # Each target actor works on its in-flight batches concurrently (threads): while one batch waits for draft
+    # proposals or its encoder states, another is verified.
+    targets = [TargetActor.options(num_cpus=args.target_cpus, num_gpus=args.target_gpus, max_concurrency=args.in_flight)
                .remote(args.target, options, "cuda" if args.target_gpus else args.device, max(1, int(args.target_cpus)))
                for _ in range(args.targets)]
     ray.get([a.ready.remote() for a in drafters + targets])

@@ -90,3 +90,37 @@ def test_serve_openai_endpoint(ray_local, samples_manifest, tiny_target):
         assert r.status_code == 200 and r.text == expected[utts[0].id]
     finally:
         serve.shutdown()
+
+
+def test_lost_draft_session_is_redone_exactly(ray_local, samples_manifest, tiny_target, tiny_draft):
+    """A drafter that forgets its session mid-batch (as after a restart): the target actor redoes the batch."""
+    import ray
+
+    from actors.drafter import DraftServer
+    from actors.target import TargetActor
+    from rayspec.pipeline import DecodeOptions, Transcriber
+
+    class ForgetfulDrafter(DraftServer):
+        lost = 0
+
+        def propose(self, key, requests):
+            if not self.lost:
+                self.lost += 1
+                self.sessions.clear()
+            return super().propose(key, requests)
+
+        def times_lost(self):
+            return self.lost
+
+    utts = read_manifest(samples_manifest)[:4]
+    kwargs = {"target": tiny_target.model.name_or_path, "draft": tiny_draft.model.name_or_path,
+              "options": DecodeOptions("draft")}
+    drafter = ray.remote(ForgetfulDrafter).options(num_cpus=0.5).remote(kwargs, 1)
+    target = TargetActor.options(num_cpus=0.5).remote(kwargs["target"], kwargs["options"], "cpu", 1)
+    rows = ray.get(target.decode.remote([drafter.encode.remote(utts)], drafter, "batch-0"))
+    assert ray.get(drafter.times_lost.remote()) == 1
+    local = Transcriber(**kwargs).transcribe(utts)
+    assert [r["text"] for r in rows] == [r.text for r in local]
+    assert [r["draft_tokens_accepted"] for r in rows] == [r.draft_tokens_accepted for r in local]
+    for a in (drafter, target):
+        ray.kill(a)
