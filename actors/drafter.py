@@ -38,6 +38,7 @@ class DraftServer:
         if threads:
             torch.set_num_threads(threads)
         self.drafter = Drafter(**kwargs)
+        self.drafter.target.release("decoder")  # the target decoder runs on the target actors
         self.sessions: dict = {}
 
     def encode(self, utterances: list):

@@ -34,7 +34,9 @@ class TargetActor:
 
         if threads:
             torch.set_num_threads(threads)
-        self.decoder = TargetDecoder(WhisperASR.from_pretrained(target or zoo_path("target"), device), options)
+        model = WhisperASR.from_pretrained(target or zoo_path("target"), device)
+        model.release("encoder")  # the encoder runs on the drafter actors
+        self.decoder = TargetDecoder(model, options)
 
     def decode(self, batch_ref: list, drafter, key: str) -> list[dict]:
         """Decode the batch behind ``batch_ref[0]`` (an ObjectRef of an EncodedBatch made by ``drafter``).

@@ -120,15 +120,21 @@ def write_outputs(folder: str, rows: list[dict], caption: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    fig, ax = plt.subplots(figsize=(6, 4))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    methods = sorted({r["method"] for r in rows})
     ray_rows = [r for r in rows if r["targets"]]
     for key in sorted({(r["method"], r["drafters"], r["batch_tokens"]) for r in ray_rows}):
         sub = [r for r in ray_rows if (r["method"], r["drafters"], r["batch_tokens"]) == key]
-        ax.plot([r["targets"] for r in sub], [r["rtfx"] for r in sub], marker="o",
-                label=f"{key[0]}, {key[1]} drafter(s), {key[2]} tokens")
-    ax.set_xlabel("target actors")
+        ax.plot([r["targets"] for r in sub], [r["rtfx"] for r in sub], color=f"C{methods.index(key[0])}",
+                linestyle="-" if key[1] == 1 else "--", marker="o" if key[2] == min(r["batch_tokens"] for r in rows)
+                else "s", label=f"{key[0]}, {key[1]} drafter(s), {key[2]} tokens")
+    for r in rows:
+        if not r["targets"]:  # in-process references
+            ax.axhline(r["rtfx"], color=f"C{methods.index(r['method'])}", linewidth=0.6, linestyle=":")
+    ax.set_xticks(sorted({r["targets"] for r in ray_rows}))
+    ax.set_xlabel("target actors (dotted: the same decoder in one process, no Ray)")
     ax.set_ylabel("RTFx (audio s / wall s)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "scaling.png"), dpi=120)
 

@@ -102,3 +102,17 @@ def test_mismatched_tokenizers_rejected(tiny_target, tiny_fixed):
             speculative_decode(tiny_target, None, tiny_fixed, None, [1])
     finally:
         tiny_fixed.prompt_ids = tiny_fixed_prompt
+
+
+def test_released_halves_raise_clearly(tmp_path):
+    from tiny import make_tiny
+
+    model = make_tiny(tmp_path / "m", seed=5)
+    feats, lengths = model.features(random_audio(1, seed=1))
+    enc = model.encode(feats, lengths)
+    model.release("decoder")
+    model.encode(feats, lengths)  # the encoder still works
+    with pytest.raises(RuntimeError, match="decoder was released"):
+        model.new_cache(enc, 8)
+    with pytest.raises(ValueError):
+        model.release("both")

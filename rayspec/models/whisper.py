@@ -225,7 +225,7 @@ class WhisperASR:
         Returns:
             :class:`EncoderOutput` with ``ceil(T / 2)`` positions. Dropout applies when the model is in train mode.
         """
-        enc = self.model.model.encoder
+        enc = self._half("encoder")
         if not self.encoder_masking:
             states = enc(features).last_hidden_state
             full = torch.full_like(frame_lengths, states.shape[1])
@@ -255,7 +255,7 @@ class WhisperASR:
             encoder_output: from :meth:`encode`.
             capacity: most decoder positions any row will hold (prompt + tokens + pending draft positions).
         """
-        dec = self.model.model.decoder
+        dec = self._half("decoder")
         states = encoder_output.states
         b, s, _ = states.shape
         cross_k, cross_v, self_k, self_v = [], [], [], []
@@ -304,7 +304,7 @@ class WhisperASR:
         """
         if cache.pending:
             raise ValueError("decode() called with pending cache positions: commit() them first")
-        dec = self.model.model.decoder
+        dec = self._half("decoder")
         b, q = tokens.shape
         dev = tokens.device
         if ancestors is None:
@@ -381,6 +381,28 @@ class WhisperASR:
             if bool(first.any()):
                 logits = torch.where(first[..., None], logits + self._begin_suppress, logits)
         return logits
+
+    def release(self, part: str) -> None:
+        """Free the weights of the half this process never runs: "encoder" (a target actor only decodes) or
+        "decoder" (a drafter actor only encodes). A real Whisper large-v3 holds 0.6B encoder + 0.9B decoder
+        parameters, so on separate GPUs each actor keeps about half.
+
+        Raises:
+            ValueError: ``part`` is neither "encoder" nor "decoder".
+        """
+        if part == "encoder":
+            self.model.model.encoder = None
+        elif part == "decoder":
+            self.model.model.decoder = None
+            self.model.proj_out = None  # tied to the decoder's token embedding
+        else:
+            raise ValueError(f"part must be 'encoder' or 'decoder', not {part!r}")
+
+    def _half(self, part: str):
+        module = getattr(self.model.model, part)
+        if module is None:
+            raise RuntimeError(f"this model's {part} was released (it runs on another actor)")
+        return module
 
     def decode_text(self, ids: Sequence[int]) -> str:
         """Text of generated ids (special tokens dropped)."""
