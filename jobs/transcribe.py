@@ -76,6 +76,42 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def submission_dir() -> str | None:
+    """The directory relative paths of a ``ray job submit`` command line refer to, on a single-node cluster.
+
+    A submitted job runs in a copy of ``--working-dir``, so ``../shared/data/x.jsonl`` typed in the repository means
+    nothing there. Inside a Ray job this returns ``RAYSPEC_SUBMIT_DIR`` if set, else the directory ``ray start`` ran
+    in (the raylet's working directory, found through /proc); outside a Ray job, or when it cannot be found, None.
+    """
+    if "RAY_JOB_CONFIG_JSON_ENV_VAR" not in os.environ:
+        return None
+    if os.environ.get("RAYSPEC_SUBMIT_DIR"):
+        return os.environ["RAYSPEC_SUBMIT_DIR"]
+    pid = os.getppid()
+    try:
+        while pid > 1:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if os.path.basename(f.read().split(b"\0")[0]) == b"raylet":
+                    return os.readlink(f"/proc/{pid}/cwd")
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def resolve_paths(args) -> None:
+    """Make ``args.input`` (if missing here) and ``args.output`` (if relative) point where the submitter meant
+    (see :func:`submission_dir`); a no-op outside ``ray job submit``."""
+    base = submission_dir()
+    if base is None:
+        return
+    if args.input and not os.path.isabs(args.input) and not os.path.exists(args.input):
+        args.input = os.path.join(base, args.input)
+    if not os.path.isabs(args.output):
+        args.output = os.path.join(base, args.output)
+
+
 @dataclass
 class ActorPool:
     """The job's actors: ``drafters`` and ``targets`` (handles)."""
@@ -116,6 +152,7 @@ def transcribe(args, on_batch=None) -> RunSummary:
 
     if min(args.drafters, args.targets, args.in_flight) < 1:
         raise SystemExit("--drafters, --targets and --in-flight must be >= 1")
+    resolve_paths(args)
     source = args.input or str(resources.files("rayspec").joinpath("samples", "an4", "manifest.jsonl"))
     utts = read_manifest(source)
     writer = ResultWriter(args.output)

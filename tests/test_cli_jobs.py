@@ -85,3 +85,15 @@ def test_ray_job_embedded_local(tmp_path, samples_manifest, tiny_target, tiny_dr
     assert main(["transcribe", samples_manifest, "-o", local, "--target", tiny_target.model.name_or_path, "-q",
                  "--max-tokens-per-second", "4"]) == 0
     assert {r["id"]: r["text"] for r in pq.read_table(local).to_pylist()} == ray_rows
+
+
+def test_ray_job_paths_resolve_against_the_submit_dir(tmp_path, monkeypatch):
+    from jobs.transcribe import build_parser, resolve_paths
+
+    args = build_parser().parse_args(["data/m.jsonl", "-o", "out/r.parquet"])
+    resolve_paths(args)  # not inside a Ray job: unchanged
+    assert (args.input, args.output) == ("data/m.jsonl", "out/r.parquet")
+    monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
+    monkeypatch.setenv("RAYSPEC_SUBMIT_DIR", str(tmp_path))
+    resolve_paths(args)
+    assert args.input == str(tmp_path / "data/m.jsonl") and args.output == str(tmp_path / "out/r.parquet")
