@@ -120,11 +120,29 @@ class ActorPool:
     targets: list
 
 
+def check_resources(args) -> None:
+    """Refuse, with advice, actor resources the cluster cannot hold at all (Ray would wait for them forever).
+
+    Raises:
+        SystemExit: more CPUs or GPUs asked for than the cluster has in total.
+    """
+    have = ray.cluster_resources()
+    for kind, per_drafter, per_target in (("CPU", args.drafter_cpus, args.target_cpus),
+                                          ("GPU", args.drafter_gpus, args.target_gpus)):
+        need = args.drafters * per_drafter + args.targets * per_target
+        if need > have.get(kind, 0) + 1e-9:
+            raise SystemExit(
+                f"{args.drafters} drafter(s) x {per_drafter:g} + {args.targets} target(s) x {per_target:g} = {need:g} "
+                f"{kind}s, but the Ray cluster has {have.get(kind, 0):g}: lower --drafter-{kind.lower()}s/"
+                f"--target-{kind.lower()}s (fractions are fine) or the actor counts")
+
+
 def start_actors(args) -> ActorPool:
     """Start the drafter and target actors with this run's resources; returns once their models are loaded."""
     from actors.drafter import DrafterActor
     from actors.target import TargetActor
 
+    check_resources(args)
     options = decode_options(args)
     limits = AudioLimits(max_seconds=args.max_audio_seconds) if args.max_audio_seconds else None
     drafter_kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": options,
@@ -164,7 +182,7 @@ def transcribe(args, on_batch=None) -> RunSummary:
     run_id = uuid.uuid4().hex[:8]
     t0 = time.perf_counter()
     summary.startup_s = t0 - t_start
-    pending: dict = {}  # rows ref -> target index
+    pending: dict = {}  # rows ref -> (target index, batch)
     load = [0] * len(pool.targets)
     queue = list(enumerate(batches))
     try:
@@ -175,12 +193,13 @@ def transcribe(args, on_batch=None) -> RunSummary:
                     drafter = pool.drafters[k % len(pool.drafters)]
                     t = min(range(len(pool.targets)), key=load.__getitem__)  # least-loaded target actor
                     encoded = drafter.encode.remote(batch)
-                    pending[pool.targets[t].decode.remote([encoded], drafter, f"{run_id}:{k}")] = t
+                    pending[pool.targets[t].decode.remote([encoded], drafter, f"{run_id}:{k}")] = (t, batch)
                     load[t] += 1
                 done, _ = ray.wait(list(pending), num_returns=1)
                 for ref in done:
-                    load[pending.pop(ref)] -= 1
-                    rows = [ResultRow(**r) for r in ray.get(ref)]
+                    t, batch = pending.pop(ref)
+                    load[t] -= 1
+                    rows = batch_rows(ref, batch, args.method)
                     writer.write(rows)
                     summary.add(rows)
                     bar.update(len(rows))
@@ -192,6 +211,21 @@ def transcribe(args, on_batch=None) -> RunSummary:
     summary.wall_s = time.perf_counter() - t0
     writer.finalize()
     return summary
+
+
+def batch_rows(ref, batch: list, method: str) -> list[ResultRow]:
+    """The rows of a finished batch; a batch whose decoding raised becomes error rows (the job goes on).
+
+    Raises:
+        ray.exceptions.RayActorError: an actor died beyond its restarts (the job stops; a re-run resumes).
+    """
+    try:
+        return [ResultRow(**r) for r in ray.get(ref)]
+    except ray.exceptions.RayTaskError as exc:
+        cause = exc.cause if exc.cause is not None else exc
+        message = f"batch failed: {type(cause).__name__}: {cause}"[:2000]
+        return [ResultRow(id=u.id, corpus=u.corpus, audio=u.audio, reference=u.text, duration_s=u.duration_s,
+                          method=method, error=message) for u in batch]
 
 
 def run(args, on_batch=None) -> int:

@@ -5,6 +5,7 @@ import shutil
 
 import numpy as np
 import pyarrow.parquet as pq
+import pytest
 import soundfile as sf
 
 from rayspec.cli import EXIT_SOME_FAILED, main
@@ -97,3 +98,16 @@ def test_ray_job_paths_resolve_against_the_submit_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("RAYSPEC_SUBMIT_DIR", str(tmp_path))
     resolve_paths(args)
     assert args.input == str(tmp_path / "data/m.jsonl") and args.output == str(tmp_path / "out/r.parquet")
+
+
+def test_ray_job_refuses_resources_the_cluster_lacks(monkeypatch):
+    import ray
+
+    from jobs.transcribe import build_parser, check_resources
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    check_resources(build_parser().parse_args([]))  # 1 + 1 CPUs fit
+    with pytest.raises(SystemExit, match="lower --drafter-gpus"):
+        check_resources(build_parser().parse_args(["--target-gpus", "0.5"]))
+    with pytest.raises(SystemExit, match="3 CPUs"):
+        check_resources(build_parser().parse_args(["--targets", "2"]))

@@ -124,3 +124,18 @@ def test_lost_draft_session_is_redone_exactly(ray_local, samples_manifest, tiny_
     assert [r["draft_tokens_accepted"] for r in rows] == [r.draft_tokens_accepted for r in local]
     for a in (drafter, target):
         ray.kill(a)
+
+
+def test_a_batch_that_raises_becomes_error_rows(ray_local, samples_manifest):
+    import ray
+
+    from jobs.transcribe import batch_rows
+
+    @ray.remote(num_cpus=0)
+    def broken_decode():
+        raise ValueError("bad batch")
+
+    utts = read_manifest(samples_manifest)[:3]
+    rows = batch_rows(broken_decode.remote(), utts, "draft")
+    assert [r.id for r in rows] == [u.id for u in utts]
+    assert all(r.error == "batch failed: ValueError: bad batch" and r.text == "" for r in rows)
