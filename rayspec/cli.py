@@ -52,7 +52,7 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--tau-ctc", type=float, default=1.5,
                    help="accept the CTC hypothesis with no target pass if every frame's entropy (nats) is below "
                         "this; 0 = gate off. Default 1.5: the zoo's measured high-accuracy point (AN4 test WER "
-                        "60.2%% vs AR 67.9%%, 1.35x RTFx; see README)")
+                        "60.2%% vs AR 67.9%%, 1.3-1.7x RTFx; see README)")
     c.add_argument("--tau-slm", type=float, default=0.1,
                    help="verification accepts a token whose target probability exceeds this (default 0.1)")
     c.add_argument("--exact", action=argparse.BooleanOptionalAction, default=False,
