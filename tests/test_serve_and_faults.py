@@ -1,6 +1,7 @@
 """Ray Serve endpoint (OpenAI-compatible) and actor fault tolerance, on a local loopback Ray."""
 
 import io
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -23,30 +24,40 @@ def ray_local():
     ray.shutdown()
 
 
+AN4_TEST = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "an4", "test.jsonl")
+
+
 @pytest.mark.parametrize("victim", ["targets", "drafters"])
 def test_actor_killed_mid_job_still_writes_every_id_once(ray_local, tmp_path, samples_manifest, tiny_target,
                                                           tiny_draft, victim):
+    """Kill an actor after the 3rd finished batch (of ~17 on AN4 test's 130 utterances, or of 5 on the bundled
+    clips where ../shared is absent); Ray restarts it, its batches are redone, every id is written once."""
     import ray
 
     from jobs.transcribe import build_parser, run
 
+    manifest = AN4_TEST if os.path.exists(AN4_TEST) else samples_manifest
     killed = []
 
     def kill_once(pool, done):
-        if not killed:
+        if not killed and done >= 3:
             ray.kill(getattr(pool, victim)[0], no_restart=False)  # Ray restarts it; its batches are redone
             killed.append(done)
 
     out = str(tmp_path / "ft.parquet")
-    args = build_parser().parse_args([samples_manifest, "-o", out, "--target", tiny_target.model.name_or_path,
+    args = build_parser().parse_args([manifest, "-o", out, "--target", tiny_target.model.name_or_path,
                                       "--draft", tiny_draft.model.name_or_path, "--method", "draft",
-                                      "--max-batch", "2", "--drafter-cpus", "0.5", "--target-cpus", "0.5",
-                                      "--in-flight", "2", "--max-tokens-per-second", "4"])
-    assert run(args, on_batch=kill_once) == 0
+                                      "--max-batch", "2" if manifest == samples_manifest else "8",
+                                      "--drafter-cpus", "0.5", "--target-cpus", "0.5", "--in-flight", "2",
+                                      "--max-tokens-per-second", "4"])
+    code = run(args, on_batch=kill_once)
     assert killed
     rows = pq.read_table(out).to_pylist()
-    assert sorted(r["id"] for r in rows) == sorted(u.id for u in read_manifest(samples_manifest))
-    assert not any(r["error"] for r in rows)
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids)) and sorted(ids) == sorted(u.id for u in read_manifest(manifest))
+    # The only error rows: clips longer than the tiny model's 5 s window (a few in AN4 test), reported as such.
+    errors = [r["error"] for r in rows if r["error"]]
+    assert all("over the limit" in e for e in errors) and code == (3 if errors else 0)
 
 
 def test_serve_openai_endpoint(ray_local, samples_manifest, tiny_target):
