@@ -5,10 +5,11 @@
 
 Each point runs the full pipeline of :mod:`jobs.transcribe` (drafter and target actors, object refs, bounded
 in-flight batches) into a fresh output; a reference row per method and budget ("in-process", 0 actors) runs the same
-decoder without Ray in the driver, with ``--threads`` torch threads (default 1). Throughput is timed from the first batch to the last row (actor start-up
-and model loading are reported apart); NFE per utterance comes from the rows. Arguments not listed below (model
-paths, decoder options, --max-batch, ...) are passed to every point's job. Writes ``scaling.md`` (with the cluster's
-resources and the machine), ``scaling.csv`` and ``scaling.png`` to the output folder.
+decoder without Ray in the driver, with ``--threads`` torch threads (default 1). Throughput is timed from the first
+batch to the last row (actor start-up and model loading are reported apart); NFE per utterance comes from the rows.
+Arguments not listed below (model paths, decoder options, --max-batch, ...) are passed to every point's job.
+Writes ``scaling.md`` (with the cluster's resources and the machine), ``scaling.csv`` and ``scaling.png`` to the
+output folder.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import sys
 import tempfile
 
 from jobs.transcribe import build_parser as job_parser  # first: sets the loopback environment for Ray
-from jobs.transcribe import connect, transcribe
+from jobs.transcribe import connect, resolve_paths, transcribe
 from rayspec.cli import budget_from_args, build_transcriber
 from rayspec.manifest import read_manifest
 from rayspec.pipeline import RunSummary, run_corpus
@@ -78,6 +79,7 @@ def row(method: str, drafters: int, targets: int, budget: int, s: RunSummary, ou
 
 def main(argv=None) -> int:
     args, job_args = build_parser().parse_known_args(argv)
+    resolve_paths(args)
     connect(args.address, args.num_cpus)
     rows = []
     for method in args.method:

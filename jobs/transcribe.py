@@ -1,4 +1,6 @@
-"""Corpus transcription on Ray: ``ray job submit --working-dir . -- python -m jobs.transcribe <manifest> -o out.parquet``.
+"""Corpus transcription on Ray:
+
+    ray job submit --working-dir . -- python -m jobs.transcribe <manifest> -o out.parquet
 
 Connects to the cluster in ``RAY_ADDRESS`` / ``--address`` (set by ``ray job submit``); with neither, starts an
 embedded local Ray on loopback (127.0.0.1 only).
@@ -65,8 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else an embedded local Ray)")
     p.add_argument("--drafters", type=int, default=1, help="drafter actors (audio, encoder, drafter); default 1")
     p.add_argument("--targets", type=int, default=1, help="target actors (target decoder); default 1")
-    p.add_argument("--drafter-cpus", type=float, default=1.0, help="CPUs per drafter actor (also its torch threads)")
-    p.add_argument("--target-cpus", type=float, default=1.0, help="CPUs per target actor (also its torch threads)")
+    p.add_argument("--drafter-cpus", type=float, default=1.0,
+                   help="CPUs per drafter actor (also its torch threads unless --threads)")
+    p.add_argument("--target-cpus", type=float, default=1.0,
+                   help="CPUs per target actor (also its torch threads unless --threads)")
     p.add_argument("--drafter-gpus", type=float, default=0.0, help="GPUs per drafter actor (fractions share a GPU)")
     p.add_argument("--target-gpus", type=float, default=0.0, help="GPUs per target actor (fractions share a GPU)")
     p.add_argument("--in-flight", type=int, default=2, help="batches in flight per target actor (backpressure)")
@@ -149,11 +153,13 @@ def start_actors(args) -> ActorPool:
                       "device": "cuda" if args.drafter_gpus else args.device, "limits": limits}
     # Two threads per drafter: the next batch's encoding overlaps the current batch's draft proposals.
     drafters = [DrafterActor.options(num_cpus=args.drafter_cpus, num_gpus=args.drafter_gpus, max_concurrency=2)
-                .remote(drafter_kwargs, max(1, int(args.drafter_cpus))) for _ in range(args.drafters)]
+                .remote(drafter_kwargs, args.threads or max(1, int(args.drafter_cpus)))
+                for _ in range(args.drafters)]
     # Each target actor works on its in-flight batches concurrently (threads): while one batch waits for draft
     # proposals or its encoder states, another is verified.
     targets = [TargetActor.options(num_cpus=args.target_cpus, num_gpus=args.target_gpus, max_concurrency=args.in_flight)
-               .remote(args.target, options, "cuda" if args.target_gpus else args.device, max(1, int(args.target_cpus)))
+               .remote(args.target, options, "cuda" if args.target_gpus else args.device,
+                       args.threads or max(1, int(args.target_cpus)))
                for _ in range(args.targets)]
     ray.get([a.ready.remote() for a in drafters + targets])
     return ActorPool(drafters, targets)

@@ -300,7 +300,8 @@ class TargetDecoder:
     def _row(self, u: Utterance, h: Optional[Hypothesis], seconds: float, draft_model: str, duration=None,
              error=None) -> ResultRow:
         row = ResultRow(
-            id=u.id, corpus=u.corpus, audio=u.audio, reference=u.text, duration_s=duration if duration else u.duration_s,
+            id=u.id, corpus=u.corpus, audio=u.audio, reference=u.text,
+            duration_s=duration if duration else u.duration_s,
             model=self.target.name, draft_model=draft_model, method=self.options.method,
             mode=self.options.mode, error=error, decode_s=seconds,
         )

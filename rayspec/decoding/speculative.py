@@ -104,7 +104,8 @@ class SpeculativeDecoder:
                 r.target_len = n
         live = [r for r in rows if r.room > 0]
         if len(live) < len(rows):
-            tcache = tcache.select(torch.tensor([r.index for r in live], dtype=torch.long, device=tcache.lengths.device))
+            rows_t = torch.tensor([r.index for r in live], dtype=torch.long, device=tcache.lengths.device)
+            tcache = tcache.select(rows_t)
         while live:
             for r, d in zip(live, self.proposer.propose([r.request() for r in live])):
                 r.draft = d
