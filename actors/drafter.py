@@ -69,8 +69,9 @@ class DraftServer:
         """Free session ``key`` (unknown keys are ignored)."""
         self.sessions.pop(key, None)
 
-    def ready(self) -> bool:
-        return True
+    def node(self) -> str:
+        """The id of the Ray node this actor runs on (also tells the driver its models are loaded)."""
+        return ray.get_runtime_context().get_node_id()
 
 
 DrafterActor = ray.remote(max_restarts=3, max_task_retries=3)(DraftServer)

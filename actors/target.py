@@ -63,5 +63,6 @@ class TargetActor:
                 if proposers is not None:
                     proposers.close()
 
-    def ready(self) -> bool:
-        return True
+    def node(self) -> str:
+        """The id of the Ray node this actor runs on (also tells the driver its models are loaded)."""
+        return ray.get_runtime_context().get_node_id()

@@ -24,7 +24,7 @@ import os
 import sys
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Loopback only (see the README): set before Ray is imported.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -32,6 +32,8 @@ os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import ray  # noqa: E402
+from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from rayspec.cli import EXIT_SOME_FAILED, _add_decode_args, _add_model_args, budget_from_args  # noqa: E402
@@ -118,18 +120,54 @@ def resolve_paths(args) -> None:
 
 @dataclass
 class ActorPool:
-    """The job's actors: ``drafters`` and ``targets`` (handles)."""
+    """The job's actors (handles), the nodes they run on, their placement group, and how busy each is.
+
+    :meth:`route` sends a batch to the least-loaded target actor and to the least-loaded drafter on the same node
+    when there is one, so the per-round draft proposals stay on the node.
+    """
 
     drafters: list
     targets: list
+    drafter_nodes: list[str]
+    target_nodes: list[str]
+    placement_group: object = None
+    drafter_load: list[int] = field(default_factory=list)
+    target_load: list[int] = field(default_factory=list)
+
+    def __post_init__(self):
+        self.drafter_load = [0] * len(self.drafters)
+        self.target_load = [0] * len(self.targets)
+
+    def route(self) -> tuple[int, int]:
+        """``(drafter index, target index)`` for the next batch; counts it as in flight on both."""
+        t = min(range(len(self.targets)), key=self.target_load.__getitem__)
+        local = [d for d, n in enumerate(self.drafter_nodes) if n == self.target_nodes[t]]
+        d = min(local or range(len(self.drafters)), key=self.drafter_load.__getitem__)
+        self.drafter_load[d] += 1
+        self.target_load[t] += 1
+        return d, t
+
+    def finished(self, d: int, t: int) -> None:
+        """A batch routed to ``(d, t)`` is done."""
+        self.drafter_load[d] -= 1
+        self.target_load[t] -= 1
+
+    def shutdown(self) -> None:
+        """Kill the actors and free their placement group."""
+        for actor in self.drafters + self.targets:
+            ray.kill(actor)
+        if self.placement_group is not None:
+            remove_placement_group(self.placement_group)
 
 
 def check_resources(args) -> None:
     """Refuse, with advice, actor resources the cluster cannot hold at all (Ray would wait for them forever).
 
     Raises:
-        SystemExit: more CPUs or GPUs asked for than the cluster has in total.
+        SystemExit: more CPUs or GPUs asked for than the cluster has in total, or actors without CPUs.
     """
+    if min(args.drafter_cpus, args.target_cpus) <= 0:
+        raise SystemExit("--drafter-cpus and --target-cpus must be > 0 (fractions are fine)")
     have = ray.cluster_resources()
     for kind, per_drafter, per_target in (("CPU", args.drafter_cpus, args.target_cpus),
                                           ("GPU", args.drafter_gpus, args.target_gpus)):
@@ -151,18 +189,33 @@ def start_actors(args) -> ActorPool:
     limits = AudioLimits(max_seconds=args.max_audio_seconds) if args.max_audio_seconds else None
     drafter_kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": options,
                       "device": "cuda" if args.drafter_gpus else args.device, "limits": limits}
+    # One bundle per actor, packed onto as few nodes as possible (drafters next to their targets).
+    bundles = ([_bundle(args.drafter_cpus, args.drafter_gpus)] * args.drafters
+               + [_bundle(args.target_cpus, args.target_gpus)] * args.targets)
+    pg = placement_group(bundles, strategy="PACK")
+    ray.get(pg.ready())
+
+    def place(i: int) -> PlacementGroupSchedulingStrategy:
+        return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
+
     # Two threads per drafter: the next batch's encoding overlaps the current batch's draft proposals.
-    drafters = [DrafterActor.options(num_cpus=args.drafter_cpus, num_gpus=args.drafter_gpus, max_concurrency=2)
+    drafters = [DrafterActor.options(num_cpus=args.drafter_cpus, num_gpus=args.drafter_gpus, max_concurrency=2,
+                                     scheduling_strategy=place(i))
                 .remote(drafter_kwargs, args.threads or max(1, int(args.drafter_cpus)))
-                for _ in range(args.drafters)]
+                for i in range(args.drafters)]
     # Each target actor works on its in-flight batches concurrently (threads): while one batch waits for draft
     # proposals or its encoder states, another is verified.
-    targets = [TargetActor.options(num_cpus=args.target_cpus, num_gpus=args.target_gpus, max_concurrency=args.in_flight)
+    targets = [TargetActor.options(num_cpus=args.target_cpus, num_gpus=args.target_gpus, max_concurrency=args.in_flight,
+                                   scheduling_strategy=place(args.drafters + i))
                .remote(args.target, options, "cuda" if args.target_gpus else args.device,
                        args.threads or max(1, int(args.target_cpus)))
-               for _ in range(args.targets)]
-    ray.get([a.ready.remote() for a in drafters + targets])
-    return ActorPool(drafters, targets)
+               for i in range(args.targets)]
+    nodes = ray.get([a.node.remote() for a in drafters + targets])
+    return ActorPool(drafters, targets, nodes[: args.drafters], nodes[args.drafters :], pg)
+
+
+def _bundle(cpus: float, gpus: float) -> dict:
+    return {k: v for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0}
 
 
 def transcribe(args, on_batch=None) -> RunSummary:
@@ -188,23 +241,21 @@ def transcribe(args, on_batch=None) -> RunSummary:
     run_id = uuid.uuid4().hex[:8]
     t0 = time.perf_counter()
     summary.startup_s = t0 - t_start
-    pending: dict = {}  # rows ref -> (target index, batch)
-    load = [0] * len(pool.targets)
+    pending: dict = {}  # rows ref -> (drafter index, target index, batch)
     queue = list(enumerate(batches))
     try:
         with tqdm(total=sum(len(b) for b in batches), desc="transcribe", unit="utt") as bar:
             while queue or pending:
                 while queue and len(pending) < args.in_flight * len(pool.targets):
                     k, batch = queue.pop(0)
-                    drafter = pool.drafters[k % len(pool.drafters)]
-                    t = min(range(len(pool.targets)), key=load.__getitem__)  # least-loaded target actor
+                    d, t = pool.route()
+                    drafter = pool.drafters[d]
                     encoded = drafter.encode.remote(batch)
-                    pending[pool.targets[t].decode.remote([encoded], drafter, f"{run_id}:{k}")] = (t, batch)
-                    load[t] += 1
+                    pending[pool.targets[t].decode.remote([encoded], drafter, f"{run_id}:{k}")] = (d, t, batch)
                 done, _ = ray.wait(list(pending), num_returns=1)
                 for ref in done:
-                    t, batch = pending.pop(ref)
-                    load[t] -= 1
+                    d, t, batch = pending.pop(ref)
+                    pool.finished(d, t)
                     rows = batch_rows(ref, batch, args.method)
                     writer.write(rows)
                     summary.add(rows)
@@ -212,8 +263,7 @@ def transcribe(args, on_batch=None) -> RunSummary:
                     if on_batch is not None:
                         on_batch(pool, len(batches) - len(queue) - len(pending))
     finally:
-        for actor in pool.drafters + pool.targets:
-            ray.kill(actor)
+        pool.shutdown()
     summary.wall_s = time.perf_counter() - t0
     writer.finalize()
     return summary

@@ -111,3 +111,15 @@ def test_ray_job_refuses_resources_the_cluster_lacks(monkeypatch):
         check_resources(build_parser().parse_args(["--target-gpus", "0.5"]))
     with pytest.raises(SystemExit, match="3 CPUs"):
         check_resources(build_parser().parse_args(["--targets", "2"]))
+
+
+def test_batches_go_to_the_least_loaded_target_and_a_drafter_on_its_node():
+    from jobs.transcribe import ActorPool
+
+    pool = ActorPool(["d0", "d1"], ["t0", "t1", "t2"], ["nodeA", "nodeB"], ["nodeB", "nodeA", "nodeC"])
+    assert pool.route() == (1, 0)  # t0 on nodeB -> d1 (nodeB)
+    assert pool.route() == (0, 1)  # t1 on nodeA -> d0
+    assert pool.route() == (0, 2)  # t2's node has no drafter -> the least-loaded one (tie: first)
+    pool.finished(1, 0)
+    assert pool.route() == (1, 0)
+    assert pool.drafter_load == [2, 1] and pool.target_load == [1, 1, 1]
