@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
-
 import logging
+from dataclasses import asdict
 
 import ray
 

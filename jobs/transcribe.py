@@ -273,12 +273,17 @@ def batch_rows(ref, batch: list, method: str) -> list[ResultRow]:
     """The rows of a finished batch; a batch whose decoding raised becomes error rows (the job goes on).
 
     Raises:
-        ray.exceptions.RayActorError: an actor died beyond its restarts (the job stops; a re-run resumes).
+        ray.exceptions.RayError: a failure of Ray itself (an actor dead beyond its restarts, a lost object): the job
+            stops, and a re-run resumes without writing error rows for batches that never ran.
     """
     try:
         return [ResultRow(**r) for r in ray.get(ref)]
     except ray.exceptions.RayTaskError as exc:
-        cause = exc.cause if exc.cause is not None else exc
+        cause = exc
+        while isinstance(cause, ray.exceptions.RayTaskError) and cause.cause is not None:
+            cause = cause.cause  # through the drafter's task, if it failed there
+        if isinstance(cause, ray.exceptions.RayError):
+            raise
         message = f"batch failed: {type(cause).__name__}: {cause}"[:2000]
         return [ResultRow(id=u.id, corpus=u.corpus, audio=u.audio, reference=u.text, duration_s=u.duration_s,
                           method=method, error=message) for u in batch]

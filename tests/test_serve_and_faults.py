@@ -150,3 +150,23 @@ def test_a_batch_that_raises_becomes_error_rows(ray_local, samples_manifest):
     rows = batch_rows(broken_decode.remote(), utts, "draft")
     assert [r.id for r in rows] == [u.id for u in utts]
     assert all(r.error == "batch failed: ValueError: bad batch" and r.text == "" for r in rows)
+
+
+def test_a_dead_actor_stops_the_job_instead_of_writing_error_rows(ray_local, samples_manifest):
+    import ray
+
+    from jobs.transcribe import batch_rows
+
+    @ray.remote(num_cpus=0, max_restarts=0)
+    class Doomed:
+        def die(self):
+            import os
+
+            os._exit(1)
+
+    @ray.remote(num_cpus=0)
+    def decode_via(actor):
+        return ray.get(actor.die.remote())
+
+    with pytest.raises(ray.exceptions.RayError):
+        batch_rows(decode_via.remote(Doomed.remote()), read_manifest(samples_manifest)[:2], "ar")
