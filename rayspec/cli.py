@@ -49,12 +49,12 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tree-branches", type=int, default=2, help="most branches per token tree (default 2)")
     c = p.add_argument_group("ssd (CTC gating, verification, fallback)")
     c.add_argument("--ctc", help="CTC head directory; default: the bundled zoo CTC head")
-    c.add_argument("--tau-ctc", type=float, default=1.5,
+    c.add_argument("--tau-ctc", type=float, default=1.0,
                    help="accept the CTC hypothesis with no target pass if every frame's entropy (nats) is below "
-                        "this; 0 = gate off. Default 1.5: the zoo's measured high-accuracy point (AN4 test WER "
-                        "60.2%% vs AR 67.9%%, 1.3-1.7x RTFx; see README)")
-    c.add_argument("--tau-slm", type=float, default=0.1,
-                   help="verification accepts a token whose target probability exceeds this (default 0.1)")
+                        "this; 0 = gate off. Default 1.0 (with --tau-slm 0.01): the zoo's measured high-accuracy "
+                        "point (AN4 test WER 46.4%% vs AR 63.4%%, 1.1-1.5x RTFx; 1.5 is 2.6x at 54.7%%; see README)")
+    c.add_argument("--tau-slm", type=float, default=0.01,
+                   help="verification accepts a token whose target probability exceeds this (default 0.01)")
     c.add_argument("--exact", action=argparse.BooleanOptionalAction, default=False,
                    help="verified tokens must also be the target's argmax; with --tau-ctc 0 the output then equals "
                         "ar (default off)")
