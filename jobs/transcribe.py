@@ -37,8 +37,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # n
 from tqdm import tqdm  # noqa: E402
 
 from rayspec.cli import EXIT_SOME_FAILED, _add_decode_args, _add_model_args, budget_from_args  # noqa: E402
-from rayspec.cli import decode_options, print_summary  # noqa: E402
-from rayspec.audio import AudioLimits  # noqa: E402
+from rayspec.cli import decode_options, limits_from_args, print_summary  # noqa: E402
 from rayspec.manifest import read_manifest  # noqa: E402
 from rayspec.pipeline import RunSummary, pending_batches  # noqa: E402
 from rayspec.results import ResultRow, ResultWriter  # noqa: E402
@@ -131,8 +130,8 @@ class ActorPool:
     drafter_nodes: list[str]
     target_nodes: list[str]
     placement_group: object = None
-    drafter_load: list[int] = field(default_factory=list)
-    target_load: list[int] = field(default_factory=list)
+    drafter_load: list[int] = field(init=False)
+    target_load: list[int] = field(init=False)
 
     def __post_init__(self):
         self.drafter_load = [0] * len(self.drafters)
@@ -186,9 +185,8 @@ def start_actors(args) -> ActorPool:
 
     check_resources(args)
     options = decode_options(args)
-    limits = AudioLimits(max_seconds=args.max_audio_seconds) if args.max_audio_seconds else None
     drafter_kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": options,
-                      "device": "cuda" if args.drafter_gpus else args.device, "limits": limits}
+                      "device": "cuda" if args.drafter_gpus else args.device, "limits": limits_from_args(args)}
     # One bundle per actor, packed onto as few nodes as possible (drafters next to their targets).
     bundles = ([_bundle(args.drafter_cpus, args.drafter_gpus)] * args.drafters
                + [_bundle(args.target_cpus, args.target_gpus)] * args.targets)

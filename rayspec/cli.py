@@ -92,13 +92,19 @@ def build_transcriber(args):
     """A :class:`~rayspec.pipeline.Transcriber` from parsed CLI arguments."""
     import torch
 
-    from .audio import AudioLimits
     from .pipeline import Transcriber
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    limits = AudioLimits(max_seconds=args.max_audio_seconds) if args.max_audio_seconds else None
-    return Transcriber(args.target, args.draft, decode_options(args), args.ctc, args.device, limits=limits)
+    return Transcriber(args.target, args.draft, decode_options(args), args.ctc, args.device,
+                       limits=limits_from_args(args))
+
+
+def limits_from_args(args):
+    """:class:`~rayspec.audio.AudioLimits` from ``--max-audio-seconds``, or None for the model's window."""
+    from .audio import AudioLimits
+
+    return AudioLimits(max_seconds=args.max_audio_seconds) if args.max_audio_seconds else None
 
 
 def budget_from_args(args):

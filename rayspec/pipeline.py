@@ -283,7 +283,7 @@ class TargetDecoder:
         self.target, self.options = target, options
 
     def decode(self, batch: EncodedBatch, proposers: Optional[ProposerFactory] = None) -> list[ResultRow]:
-        """One result row per utterance of ``batch`` (error rows for unusable audio or a failed decode)."""
+        """One result row per utterance of ``batch`` (error rows for the audio the drafting side could not use)."""
         rows = [self._row(u, None, 0.0, batch.draft_model, error=e) for u, e in zip(batch.utterances, batch.errors)]
         if batch.encoded is None:
             return rows
@@ -326,12 +326,27 @@ class Transcriber:
                  dtype: torch.dtype = torch.float32, limits: Optional[AudioLimits] = None) -> None:
         self.drafter = Drafter(target, draft, options, ctc, device, dtype, limits)
         self.decoder = TargetDecoder(self.drafter.target, options)
-        self.target, self.draft, self.ctc = self.drafter.target, self.drafter.draft, self.drafter.ctc
-        self.options, self.limits = options, self.drafter.limits
+        self.options = options
+
+    @property
+    def target(self) -> WhisperASR:
+        return self.drafter.target
+
+    @property
+    def draft(self) -> Optional[WhisperASR]:
+        return self.drafter.draft
+
+    @property
+    def ctc(self) -> Optional[CTCHead]:
+        return self.drafter.ctc
+
+    @property
+    def limits(self) -> AudioLimits:
+        return self.drafter.limits
 
     @property
     def sample_rate(self) -> int:
-        return self.target.sample_rate
+        return self.drafter.sample_rate
 
     def decode(self, audios: list[np.ndarray], durations: list[float]) -> tuple[list[Hypothesis], float]:
         """Decode a batch of waveforms with the configured method. Returns hypotheses and wall seconds."""
