@@ -1,48 +1,197 @@
 """Ray Serve online endpoint, compatible with OpenAI's audio transcription API.
 
 ``POST /v1/audio/transcriptions`` (multipart: ``file``, optional ``model``, ``response_format`` = json | text |
-verbose_json) and ``GET /health``. Requests are batched dynamically with ``@serve.batch`` into the configured decoder
-(AR, draft speculation or SSD), so concurrent requests share target passes. Limits: upload bytes (default 25 MB, as
-OpenAI's API) and audio seconds answer 413; undecodable audio answers 415; a bad ``response_format`` 400; each with a
-JSON error body ``{"error": {"message", "type", "code"}}``.
+verbose_json), ``GET /v1/models`` and ``GET /health``. Requests are batched dynamically with ``@serve.batch`` into
+the configured decoder (AR, draft speculation or SSD), so concurrent requests share target passes; decoding runs off
+the event loop, so health checks and refusals stay fast while a batch decodes.
+
+Every error, validation included, is JSON of one shape, ``{"error": {"message", "type", "code"}}``:
+
+| status | when |
+|---|---|
+| 400 | bad form fields, empty, too short (< 50 ms) or non-finite audio |
+| 404 | a ``model`` that is not served here (``GET /v1/models`` lists the names) |
+| 408 | the body did not arrive within ``body_timeout_s`` |
+| 413 | a body over ``max_upload_bytes`` (by ``Content-Length``, before reading it; else while reading), or audio
+|     | over the duration cap |
+| 415 | undecodable audio |
+| 500 | the request's own decoding failed (its batch-mates are decoded) |
+| 503 | ``max_queued`` requests already waiting (with ``Retry-After``) |
+
+Audio longer than the model's window is segmented and re-joined, as in corpus jobs; silence gives empty text.
 
 Start with ``rayspec serve`` (127.0.0.1:8000) or ``serve run actors.serve_app:app``.
 """
 
-
+import asyncio
 import io
+import json
 import os
+from dataclasses import dataclass
 from typing import Optional
 
 from fastapi import FastAPI, File, Form, UploadFile
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from ray import serve
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from rayspec.audio import DEFAULT_MAX_BYTES, AudioError, AudioLimits, AudioTooLargeError, load_audio
+from rayspec.audio import DEFAULT_MAX_BYTES, AudioError, AudioLimits, load_audio
+from rayspec.manifest import Utterance
 
 api = FastAPI(title="rayspec", description="Speech recognition with exact, batched speculative decoding")
 FORMATS = ("json", "text", "verbose_json")
+MODEL_ALIASES = ("whisper-1", "rayspec")  # what OpenAI clients send by default, and ours
+MULTIPART_OVERHEAD = 64 * 1024  # boundaries, part headers and form fields around the file
+AUDIO_ERROR_STATUS = {"too_large": 413, "too_long": 413, "undecodable": 415}
+STATUS_TYPE = {400: "invalid_request_error", 404: "model_not_found", 405: "invalid_request_error",
+               408: "request_timeout", 413: "request_too_large", 415: "unsupported_media_type",
+               422: "invalid_request_error", 500: "internal_error", 503: "server_overloaded"}
 
 
-def _error(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse(status_code=status, content={"error": {"message": message, "type": kind, "code": status}})
+def error_body(status: int, message: str, kind: Optional[str] = None) -> dict:
+    """The one error shape of every non-2xx answer."""
+    return {"error": {"message": message, "type": kind or STATUS_TYPE.get(status, "error"), "code": status}}
 
 
-@serve.deployment(max_ongoing_requests=64)
+def _error(status: int, message: str, kind: Optional[str] = None, headers: Optional[dict] = None) -> JSONResponse:
+    return JSONResponse(status_code=status, content=error_body(status, message, kind), headers=headers)
+
+
+@dataclass
+class Admission:
+    """Per-replica limits applied before a request body is read (see :class:`AdmissionMiddleware`).
+
+    Attributes:
+        max_body_bytes: largest request body in bytes; max_queued: requests admitted at once (decoding or
+        waiting); body_timeout_s: seconds allowed for the whole body to arrive.
+    """
+
+    max_body_bytes: int = DEFAULT_MAX_BYTES + MULTIPART_OVERHEAD
+    max_queued: int = 256
+    body_timeout_s: float = 30.0
+    active: int = 0
+
+
+class AdmissionMiddleware:
+    """ASGI middleware in front of the transcription route: queue bound (503), body size (413 by
+    ``Content-Length`` before reading; streamed bodies are counted while read) and body timeout (408).
+
+    The body is read here (within the limits) and replayed to the application, so a slow or oversized upload never
+    reaches the multipart parser. Other routes (``/health``, ``/v1/models``) pass straight through.
+    """
+
+    def __init__(self, app) -> None:
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST":
+            return await self.app(scope, receive, send)
+        limits = _admission()
+        if limits.active >= limits.max_queued:
+            return await _send(send, 503, f"{limits.active} requests are queued; retry shortly",
+                               headers={"Retry-After": "1"})
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > limits.max_body_bytes):
+            return await _send(send, 413, f"request body of {declared.decode(errors='replace')} bytes is over the "
+                                          f"limit of {limits.max_body_bytes} bytes")
+        limits.active += 1
+        try:
+            # asyncio.wait, not wait_for: a receive() that does not honour cancellation must not hold the answer.
+            reading = asyncio.ensure_future(_read_body(receive, limits.max_body_bytes))
+            done, _ = await asyncio.wait({reading}, timeout=limits.body_timeout_s)
+            if not done:
+                reading.cancel()
+                return await _send(send, 408, f"the request body did not arrive within {limits.body_timeout_s:g} s")
+            body = reading.result()
+            if body is None:
+                return await _send(send, 413, f"request body is over the limit of {limits.max_body_bytes} bytes")
+            replayed = False
+
+            async def replay():
+                nonlocal replayed
+                if not replayed:
+                    replayed = True
+                    return {"type": "http.request", "body": body, "more_body": False}
+                return await receive()
+
+            return await self.app(scope, replay, send)
+        finally:
+            limits.active -= 1
+
+
+def _admission() -> Admission:
+    """This replica's :class:`Admission` (Serve runs a copy of ``api``, so the limits live on the replica)."""
+    try:
+        return serve.get_replica_context().servable_object.admission
+    except (AttributeError, RuntimeError):  # outside a replica (e.g. the app under a test client)
+        return DEFAULT_ADMISSION
+
+
+async def _read_body(receive, limit: int) -> Optional[bytes]:
+    """The whole request body, or None as soon as it exceeds ``limit`` bytes."""
+    chunks, size = [], 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return b"".join(chunks)
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return None
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _send(send, status: int, message: str, headers: Optional[dict] = None) -> None:
+    body = json.dumps(error_body(status, message)).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+           (b"connection", b"close")] + [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body})
+
+
+DEFAULT_ADMISSION = Admission()
+api.add_middleware(AdmissionMiddleware)
+
+
+@api.exception_handler(RequestValidationError)
+async def _validation_error(request, exc: RequestValidationError) -> JSONResponse:
+    problems = "; ".join(f"{'.'.join(str(p) for p in e.get('loc', ())[1:]) or 'body'}: {e.get('msg')}"
+                         for e in exc.errors())
+    return _error(400, problems or "invalid request")
+
+
+@api.exception_handler(StarletteHTTPException)
+async def _http_error(request, exc: StarletteHTTPException) -> JSONResponse:
+    return _error(exc.status_code, str(exc.detail), headers=getattr(exc, "headers", None))
+
+
+@api.exception_handler(Exception)
+async def _unexpected(request, exc: Exception) -> JSONResponse:
+    return _error(500, f"{type(exc).__name__}: {exc}")
+
+
+@serve.deployment(max_ongoing_requests=272)
 @serve.ingress(api)
 class TranscriptionService:
     """A replica hosting one :class:`rayspec.pipeline.Transcriber`.
 
     Args:
         transcriber: :class:`~rayspec.pipeline.Transcriber` keyword arguments.
-        max_batch_size: most requests decoded together (``@serve.batch``); keep ``max_ongoing_requests`` above it.
+        max_batch_size: most requests decoded together (``@serve.batch``).
         batch_wait_timeout_s: how long a batch waits to fill.
-        max_upload_bytes: 413 above this.
+        max_upload_bytes: 413 above this (the audio file; the body may add multipart overhead).
         threads: torch CPU threads (0 = default).
+        max_queued: requests admitted at once per replica (decoding or waiting); 503 beyond.
+        body_timeout_s: seconds allowed for an upload to arrive (408 after).
     """
 
     def __init__(self, transcriber: dict, max_batch_size: int = 16, batch_wait_timeout_s: float = 0.02,
-                 max_upload_bytes: int = DEFAULT_MAX_BYTES, threads: int = 0) -> None:
+                 max_upload_bytes: int = DEFAULT_MAX_BYTES, threads: int = 0, max_queued: int = 256,
+                 body_timeout_s: float = 30.0) -> None:
         import torch
 
         from rayspec.pipeline import Transcriber
@@ -51,30 +200,29 @@ class TranscriptionService:
             torch.set_num_threads(threads)
         self.transcriber = Transcriber(**transcriber)
         self.limits = AudioLimits(self.transcriber.limits.max_seconds, max_upload_bytes)
+        self.admission = Admission(max_upload_bytes + MULTIPART_OVERHEAD, max_queued, body_timeout_s)
+        self.models = {self.transcriber.target.name, *MODEL_ALIASES}
         self._decode.set_max_batch_size(max_batch_size)
         self._decode.set_batch_wait_timeout_s(batch_wait_timeout_s)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.02)
-    async def _decode(self, audios: list) -> list[dict]:
-        rate = self.transcriber.sample_rate
-        durations = [len(a) / rate for a in audios]
-        hyps, seconds = self.transcriber.decode(audios, durations)
-        t = self.transcriber.target
-        out = []
-        for h, d in zip(hyps, durations):
-            s = h.stats
-            out.append({
-                "text": t.decode_text(h.tokens), "duration": d, "route": h.route, "finished": h.finished,
-                "target_forward_passes": s.target_forward_passes, "draft_forward_passes": s.draft_forward_passes,
-                "draft_tokens_proposed": s.draft_tokens_proposed, "draft_tokens_accepted": s.draft_tokens_accepted,
-                "batch_size": len(audios), "batch_decode_s": seconds,
-            })
-        return out
+    async def _decode(self, requests: list) -> list:
+        """``(name, waveform)`` pairs -> ``(result row, batch size)`` per request (:class:`rayspec.results.ResultRow`);
+        a request whose decoding fails alone gets an error row, its batch-mates are decoded."""
+        utts = [Utterance(f"request-{i}", name) for i, (name, _) in enumerate(requests)]
+        audios = [audio for _, audio in requests]
+        rows = await asyncio.to_thread(self.transcriber.transcribe, utts, audios)
+        return [(row, len(requests)) for row in rows]
 
     @api.get("/health")
     async def health(self) -> dict:
         return {"status": "ok", "model": self.transcriber.target.name,
-                "method": self.transcriber.options.method}
+                "method": self.transcriber.options.method, "queued": self.admission.active}
+
+    @api.get("/v1/models")
+    async def list_models(self) -> dict:
+        return {"object": "list", "data": [{"id": m, "object": "model", "owned_by": "rayspec"}
+                                           for m in sorted(self.models)]}
 
     @api.post("/v1/audio/transcriptions")
     async def transcriptions(
@@ -82,42 +230,54 @@ class TranscriptionService:
         response_format: str = Form("json"),
     ):
         if response_format not in FORMATS:
-            return _error(400, f"response_format must be one of {', '.join(FORMATS)}", "invalid_request_error")
+            return _error(400, f"response_format must be one of {', '.join(FORMATS)}")
+        if model and model not in self.models:
+            return _error(404, f"model {model!r} is not served here (served: {', '.join(sorted(self.models))})")
         data = await file.read(self.limits.max_bytes + 1)
         if len(data) > self.limits.max_bytes:
-            return _error(413, f"upload exceeds {self.limits.max_bytes} bytes", "request_too_large")
+            return _error(413, f"upload exceeds {self.limits.max_bytes} bytes")
         buf = io.BytesIO(data)
-        buf.name = file.filename or "<upload>"
+        name = os.path.basename(file.filename or "") or "upload"
+        buf.name = name
         try:
-            audio = load_audio(buf, self.transcriber.sample_rate, self.limits)
-        except AudioTooLargeError as exc:
-            return _error(413, str(exc), "request_too_large")
+            audio = await asyncio.to_thread(load_audio, buf, self.transcriber.sample_rate, self.limits)
         except AudioError as exc:
-            return _error(415, str(exc), "unsupported_media_type")
-        result = await self._decode(audio)
+            return _error(AUDIO_ERROR_STATUS.get(exc.code, 400), str(exc))
+        row, batch_size = await self._decode((name, audio))
+        if row.error:
+            return _error(500, f"decoding failed: {row.error}")
         if response_format == "text":
-            return PlainTextResponse(result["text"])
+            return PlainTextResponse(row.text)
         if response_format == "json":
-            return {"text": result["text"]}
-        return {"task": "transcribe", "language": "english", "model": model or self.transcriber.target.name,
-                "method": self.transcriber.options.method, **result}
+            return {"text": row.text}
+        return {"task": "transcribe", "language": "english", "model": self.transcriber.target.name,
+                "method": self.transcriber.options.method, "text": row.text, "duration": row.duration_s,
+                "route": row.route, "finished": row.finished, "target_forward_passes": row.target_forward_passes,
+                "draft_forward_passes": row.draft_forward_passes, "draft_tokens_proposed": row.draft_tokens_proposed,
+                "draft_tokens_accepted": row.draft_tokens_accepted, "decode_s": row.decode_s,
+                "batch_size": batch_size}
 
 
 def build_app(args: Optional[dict] = None):
     """The Serve application; ``args`` (from ``serve run ... key=value`` or ``rayspec serve``) may set ``method``,
-    ``target``, ``draft``, ``ctc``, ``max_batch_size``, ``threads``, ``num_replicas``, ``num_cpus``, ``num_gpus``."""
+    ``target``, ``draft``, ``ctc``, ``device``, ``max_batch_size``, ``threads``, ``num_replicas``, ``num_cpus``,
+    ``num_gpus``, ``max_upload_bytes``, ``max_queued``, ``body_timeout_s``."""
     from rayspec.pipeline import DecodeOptions
 
     args = dict(args or {})
     transcriber = {"target": args.get("target"), "draft": args.get("draft"), "ctc": args.get("ctc"),
                    "options": DecodeOptions(args.get("method", "ar")), "device": args.get("device", "cpu")}
     max_batch = int(args.get("max_batch_size", 16))
+    max_queued = int(args.get("max_queued", 256))
     deployment = TranscriptionService.options(
-        num_replicas=int(args.get("num_replicas", 1)), max_ongoing_requests=max(64, 2 * max_batch),
+        num_replicas=int(args.get("num_replicas", 1)),
+        # Admission (503 beyond max_queued) happens in the replica: let that many requests reach it.
+        max_ongoing_requests=max_queued + max_batch, max_queued_requests=max_queued,
         ray_actor_options={"num_cpus": float(args.get("num_cpus", 1)), "num_gpus": float(args.get("num_gpus", 0))},
     )
     return deployment.bind(transcriber, max_batch, float(args.get("batch_wait_timeout_s", 0.02)),
-                           int(args.get("max_upload_bytes", DEFAULT_MAX_BYTES)), int(args.get("threads", 0)))
+                           int(args.get("max_upload_bytes", DEFAULT_MAX_BYTES)), int(args.get("threads", 0)),
+                           max_queued, float(args.get("body_timeout_s", 30.0)))
 
 
 app = build_app({k[len("RAYSPEC_"):].lower(): v for k, v in os.environ.items() if k.startswith("RAYSPEC_")})

@@ -13,8 +13,11 @@ Two kinds of actors load their models once (see ``actors/``):
 Length-sorted token-budget batches stream from a drafter to a target through object refs (encoder states stay in
 the object store; the driver only sees result rows), with at most ``--in-flight`` batches per target actor in
 flight (backpressure). With draft-model speculation the target actor asks the batch's drafter for proposals each
-round. Killed actors are restarted by Ray and their batches redone. Each finished batch is written as an atomic
+round. Killed actors are restarted by Ray and their batches redone. A batch that raises is redone utterance by
+utterance, so only an utterance that fails alone becomes an error row. Each finished batch is written as an atomic
 Parquet shard and a re-run resumes. Prints a summary line and, when the manifest has references, the WER.
+
+Exit status: 0, 2 for usage, manifest or model errors (one line), 3 when some rows failed.
 """
 
 from __future__ import annotations
@@ -37,9 +40,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # n
 from tqdm import tqdm  # noqa: E402
 
 from rayspec.cli import EXIT_SOME_FAILED, _add_decode_args, _add_model_args, budget_from_args  # noqa: E402
-from rayspec.cli import decode_options, limits_from_args, print_summary  # noqa: E402
+from rayspec.cli import decode_options, limits_from_args, print_summary, run_command  # noqa: E402
 from rayspec.manifest import read_manifest  # noqa: E402
-from rayspec.pipeline import RunSummary, pending_batches  # noqa: E402
+from rayspec.pipeline import RunSummary, internal_error_row, pending_batches  # noqa: E402
 from rayspec.results import ResultRow, ResultWriter  # noqa: E402
 from rayspec.scoring import format_table, score_results  # noqa: E402
 
@@ -231,44 +234,63 @@ def transcribe(args, on_batch=None) -> RunSummary:
     source = args.input or str(resources.files("rayspec").joinpath("samples", "an4", "manifest.jsonl"))
     utts = read_manifest(source)
     writer = ResultWriter(args.output)
-    batches = pending_batches(utts, writer, budget_from_args(args))
-    summary = RunSummary(skipped=len(utts) - sum(len(b) for b in batches))
-    connect(args.address, args.num_cpus)
-    t_start = time.perf_counter()
-    pool = start_actors(args)
-    run_id = uuid.uuid4().hex[:8]
-    t0 = time.perf_counter()
-    summary.startup_s = t0 - t_start
-    pending: dict = {}  # rows ref -> (drafter index, target index, batch)
-    queue = list(enumerate(batches))
     try:
-        with tqdm(total=sum(len(b) for b in batches), desc="transcribe", unit="utt") as bar:
-            while queue or pending:
-                while queue and len(pending) < args.in_flight * len(pool.targets):
-                    k, batch = queue.pop(0)
-                    d, t = pool.route()
-                    drafter = pool.drafters[d]
-                    encoded = drafter.encode.remote(batch)
-                    pending[pool.targets[t].decode.remote([encoded], drafter, f"{run_id}:{k}")] = (d, t, batch)
-                done, _ = ray.wait(list(pending), num_returns=1)
-                for ref in done:
-                    d, t, batch = pending.pop(ref)
-                    pool.finished(d, t)
-                    rows = batch_rows(ref, batch, args.method)
-                    writer.write(rows)
-                    summary.add(rows)
-                    bar.update(len(rows))
-                    if on_batch is not None:
-                        on_batch(pool, len(batches) - len(queue) - len(pending))
+        batches = pending_batches(utts, writer, budget_from_args(args))
+        summary = RunSummary(skipped=len(utts) - sum(len(b) for b in batches))
+        connect(args.address, args.num_cpus)
+        t_start = time.perf_counter()
+        pool = start_actors(args)
+        summary.startup_s = time.perf_counter() - t_start
+        try:
+            _stream(args, pool, batches, writer, summary, on_batch)
+        finally:
+            pool.shutdown()
+        writer.finalize()
     finally:
-        pool.shutdown()
-    summary.wall_s = time.perf_counter() - t0
-    writer.finalize()
+        writer.close()
     return summary
 
 
-def batch_rows(ref, batch: list, method: str) -> list[ResultRow]:
-    """The rows of a finished batch; a batch whose decoding raised becomes error rows (the job goes on).
+def _stream(args, pool: ActorPool, batches: list, writer: ResultWriter, summary: RunSummary, on_batch) -> None:
+    """Stream ``batches`` through the actors (at most ``--in-flight`` per target), writing rows as batches finish.
+
+    A batch whose task raised (an application error) goes back to the queue as one batch per utterance; an
+    utterance that raises alone becomes an error row (code "internal").
+    """
+    run_id = uuid.uuid4().hex[:8]
+    t0 = time.perf_counter()
+    pending: dict = {}  # rows ref -> (drafter index, target index, batch)
+    queue = list(batches)
+    sent = finished = 0
+    with tqdm(total=sum(len(b) for b in batches), desc="transcribe", unit="utt") as bar:
+        while queue or pending:
+            while queue and len(pending) < args.in_flight * len(pool.targets):
+                batch = queue.pop(0)
+                d, t = pool.route()
+                drafter = pool.drafters[d]
+                encoded = drafter.encode.remote(batch)
+                pending[pool.targets[t].decode.remote([encoded], drafter, f"{run_id}:{sent}")] = (d, t, batch)
+                sent += 1
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                d, t, batch = pending.pop(ref)
+                pool.finished(d, t)
+                rows = batch_rows(ref, batch, args.method)
+                if rows is None:  # the batch raised: redo it utterance by utterance, first in line
+                    queue[:0] = [[u] for u in batch]
+                    continue
+                writer.write(rows)
+                summary.add(rows)
+                bar.update(len(rows))
+                finished += 1
+                if on_batch is not None:
+                    on_batch(pool, finished)
+    summary.wall_s = time.perf_counter() - t0
+
+
+def batch_rows(ref, batch: list, method: str) -> list[ResultRow] | None:
+    """The rows of a finished batch; None if the batch raised (an application error) and has several utterances,
+    one error row (code "internal") if it had one.
 
     Raises:
         ray.exceptions.RayError: a failure of Ray itself (an actor dead beyond its restarts, a lost object): the job
@@ -282,9 +304,9 @@ def batch_rows(ref, batch: list, method: str) -> list[ResultRow]:
             cause = cause.cause  # through the drafter's task, if it failed there
         if isinstance(cause, ray.exceptions.RayError):
             raise
-        message = f"batch failed: {type(cause).__name__}: {cause}"[:2000]
-        return [ResultRow(id=u.id, corpus=u.corpus, audio=u.audio, reference=u.text, duration_s=u.duration_s,
-                          method=method, error=message) for u in batch]
+        if len(batch) > 1:
+            return None
+        return [internal_error_row(batch[0], cause, method)]
 
 
 def run(args, on_batch=None) -> int:
@@ -299,7 +321,7 @@ def run(args, on_batch=None) -> int:
 
 
 def main(argv=None) -> int:
-    return run(build_parser().parse_args(argv))
+    return run_command(run, build_parser().parse_args(argv), prog="python -m jobs.transcribe")
 
 
 if __name__ == "__main__":

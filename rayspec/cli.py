@@ -7,6 +7,7 @@ import json
 import sys
 import textwrap
 
+EXIT_USAGE = 2
 EXIT_SOME_FAILED = 3
 
 EPILOG = textwrap.dedent(
@@ -65,7 +66,14 @@ def _add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="token budget per batch: rows x (padded encoder frames + expected tokens); default 16000")
     b.add_argument("--max-batch", type=int, default=64, help="most utterances per batch (default 64)")
     b.add_argument("--max-audio-seconds", type=float, default=None,
-                   help="reject longer files (default: the model's window, 30 s for Whisper)")
+                   help="reject longer files (default 14400 = 4 h). Files longer than the model's window (30 s) are "
+                        "cut in pauses, decoded as segments and re-joined")
+    a = p.add_argument_group("audio")
+    a.add_argument("--no-vad", action="store_true",
+                   help="decode every file, even without speech (default: silence and noise give empty text, "
+                        "route no_speech, with no decoder pass)")
+    a.add_argument("--segments", action="store_true",
+                   help="fill the 'segments' column: start_s, end_s and text of each decoded segment")
 
 
 def speculation_options(args):
@@ -85,7 +93,7 @@ def decode_options(args):
     ssd = SSDOptions(args.tau_ctc, args.tau_slm, args.exact, True, args.fallback, speculation_options(args))
     return DecodeOptions(args.method, args.max_tokens_per_second,
                          speculation_options(args) if args.method == "draft" else None,
-                         ssd if args.method == "ssd" else None)
+                         ssd if args.method == "ssd" else None, vad=not args.no_vad, segments=args.segments)
 
 
 def build_transcriber(args):
@@ -101,7 +109,7 @@ def build_transcriber(args):
 
 
 def limits_from_args(args):
-    """:class:`~rayspec.audio.AudioLimits` from ``--max-audio-seconds``, or None for the model's window."""
+    """:class:`~rayspec.audio.AudioLimits` from ``--max-audio-seconds``, or None for the defaults."""
     from .audio import AudioLimits
 
     return AudioLimits(max_seconds=args.max_audio_seconds) if args.max_audio_seconds else None
@@ -158,7 +166,8 @@ def cmd_train(args) -> int:
                        threads=args.threads, ctc_weight=args.ctc_weight, eval_every=args.eval_every,
                        warmup_steps=args.warmup_steps, dropout=args.dropout)
     summary = train(args.kind, args.manifests, args.output, args.work_dir, opt, arch, teacher_dir=args.target,
-                    ctc_out=args.ctc_output, max_steps=args.max_steps, max_utterances=args.max_utterances)
+                    ctc_out=args.ctc_output, max_steps=args.max_steps, max_utterances=args.max_utterances,
+                    init_dir=args.init, init_ctc=args.init_ctc)
     print(json.dumps(summary["final_dev"]))
     return 0
 
@@ -179,11 +188,12 @@ def cmd_serve(args) -> int:
         ray.init(address=args.address or os.environ["RAY_ADDRESS"])
     else:
         ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
-    serve.start(http_options={"host": args.host, "port": args.port})
+    serve.start(http_options={"host": args.host, "port": args.port, "request_timeout_s": args.request_timeout})
     serve.run(build_app({"method": args.method, "target": args.target, "draft": args.draft, "ctc": args.ctc,
                          "max_batch_size": args.max_batch_size, "num_replicas": args.replicas,
                          "num_cpus": args.replica_cpus, "num_gpus": args.replica_gpus, "threads": args.threads,
-                         "device": args.device}), name="rayspec", route_prefix="/")
+                         "device": args.device, "max_queued": args.max_queued,
+                         "body_timeout_s": args.body_timeout}), name="rayspec", route_prefix="/")
     print(f"serving POST http://{args.host}:{args.port}/v1/audio/transcriptions (Ctrl-C to stop)", flush=True)
     try:
         while True:
@@ -196,9 +206,11 @@ def cmd_serve(args) -> int:
 def _serve_parser(sub) -> None:
     p = sub.add_parser(
         "serve", help="OpenAI-compatible transcription endpoint on Ray Serve",
-        description="POST /v1/audio/transcriptions (multipart file, model, response_format=json|text|verbose_json) "
-                    "and GET /health, with dynamic batching (@serve.batch) into the chosen decoder. Uploads over "
-                    "25 MB or longer than the model's window get 413, undecodable audio 415.",
+        description="POST /v1/audio/transcriptions (multipart file, model, response_format=json|text|verbose_json), "
+                    "GET /v1/models and GET /health, with dynamic batching (@serve.batch) into the chosen decoder. "
+                    "Long audio is segmented. Errors are JSON {\"error\": {message, type, code}}: 400 bad input, "
+                    "404 unknown model, 408 slow upload, 413 over 25 MB (checked before reading the body), "
+                    "415 undecodable audio, 503 + Retry-After when --max-queued requests wait.",
         epilog="example:\n  rayspec serve --method draft &\n  curl -F file=@clip.flac "
                "http://127.0.0.1:8000/v1/audio/transcriptions",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -211,6 +223,12 @@ def _serve_parser(sub) -> None:
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--replica-cpus", type=float, default=1.0)
     p.add_argument("--replica-gpus", type=float, default=0.0)
+    p.add_argument("--max-queued", type=int, default=256,
+                   help="requests admitted per replica (decoding or waiting); 503 beyond (default 256)")
+    p.add_argument("--body-timeout", type=float, default=30.0,
+                   help="seconds an upload may take to arrive; 408 after (default 30)")
+    p.add_argument("--request-timeout", type=float, default=300.0,
+                   help="seconds a request may take end to end (Serve's request_timeout_s; default 300)")
     p.add_argument("--ctc", help="CTC head directory for --method ssd")
     _add_model_args(p)
     p.set_defaults(func=cmd_serve)
@@ -250,6 +268,8 @@ def _train_parser(sub) -> None:
     p.add_argument("--eval-every", type=int, default=5, help="epochs between dev WER evaluations")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--init", help="warm start: initialise a target/draft from this model directory (curriculum)")
+    p.add_argument("--init-ctc", help="warm start: initialise the CTC head from this directory")
     for name in ("d-model", "encoder-layers", "decoder-layers", "heads", "ffn"):
         p.add_argument(f"--{name}", type=int, default=None, help="architecture override")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (smoke runs)")
@@ -297,9 +317,28 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def user_errors() -> tuple:
+    """Exceptions that are the user's input, not a bug: reported in one line with exit status 2."""
+    from .manifest import ManifestError
+    from .models.whisper import ModelLoadError
+    from .results import OutputLockedError
+
+    return ManifestError, ModelLoadError, OutputLockedError, FileNotFoundError
+
+
+def run_command(func, args, prog: str = "rayspec") -> int:
+    """Run ``func(args)``; a :func:`user_errors` exception prints ``<prog>: error: <message>`` and returns 2."""
+    try:
+        return func(args)
+    except user_errors() as exc:
+        message = exc.args[0] if isinstance(exc, FileNotFoundError) and exc.args else exc
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        return EXIT_USAGE
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    return args.func(args)
+    return run_command(args.func, args)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def _rows_from_file(path: Path) -> list[dict]:
     suffix = path.suffix.lower()
     if suffix in (".jsonl", ".json"):
         rows = []
-        with open(path, encoding="utf-8") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             for lineno, line in enumerate(f, 1):
                 if line.strip():
                     try:
@@ -53,14 +53,17 @@ def _rows_from_file(path: Path) -> list[dict]:
                     except json.JSONDecodeError as exc:
                         raise ManifestError(f"{path}:{lineno}: not valid JSON: {exc}") from exc
         return rows
-    if suffix == ".csv":
-        import pyarrow.csv as pcsv
+    try:
+        if suffix == ".csv":
+            import pyarrow.csv as pcsv
 
-        return pcsv.read_csv(path).to_pylist()
-    if suffix == ".parquet":
-        import pyarrow.parquet as pq
+            return pcsv.read_csv(path).to_pylist()
+        if suffix == ".parquet":
+            import pyarrow.parquet as pq
 
-        return pq.read_table(path).to_pylist()
+            return pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow's ArrowInvalid / OSError for malformed files
+        raise ManifestError(f"{path}: cannot read {suffix[1:]} manifest: {exc}") from exc
     raise ManifestError(f"unknown manifest format {suffix!r} (use .jsonl, .csv, .parquet or a folder of audio): {path}")
 
 
@@ -69,13 +72,14 @@ def read_manifest(path: str | os.PathLike) -> list[Utterance]:
 
     Relative audio paths are resolved against the manifest's folder. A folder is scanned recursively for files with
     an audio suffix (:data:`AUDIO_SUFFIXES`); ids are the relative paths without suffix, and a ``<name>.txt`` beside
-    an audio file, if present, is its reference.
+    an audio file, if present, is its reference. Entries with an audio suffix that are not readable files
+    (directories, broken symlinks, symlink loops) are kept, so that they become error rows instead of vanishing.
 
     Returns:
-        Utterances in manifest order.
+        Utterances in manifest order (at least one).
 
     Raises:
-        ManifestError: unreadable manifest, missing ``id``/``audio`` columns, or duplicate ids.
+        ManifestError: missing or unreadable manifest, no rows, rows without ``id``/``audio``, or duplicate ids.
     """
     path = Path(path)
     if not path.exists():
@@ -83,16 +87,17 @@ def read_manifest(path: str | os.PathLike) -> list[Utterance]:
     corpus = _corpus_name(path)
     out: list[Utterance] = []
     if path.is_dir():
-        for audio in sorted(p for p in path.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES and p.is_file()):
+        for audio in sorted(p for p in path.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES):
             ref = audio.with_suffix(".txt")
-            text = ref.read_text(encoding="utf-8").strip() if ref.exists() else None
+            text = ref.read_text(encoding="utf-8", errors="replace").strip() if ref.is_file() else None
             uid = str(audio.relative_to(path).with_suffix(""))
-            out.append(Utterance(uid, str(audio.resolve()), text, None, corpus))
+            out.append(Utterance(uid, os.path.abspath(audio), text, None, corpus))
     else:
         base = path.parent.resolve()
         for i, row in enumerate(_rows_from_file(path)):
-            if "id" not in row or "audio" not in row:
-                raise ManifestError(f"{path}: row {i} lacks 'id' or 'audio' (has {sorted(row)})")
+            if not isinstance(row, dict) or row.get("id") is None or row.get("audio") is None:
+                keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+                raise ManifestError(f"{path}: row {i + 1} lacks 'id' or 'audio' (has {keys})")
             audio = Path(str(row["audio"]))
             audio = audio if audio.is_absolute() else base / audio
             text = row.get("text")
@@ -106,6 +111,9 @@ def read_manifest(path: str | os.PathLike) -> list[Utterance]:
                     str(row.get("corpus") or corpus),
                 )
             )
+    if not out:
+        raise ManifestError(f"{path}: no utterances (an empty manifest, or a folder without audio files "
+                            f"{', '.join(AUDIO_SUFFIXES)})")
     seen: set[str] = set()
     for u in out:
         if u.id in seen:

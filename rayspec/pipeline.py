@@ -8,8 +8,13 @@ Each batch goes through two sides that only exchange plain data:
 - :class:`TargetDecoder` (the target side): runs the target decoder (AR, verification, fallback) -> result rows.
 
 :class:`Transcriber` runs both in one process (the CLI, bench and Serve replicas); ``actors/`` hosts them on separate
-Ray actors and ``jobs/transcribe.py`` streams batches between them through the object store. A bad file never fails
-a batch: it becomes one row with ``error`` set and empty text.
+Ray actors and ``jobs/transcribe.py`` streams batches between them through the object store.
+
+Faults stay with their row: a bad file becomes one row with ``error``/``error_code`` set and empty text; a batch
+whose encoding or decoding raises is redone utterance by utterance (:meth:`Transcriber.transcribe`), so only the
+utterance that fails alone becomes an error row. Recordings longer than the model's window are cut in pauses
+(:mod:`rayspec.vad`), decoded as rows of the same batch and re-joined; recordings without speech get empty text
+(route "no_speech") without a decoder pass.
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ import torch
 from .audio import AudioError, AudioLimits, load_audio
 from .batching import BatchBudget, plan_batches
 from .decoding.ar import greedy_decode
-from .decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, Hypothesis, token_cap
+from .decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, DecodeStats, Hypothesis, token_cap
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
 from .decoding.speculative import Proposer, SpeculativeDecoder
 from .decoding.ssd import CTCDrafts, SSDDecoder, SSDOptions, ctc_drafts
@@ -34,6 +39,7 @@ from .manifest import Utterance
 from .models.ctc import CTCHead
 from .models.whisper import EncoderOutput, WhisperASR
 from .results import ResultRow, ResultWriter
+from .vad import SegmentOptions, has_speech, segments
 
 METHODS = ("ar", "draft", "ssd")
 
@@ -53,12 +59,17 @@ class DecodeOptions:
         max_tokens_per_second: cap on generated tokens per second of audio (against runaway repetition).
         speculation: options of the draft method (:class:`~rayspec.decoding.speculative.SpeculationOptions`).
         ssd: options of the ssd method (:class:`~rayspec.decoding.ssd.SSDOptions`).
+        vad: skip recordings without speech (empty text, route "no_speech"); long recordings are cut in pauses
+            either way.
+        segments: fill each row's ``segments`` column (start, end, text of every decoded segment).
     """
 
     method: str = "ar"
     max_tokens_per_second: float = DEFAULT_MAX_TOKENS_PER_SECOND
     speculation: Optional[SpeculationOptions] = None
     ssd: Optional[SSDOptions] = None
+    vad: bool = True
+    segments: bool = False
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -188,24 +199,55 @@ def decode_batch(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
 class EncodedBatch:
     """A batch of utterances after the drafting side; what travels to the target side (Ray's object store).
 
+    The encoder rows are speech segments: one per utterance within the model's window, several (consecutive) for a
+    longer one, none for an utterance with an error or without speech.
+
     Attributes:
-        utterances: the batch; errors: per utterance, why its audio could not be used (None if it could).
-        durations: seconds of audio per utterance (0 for errors).
-        encoded: the good utterances' :class:`Encoded` (in batch order), None if none was good.
+        utterances: the batch (``U`` utterances).
+        errors: ``U`` entries, why the utterance's audio could not be used (None if it could).
+        error_codes: ``U`` entries, the stable code of each error (:class:`~rayspec.audio.AudioError` ``code``).
+        durations: ``U`` entries, seconds of audio per utterance (0 for errors).
+        encoded: the segments' :class:`Encoded` (``R`` rows), None if there are none.
+        owners: ``R`` entries, the utterance index of each encoded row.
+        spans: ``R`` entries, ``(start, end)`` seconds of each encoded row within its utterance.
         draft_model: name of the draft model ("" without one); encode_s: wall seconds spent here.
     """
 
     utterances: list[Utterance]
     errors: list[Optional[str]]
+    error_codes: list[Optional[str]]
     durations: list[float]
     encoded: Optional[Encoded]
+    owners: list[int] = field(default_factory=list)
+    spans: list[tuple[float, float]] = field(default_factory=list)
     draft_model: str = ""
     encode_s: float = 0.0
 
-    @property
-    def good(self) -> list[int]:
-        """Indices of the utterances that reached the encoder."""
-        return [i for i, e in enumerate(self.errors) if e is None]
+
+def merge_hypotheses(hyps: list[Hypothesis], separator: list[int]) -> Hypothesis:
+    """One hypothesis from the consecutive segments of an utterance: tokens joined by ``separator`` (e.g. the space
+    token), counters added (the largest CTC entropy), finished only if every segment ended with EOS."""
+    if len(hyps) == 1:
+        return hyps[0]
+    tokens: list[int] = []
+    for h in hyps:
+        if tokens and h.tokens:
+            tokens += separator
+        tokens += h.tokens
+    stats = DecodeStats()
+    for h in hyps:
+        s = h.stats
+        stats.target_forward_passes += s.target_forward_passes
+        stats.draft_forward_passes += s.draft_forward_passes
+        stats.draft_tokens_proposed += s.draft_tokens_proposed
+        stats.draft_tokens_accepted += s.draft_tokens_accepted
+        stats.rounds += s.rounds
+        if s.accepted_prefix is not None:
+            stats.accepted_prefix = (stats.accepted_prefix or 0) + s.accepted_prefix
+        if s.ctc_entropy is not None:
+            stats.ctc_entropy = max(stats.ctc_entropy or 0.0, s.ctc_entropy)
+    routes = {h.route for h in hyps}
+    return Hypothesis(tokens, all(h.finished for h in hyps), routes.pop() if len(routes) == 1 else "mixed", stats)
 
 
 class Drafter:
@@ -219,7 +261,8 @@ class Drafter:
         draft: draft model directory for ``method="draft"`` and the ssd draft fallback (default: the zoo draft).
         ctc: CTC head directory for ``method="ssd"`` (default: the zoo CTC head).
         options: decoder choice and options; device: torch device; dtype: model dtype (fp32 is the exact reference).
-        limits: audio byte/duration limits (default: the target's window).
+        limits: audio byte/duration limits (default :class:`~rayspec.audio.AudioLimits`: 25 MB, 50 ms to 4 h; audio
+            longer than the target's window is segmented).
 
     Raises:
         ValueError: unknown method, or a draft that does not share the target's tokenizer.
@@ -237,34 +280,54 @@ class Drafter:
         if needs_draft(options):
             self.draft = WhisperASR.from_pretrained(draft or zoo_path("draft"), device, dtype)
             check_compatible(self.target, self.draft)
-        self.limits = limits or AudioLimits(max_seconds=self.target.max_audio_seconds)
+        self.limits = limits or AudioLimits()
 
     @property
     def sample_rate(self) -> int:
         return self.target.sample_rate
 
-    def encode(self, utterances: list[Utterance]) -> EncodedBatch:
-        """Load and encode one batch; unusable audio becomes an ``errors`` entry, never an exception."""
+    def encode(self, utterances: list[Utterance], audios: Optional[list[np.ndarray]] = None) -> EncodedBatch:
+        """Load, segment and encode one batch; unusable audio becomes an ``errors`` entry, never an exception.
+
+        Args:
+            utterances: the batch; audios: their waveforms if already loaded (mono float32 at :attr:`sample_rate`),
+                else each utterance's ``audio`` path is loaded with the drafter's limits.
+
+        Raises:
+            Exception: whatever the feature extractor or an encoder raises for the batch as a whole (callers redo
+                the batch utterance by utterance; see :meth:`Transcriber.transcribe`).
+        """
         t0 = time.perf_counter()
-        audios, errors = [], []
-        for u in utterances:
+        rate = self.sample_rate
+        window = SegmentOptions(max_seconds=self.target.max_audio_seconds)
+        errors: list[Optional[str]] = [None] * len(utterances)
+        codes: list[Optional[str]] = [None] * len(utterances)
+        durations = [0.0] * len(utterances)
+        pieces, owners, spans = [], [], []
+        for i, u in enumerate(utterances):
             try:
-                audios.append(load_audio(u.audio, self.sample_rate, self.limits))
-                errors.append(None)
+                audio = load_audio(u.audio, rate, self.limits) if audios is None else audios[i]
             except AudioError as exc:
-                audios.append(None)
-                errors.append(str(exc))
-        good = [a for a in audios if a is not None]
-        durations = [len(a) / self.sample_rate if a is not None else 0.0 for a in audios]
+                errors[i], codes[i] = str(exc), exc.code
+                continue
+            durations[i] = len(audio) / rate
+            if durations[i] <= window.max_seconds:
+                if self.options.vad and not has_speech(audio, rate):
+                    continue
+                cuts = [(0, len(audio))]
+            else:
+                cuts = segments(audio, rate, window)
+            for a, b in cuts:
+                pieces.append(audio[a:b])
+                owners.append(i)
+                spans.append((a / rate, b / rate))
         encoded = None
-        if good:
-            try:
-                encoded = encode_audio(self.target, self.options, good,
-                                       [d for a, d in zip(audios, durations) if a is not None], self.draft, self.ctc)
-            except ValueError as exc:  # e.g. audio longer than the model's window
-                errors = [e or str(exc) for e in errors]
+        if pieces:
+            encoded = encode_audio(self.target, self.options, pieces, [len(p) / rate for p in pieces], self.draft,
+                                   self.ctc)
         name = self.draft.name if self.draft else ""
-        return EncodedBatch(list(utterances), errors, durations, encoded, name, time.perf_counter() - t0)
+        return EncodedBatch(list(utterances), errors, codes, durations, encoded, owners, spans, name,
+                            time.perf_counter() - t0)
 
     def proposers(self, encoded: Encoded) -> ProposerFactory:
         """Draft proposers over a batch this drafter encoded (in this process)."""
@@ -283,27 +346,45 @@ class TargetDecoder:
         self.target, self.options = target, options
 
     def decode(self, batch: EncodedBatch, proposers: Optional[ProposerFactory] = None) -> list[ResultRow]:
-        """One result row per utterance of ``batch`` (error rows for the audio the drafting side could not use)."""
-        rows = [self._row(u, None, 0.0, batch.draft_model, error=e) for u, e in zip(batch.utterances, batch.errors)]
+        """One result row per utterance of ``batch``: error rows for the audio the drafting side could not use,
+        empty text (route "no_speech") for utterances without speech segments, segment texts re-joined."""
+        rows = [self._row(u, None, 0.0, batch.draft_model, error=e, code=c)
+                for u, e, c in zip(batch.utterances, batch.errors, batch.error_codes)]
+        for i, u in enumerate(batch.utterances):
+            if batch.errors[i] is None:
+                rows[i] = self._row(u, Hypothesis([], True, "no_speech"), 0.0, batch.draft_model,
+                                    duration=batch.durations[i])
         if batch.encoded is None:
             return rows
         t0 = time.perf_counter()
         hyps = decode_encoded(self.target, self.options, batch.encoded.to(self.target.device), proposers)
         seconds = batch.encode_s + time.perf_counter() - t0
-        good = batch.good
-        total = sum(batch.durations[i] for i in good) or 1.0
-        for i, h in zip(good, hyps):
+        owned: dict[int, list[int]] = {}
+        for r, i in enumerate(batch.owners):
+            owned.setdefault(i, []).append(r)
+        total = sum(batch.durations[i] for i in owned) or 1.0
+        for i, rs in owned.items():
             d = batch.durations[i]
+            h = merge_hypotheses([hyps[r] for r in rs], self._separator)
             rows[i] = self._row(batch.utterances[i], h, seconds * d / total, batch.draft_model, duration=d)
+            if self.options.segments:
+                rows[i].segments = [{"start_s": batch.spans[r][0], "end_s": batch.spans[r][1],
+                                     "text": self.target.decode_text(hyps[r].tokens)} for r in rs]
         return rows
 
+    @property
+    def _separator(self) -> list[int]:
+        """Token ids that join two segments' texts (a space)."""
+        tok = self.target.tokenizer
+        return tok(" ", add_special_tokens=False).input_ids if tok is not None else []
+
     def _row(self, u: Utterance, h: Optional[Hypothesis], seconds: float, draft_model: str, duration=None,
-             error=None) -> ResultRow:
+             error=None, code=None) -> ResultRow:
         row = ResultRow(
             id=u.id, corpus=u.corpus, audio=u.audio, reference=u.text,
             duration_s=duration if duration else u.duration_s,
             model=self.target.name, draft_model=draft_model, method=self.options.method,
-            mode=self.options.mode, error=error, decode_s=seconds,
+            mode=self.options.mode, error=error, error_code=code, decode_s=seconds,
         )
         if h is not None:
             s = h.stats
@@ -354,11 +435,31 @@ class Transcriber:
         hyps = decode_batch(self.target, self.options, audios, durations, self.draft, self.ctc)
         return hyps, time.perf_counter() - t0
 
-    def transcribe(self, utterances: list[Utterance]) -> list[ResultRow]:
-        """Transcribe one batch; every utterance yields exactly one row (bad audio -> ``error`` row)."""
-        batch = self.drafter.encode(utterances)
-        proposers = self.drafter.proposers(batch.encoded) if batch.encoded and self.draft else None
-        return self.decoder.decode(batch, proposers)
+    def transcribe(self, utterances: list[Utterance], audios: Optional[list[np.ndarray]] = None) -> list[ResultRow]:
+        """Transcribe one batch; every utterance yields exactly one row, whatever happens.
+
+        Bad audio becomes an error row. If the batch as a whole raises (in feature extraction, an encoder or the
+        decoder), each utterance is redone alone, so only one that also fails alone becomes an error row (code
+        "internal", with the exception's type and message).
+
+        Args:
+            utterances: the batch; audios: their waveforms if already loaded (see :meth:`Drafter.encode`).
+        """
+        try:
+            batch = self.drafter.encode(utterances, audios)
+            proposers = self.drafter.proposers(batch.encoded) if batch.encoded and self.draft else None
+            return self.decoder.decode(batch, proposers)
+        except Exception as exc:  # noqa: BLE001 - isolated below, row by row
+            if len(utterances) == 1:
+                return [internal_error_row(utterances[0], exc, self.options.method)]
+            return [row for i, u in enumerate(utterances)
+                    for row in self.transcribe([u], None if audios is None else [audios[i]])]
+
+
+def internal_error_row(u: Utterance, exc: BaseException, method: str) -> ResultRow:
+    """The row of an utterance whose decoding raised on its own (error code "internal")."""
+    return ResultRow(id=u.id, corpus=u.corpus, audio=u.audio, reference=u.text, duration_s=u.duration_s,
+                     method=method, error=f"{type(exc).__name__}: {exc}"[:2000], error_code="internal")
 
 
 def estimated_seconds(u: Utterance) -> float:
@@ -411,17 +512,24 @@ def run_corpus(
     budget: BatchBudget = BatchBudget(),
     progress: Optional[Callable[[int], None]] = None,
 ) -> RunSummary:
-    """Transcribe a corpus in-process into ``output`` (resuming), then merge the results file."""
+    """Transcribe a corpus in-process into ``output`` (resuming), then merge the results file.
+
+    Raises:
+        OutputLockedError: another live job writes ``output``.
+    """
     writer = ResultWriter(output)
-    batches = pending_batches(utterances, writer, budget)
-    summary = RunSummary(skipped=len(utterances) - sum(len(b) for b in batches))
-    t0 = time.perf_counter()
-    for batch in batches:
-        rows = transcriber.transcribe(batch)
-        writer.write(rows)
-        summary.add(rows)
-        if progress:
-            progress(len(batch))
-    summary.wall_s = time.perf_counter() - t0
-    writer.finalize()
+    try:
+        batches = pending_batches(utterances, writer, budget)
+        summary = RunSummary(skipped=len(utterances) - sum(len(b) for b in batches))
+        t0 = time.perf_counter()
+        for batch in batches:
+            rows = transcriber.transcribe(batch)
+            writer.write(rows)
+            summary.add(rows)
+            if progress:
+                progress(len(batch))
+        summary.wall_s = time.perf_counter() - t0
+        writer.finalize()
+    finally:
+        writer.close()
     return summary

@@ -3,13 +3,19 @@
 While a job runs, each finished batch is written as ``<output>.parts/part-<n>.parquet`` (temp file, then rename), so
 a job killed at any point loses at most the batches in flight. :meth:`ResultWriter.finalize` merges the previous
 output and the parts into ``<output>`` (temp file, then rename) and removes the parts. A re-run skips every id found
-in ``<output>`` or its parts: nothing is redone, nothing is duplicated.
+in ``<output>`` or its parts: nothing is redone, nothing is duplicated. Temp files of a killed writer are removed when
+the next writer starts; only renamed (finished) shards are ever read.
+
+One writer per output: :class:`ResultWriter` holds ``<output>.lock`` (its pid and host) while it lives, and a
+second writer refuses with :class:`OutputLockedError`; a lock whose process is gone (same host) is taken over.
 """
 
 from __future__ import annotations
 
 import glob
+import json
 import os
+import socket
 import uuid
 from dataclasses import asdict, dataclass, fields
 from typing import Iterable, Optional
@@ -41,17 +47,24 @@ SCHEMA = pa.schema(
         pa.field("method", pa.string()),
         pa.field("mode", pa.string()),
         pa.field("error", pa.string()),
+        pa.field("error_code", pa.string()),
+        pa.field("segments", pa.list_(pa.struct([("start_s", pa.float64()), ("end_s", pa.float64()),
+                                                 ("text", pa.string())]))),
     ]
 )
+RETRIED_ERROR_CODES = ("internal",)
+"""Error codes a re-run retries (a transient fault of the decoder, not of the input)."""
 
 
 @dataclass
 class ResultRow:
     """One utterance's result (one Parquet row; see :data:`SCHEMA`).
 
-    ``text`` is empty and ``error`` set when the utterance failed (bad audio); ``decode_s`` is the utterance's share
-    of its batch's wall time (seconds), split by audio duration. ``mode`` is "exact" (identical to the target's greedy
-    output) or "lossy".
+    ``text`` is empty and ``error`` (message) and ``error_code`` (stable reason: an
+    :class:`~rayspec.audio.AudioError` code, or "internal") set when the utterance failed; ``decode_s`` is the
+    utterance's share of its batch's wall time (seconds), split by audio duration. ``mode`` is "exact" (identical to
+    the target's greedy output) or "lossy". ``segments`` (with ``--segments``) lists ``{start_s, end_s, text}`` of
+    every decoded segment (one for audio within the model's window).
     """
 
     id: str
@@ -76,6 +89,8 @@ class ResultRow:
     method: str = ""
     mode: str = "exact"
     error: Optional[str] = None
+    error_code: Optional[str] = None
+    segments: Optional[list] = None
 
 
 assert [f.name for f in fields(ResultRow)] == SCHEMA.names
@@ -87,8 +102,77 @@ def rows_to_table(rows: Iterable[ResultRow]) -> pa.Table:
 
 def _write_atomic(table: pa.Table, path: str) -> None:
     tmp = f"{path}.{uuid.uuid4().hex}.tmp"
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
+    try:
+        pq.write_table(table, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+class OutputLockedError(RuntimeError):
+    """Another live writer holds the output's lock file."""
+
+
+class OutputLock:
+    """An exclusive lock on one output: ``<path>.lock`` holding the owner's pid and host.
+
+    A lock left by a process that no longer runs on this host is stale and taken over; a lock of another host is
+    never taken over (remove the file by hand if that host is gone).
+
+    Raises:
+        OutputLockedError: (from :meth:`acquire`) a live process holds the lock.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path + ".lock"
+        self.held = False
+
+    def acquire(self) -> "OutputLock":
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                owner = self._owner()
+                if owner is not None and self._alive(owner):
+                    raise OutputLockedError(
+                        f"{self.path[:-5]} is being written by pid {owner.get('pid')} on {owner.get('host')} "
+                        f"(lock {self.path}); wait for it, or remove the lock if that process is gone") from None
+                os.remove(self.path)  # stale: its writer is gone
+                continue
+            with os.fdopen(fd, "w") as f:
+                json.dump({"pid": os.getpid(), "host": socket.gethostname()}, f)
+            self.held = True
+            return self
+        raise OutputLockedError(f"could not take the lock {self.path}")
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            if os.path.exists(self.path):
+                os.remove(self.path)
+
+    def _owner(self) -> Optional[dict]:
+        try:
+            with open(self.path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None  # unreadable: a writer killed while writing its lock
+
+    @staticmethod
+    def _alive(owner: dict) -> bool:
+        if owner.get("host") != socket.gethostname():
+            return True  # cannot check another host's processes: assume alive
+        pid = int(owner.get("pid", 0))
+        if pid == os.getpid():
+            return False  # our own leftover (a previous writer in this process that was not released)
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        return True
 
 
 def read_results(path: str) -> pa.Table:
@@ -111,20 +195,36 @@ def read_results(path: str) -> pa.Table:
 
 
 class ResultWriter:
-    """Resumable, atomic writer of one results file.
+    """Resumable, atomic writer of one results file; holds the output's :class:`OutputLock` until
+    :meth:`finalize` or :meth:`close`.
+
+    Ids already written are skipped on a re-run, except rows whose ``error_code`` is in
+    :data:`RETRIED_ERROR_CODES`: those are redone, and the merge keeps the new row.
 
     Args:
         path: the output ``.parquet`` file.
+
+    Raises:
+        OutputLockedError: another live writer holds the output.
     """
 
     def __init__(self, path: str) -> None:
         self.path = os.path.abspath(path)
         self.parts = self.path + ".parts"
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
+        self.lock = OutputLock(self.path).acquire()
+        for tmp in glob.glob(glob.escape(self.path) + ".*.tmp") + glob.glob(os.path.join(glob.escape(self.parts),
+                                                                                          "*.tmp")):
+            os.remove(tmp)  # a killed writer's unfinished file: never renamed, so never read
         try:
-            self.done_ids: set[str] = set(read_results(self.path).column("id").to_pylist())
+            table = read_results(self.path).select(["id", "error_code"]).to_pylist()
+            self.done_ids: set[str] = {r["id"] for r in table if r["error_code"] not in RETRIED_ERROR_CODES}
         except FileNotFoundError:
             self.done_ids = set()
+
+    def close(self) -> None:
+        """Release the output's lock (shards stay; a re-run resumes from them)."""
+        self.lock.release()
 
     def write(self, rows: list[ResultRow]) -> None:
         """Write one batch of rows as an atomic shard; rows whose id is already written are dropped."""
@@ -136,18 +236,27 @@ class ResultWriter:
         self.done_ids.update(r.id for r in rows)
 
     def finalize(self) -> pa.Table:
-        """Merge the previous output and all shards into ``path`` (atomic), drop duplicate ids, remove shards."""
-        table = read_results(self.path)
-        seen: set[str] = set()
-        keep = []
-        for i, uid in enumerate(table.column("id").to_pylist()):
-            if uid not in seen:
-                seen.add(uid)
-                keep.append(i)
-        table = table.take(keep)
-        _write_atomic(table, self.path)
-        for p in glob.glob(os.path.join(self.parts, "*.parquet")):
-            os.remove(p)
-        if os.path.isdir(self.parts):
-            os.rmdir(self.parts)
-        return table
+        """Merge the previous output and all shards into ``path`` (atomic), remove shards, release the lock.
+
+        One row per id: the first one written, unless a later one replaces a retried error (see
+        :data:`RETRIED_ERROR_CODES`).
+
+        Raises:
+            FileNotFoundError: nothing was ever written (no rows).
+        """
+        try:
+            table = read_results(self.path)
+            keep: dict[str, int] = {}
+            codes = table.column("error_code").to_pylist()
+            for i, uid in enumerate(table.column("id").to_pylist()):
+                if uid not in keep or codes[keep[uid]] in RETRIED_ERROR_CODES:
+                    keep[uid] = i
+            table = table.take(sorted(keep.values()))
+            _write_atomic(table, self.path)
+            for p in glob.glob(os.path.join(glob.escape(self.parts), "*")):
+                os.remove(p)
+            if os.path.isdir(self.parts):
+                os.rmdir(self.parts)
+            return table
+        finally:
+            self.close()

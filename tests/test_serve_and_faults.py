@@ -1,6 +1,7 @@
 """Ray Serve endpoint (OpenAI-compatible) and actor fault tolerance, on a local loopback Ray."""
 
 import io
+import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -55,12 +56,25 @@ def test_actor_killed_mid_job_still_writes_every_id_once(ray_local, tmp_path, sa
     rows = pq.read_table(out).to_pylist()
     ids = [r["id"] for r in rows]
     assert len(ids) == len(set(ids)) and sorted(ids) == sorted(u.id for u in read_manifest(manifest))
-    # The only error rows: clips longer than the tiny model's 5 s window (a few in AN4 test), reported as such.
-    errors = [r["error"] for r in rows if r["error"]]
-    assert all("over the limit" in e for e in errors) and code == (3 if errors else 0)
+    # Clips longer than the tiny model's 5 s window (a few in AN4 test) are segmented, not refused.
+    assert not [r["error"] for r in rows if r["error"]] and code == 0
+
+
+def _post(url, name, data, **form):
+    return requests.post(f"{url}/v1/audio/transcriptions", files={"file": (name, data)}, data=form, timeout=120)
+
+
+def _wav(samples) -> bytes:
+    buf = io.BytesIO()
+    sf.write(buf, samples, 16000, format="WAV")
+    return buf.getvalue()
 
 
 def test_serve_openai_endpoint(ray_local, samples_manifest, tiny_target):
+    """Happy path under concurrency, then every refusal: each one alone fails, with the one JSON error shape."""
+    import http.client
+    import time
+
     from ray import serve
 
     from actors.serve_app import build_app
@@ -68,37 +82,77 @@ def test_serve_openai_endpoint(ray_local, samples_manifest, tiny_target):
 
     serve.start(http_options={"host": "127.0.0.1", "port": PORT})
     serve.run(build_app({"target": tiny_target.model.name_or_path, "max_batch_size": 8, "num_cpus": 0.5,
-                         "max_upload_bytes": 400_000}), name="rayspec", route_prefix="/")
+                         "max_upload_bytes": 400_000, "max_queued": 12, "body_timeout_s": 2}),
+              name="rayspec", route_prefix="/")
     url = f"http://127.0.0.1:{PORT}"
     try:
         assert requests.get(f"{url}/health", timeout=30).json()["status"] == "ok"
         utts = read_manifest(samples_manifest)
         local = Transcriber(tiny_target.model.name_or_path)
         expected = {u.id: r.text for u, r in zip(utts, local.transcribe(utts))}
+        clips = {u.id: open(u.audio, "rb").read() for u in utts}
+        tiny = _wav(np.full(200, 0.1, dtype=np.float32))  # 12.5 ms
 
         def post(i):
+            if i == 7:
+                r = _post(url, "tiny.wav", tiny)
+                return "tiny", r.status_code, r.json()
             u = utts[i % len(utts)]
-            with open(u.audio, "rb") as f:
-                r = requests.post(f"{url}/v1/audio/transcriptions", files={"file": (u.audio, f)},
-                                  data={"response_format": "verbose_json"}, timeout=120)
+            r = _post(url, u.audio, clips[u.id], response_format="verbose_json")
             return u.id, r.status_code, r.json()
 
         with ThreadPoolExecutor(max_workers=8) as pool:
             results = list(pool.map(post, range(50)))
-        assert all(code == 200 for _, code, _ in results)
-        assert all(body["text"] == expected[uid] for uid, _, body in results)
-        assert max(body["batch_size"] for _, _, body in results) > 1  # dynamic batching happened
+        good = [(uid, code, body) for uid, code, body in results if uid != "tiny"]
+        assert all(code == 200 for _, code, _ in good)
+        assert all(body["text"] == expected[uid] for uid, _, body in good)
+        assert max(body["batch_size"] for _, _, body in good) > 1  # dynamic batching happened
+        (_, code, body), = [r for r in results if r[0] == "tiny"]
+        assert code == 400 and "under the minimum" in body["error"]["message"]
 
-        big = io.BytesIO()
-        sf.write(big, np.zeros(16000 * 15, dtype=np.float32), 16000, format="WAV")  # 480 kB > 400 kB limit
-        r = requests.post(f"{url}/v1/audio/transcriptions", files={"file": ("big.wav", big.getvalue())}, timeout=60)
+        big = _wav(np.zeros(16000 * 15, dtype=np.float32))  # 480 kB > 400 kB limit
+        r = _post(url, "big.wav", big)
         assert r.status_code == 413 and "error" in r.json()
-        r = requests.post(f"{url}/v1/audio/transcriptions", files={"file": ("x.wav", b"not audio")}, timeout=60)
-        assert r.status_code == 415 and "error" in r.json()
-        with open(utts[0].audio, "rb") as f:
-            r = requests.post(f"{url}/v1/audio/transcriptions", files={"file": ("a.flac", f)},
-                              data={"response_format": "text"}, timeout=60)
+        r = _post(url, "x.wav", b"not audio")
+        assert r.status_code == 415 and "x.wav" in r.json()["error"]["message"]
+        assert "BytesIO" not in r.json()["error"]["message"]
+        r = _post(url, "a.flac", clips[utts[0].id], response_format="text")
         assert r.status_code == 200 and r.text == expected[utts[0].id]
+        r = _post(url, "a.flac", clips[utts[0].id], model="gpt-9")
+        assert r.status_code == 404 and r.json()["error"]["type"] == "model_not_found"
+        r = requests.post(f"{url}/v1/audio/transcriptions", data={"model": "whisper-1"}, timeout=30)  # no file
+        assert r.status_code == 400 and r.json()["error"]["code"] == 400 and "file" in r.json()["error"]["message"]
+        assert r.json().keys() == {"error"}
+
+        # A 1 GB upload is refused by its Content-Length, before any of the body is read.
+        conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30)
+        t0 = time.perf_counter()
+        conn.putrequest("POST", "/v1/audio/transcriptions")
+        conn.putheader("Content-Type", "multipart/form-data; boundary=x")
+        conn.putheader("Content-Length", str(1 << 30))
+        conn.endheaders()
+        conn.send(b"--x\r\n")
+        reply = conn.getresponse()
+        assert reply.status == 413 and "error" in json.loads(reply.read()) and time.perf_counter() - t0 < 10
+        conn.close()
+
+        # A body that stalls gets 408 once body_timeout_s has passed.
+        conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30)
+        conn.putrequest("POST", "/v1/audio/transcriptions")
+        conn.putheader("Content-Type", "multipart/form-data; boundary=x")
+        conn.putheader("Content-Length", "1000")
+        conn.endheaders()
+        conn.send(b"--x\r\n")
+        assert conn.getresponse().status == 408
+        conn.close()
+
+        # More concurrent requests than max_queued: the surplus is answered 503 with Retry-After, none 5xx else.
+        long_clip = max(clips.values(), key=len)
+        with ThreadPoolExecutor(max_workers=40) as pool:
+            burst = list(pool.map(lambda _: _post(url, "a.flac", long_clip), range(40)))
+        codes = [r.status_code for r in burst]
+        assert set(codes) <= {200, 503} and 503 in codes and 200 in codes
+        assert all(r.headers.get("Retry-After") for r in burst if r.status_code == 503)
     finally:
         serve.shutdown()
 
@@ -137,7 +191,7 @@ def test_lost_draft_session_is_redone_exactly(ray_local, samples_manifest, tiny_
         ray.kill(a)
 
 
-def test_a_batch_that_raises_becomes_error_rows(ray_local, samples_manifest):
+def test_a_batch_that_raises_is_redone_row_by_row(ray_local, samples_manifest):
     import ray
 
     from jobs.transcribe import batch_rows
@@ -147,9 +201,10 @@ def test_a_batch_that_raises_becomes_error_rows(ray_local, samples_manifest):
         raise ValueError("bad batch")
 
     utts = read_manifest(samples_manifest)[:3]
-    rows = batch_rows(broken_decode.remote(), utts, "draft")
-    assert [r.id for r in rows] == [u.id for u in utts]
-    assert all(r.error == "batch failed: ValueError: bad batch" and r.text == "" for r in rows)
+    assert batch_rows(broken_decode.remote(), utts, "draft") is None  # the job re-queues its utterances one by one
+    rows = batch_rows(broken_decode.remote(), utts[:1], "draft")
+    assert [r.id for r in rows] == [utts[0].id]
+    assert rows[0].error == "ValueError: bad batch" and rows[0].error_code == "internal" and rows[0].text == ""
 
 
 def test_a_dead_actor_stops_the_job_instead_of_writing_error_rows(ray_local, samples_manifest):

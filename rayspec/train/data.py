@@ -57,22 +57,23 @@ def load_examples(
     """Compute (or load from ``cache_dir``) features for ``utterances`` at every speed in ``speeds``.
 
     The cache key covers the utterance ids, audio paths, speeds and the feature extractor's settings, so a changed
-    setting recomputes. Utterances whose audio fails to load are skipped with a warning.
+    setting recomputes. The cache holds float16 tensors only and is read with ``torch.load(weights_only=True)``
+    (no pickled code runs when a cache file is loaded).
     """
     fe_dict = {k: v for k, v in feature_extractor.to_dict().items() if k in
                ("feature_size", "sampling_rate", "hop_length", "chunk_length", "n_fft", "padding_value")}
     key = hashlib.sha1(json.dumps([[u.id, u.audio] for u in utterances] + [list(speeds), fe_dict],
                                   sort_keys=True).encode()).hexdigest()[:16]
-    path = os.path.join(cache_dir, f"features-{key}.pt")
+    path = os.path.join(cache_dir, f"features-{key}.v2.pt")
     if os.path.exists(path):
-        feats = torch.load(path, weights_only=False)
+        feats = [[t.numpy() for t in per_speed] for per_speed in torch.load(path, weights_only=True)]
     else:
         os.makedirs(cache_dir, exist_ok=True)
         jobs = [(u.audio, fe_dict, tuple(speeds)) for u in utterances]
         with ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
             feats = list(tqdm(pool.map(_features_one, jobs, chunksize=8), total=len(jobs), desc="features"))
         tmp = path + ".tmp"
-        torch.save(feats, tmp)
+        torch.save([[torch.from_numpy(f) for f in per_speed] for per_speed in feats], tmp)
         os.replace(tmp, path)
     return [Example(u.id, f, normalize_transcript(u.text or "")) for u, f in zip(utterances, feats)]
 

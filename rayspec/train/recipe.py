@@ -129,6 +129,15 @@ def new_model(arch: Architecture, dropout: float, out_dir: str, feature_stats=No
     return WhisperASR.from_pretrained(out_dir)
 
 
+def architecture_of(config) -> Architecture:
+    """The :class:`Architecture` of a ``WhisperConfig`` (to warm-start a run from an existing model)."""
+    return Architecture(
+        d_model=config.d_model, encoder_layers=config.encoder_layers, decoder_layers=config.decoder_layers,
+        heads=config.encoder_attention_heads, ffn=config.encoder_ffn_dim,
+        max_source_positions=config.max_source_positions, max_target_positions=config.max_target_positions,
+    )
+
+
 def _init_front_end(encoder) -> None:
     """Give the audio path a fair start against the position embeddings.
 
@@ -266,6 +275,8 @@ def train(
     ctc_out: Optional[str] = None,
     max_steps: Optional[int] = None,
     max_utterances: Optional[int] = None,
+    init_dir: Optional[str] = None,
+    init_ctc: Optional[str] = None,
 ) -> dict:
     """Train one zoo model and export it.
 
@@ -278,6 +289,9 @@ def train(
         work_dir: checkpoints, feature cache and ``log.jsonl``; a re-run resumes from here.
         opt, arch: recipe options and sizes (defaults per kind).
         max_steps, max_utterances: limits for smoke runs.
+        init_dir, init_ctc: warm start (target/draft): initialise from this model directory (its architecture and
+            feature normalization; ``arch`` is ignored) and this CTC head directory instead of random weights. A
+            curriculum: a model that left CTC's blank plateau on easy data (AN4) continues on the harder mix.
 
     Returns:
         Summary dict (parameters, epochs, minutes, last dev metrics), also written to ``<work_dir>/summary.json``.
@@ -289,6 +303,8 @@ def train(
         raise ValueError(f"unknown kind {kind!r} (target, draft or ctc)")
     if kind == "ctc" and not teacher_dir:
         raise ValueError("train ctc needs --target: the model whose frozen encoder the head reads")
+    if init_dir and kind == "ctc":
+        raise ValueError("--init warm-starts target or draft models; train ctc reads --target's encoder")
     torch.set_num_threads(opt.threads)
     torch.manual_seed(opt.seed)
     rng = random.Random(opt.seed)
@@ -305,17 +321,26 @@ def train(
     train_ex = load_examples(train_utts, fe, cache_dir)
     dev_ex = load_examples(dev_utts, fe, cache_dir, speeds=(1.0,))
 
-    init_dir = os.path.join(work_dir, "init")
+    fresh_dir = os.path.join(work_dir, "init")
     if kind == "ctc":
         model = WhisperASR.from_pretrained(teacher_dir)
         model.model.requires_grad_(False)
+    elif init_dir:
+        warm = WhisperASR.from_pretrained(init_dir)
+        arch = architecture_of(warm.config)
+        stats = (warm.config.rayspec_feature_mean, warm.config.rayspec_feature_std)
+        model = new_model(arch, opt.dropout, fresh_dir, stats)
+        model.model.load_state_dict(warm.model.state_dict())
+        del warm
     else:
-        model = new_model(arch, opt.dropout, init_dir, feature_stats(train_ex))
+        model = new_model(arch, opt.dropout, fresh_dir, feature_stats(train_ex))
     model.model.model.encoder.embed_positions.requires_grad_(False)  # fixed sinusoids (from_pretrained unfreezes)
     tok = model.tokenizer
     special = set(tok.convert_tokens_to_ids(SPECIAL_TOKENS))
     char_ids = [i for i in range(len(tok)) if i not in special]
     ctc = CTCHead(model.config.d_model, char_ids)
+    if init_ctc:
+        ctc.load_state_dict(CTCHead.from_pretrained(init_ctc).state_dict())
     dev_ex = [Example(e.id, [e.features[0]] * len(SPEEDS), e.text) for e in dev_ex]
     if kind == "draft" and teacher_dir:
         train_ex += _distillation_examples(teacher_dir, train_ex, work_dir)
@@ -334,7 +359,7 @@ def train(
     state = RunState()
     ckpt = os.path.join(work_dir, "checkpoint.pt")
     if os.path.exists(ckpt):
-        saved = torch.load(ckpt, weights_only=False)
+        saved = torch.load(ckpt, weights_only=True)
         model.model.load_state_dict(saved["model"])
         ctc.load_state_dict(saved["ctc"])
         optim.load_state_dict(saved["optim"])
@@ -372,8 +397,8 @@ def train(
             sums += [float(ctc_loss), float(att_loss), 1]
             bar.set_postfix(ctc=f"{sums[0] / sums[2]:.3f}", att=f"{sums[1] / sums[2]:.3f}")
         state.epoch += 1
-        rec = {"epoch": state.epoch, "step": state.step, "ctc_loss": sums[0] / max(1, sums[2]),
-               "att_loss": sums[1] / max(1, sums[2]), "epoch_s": round(time.time() - t0, 1),
+        rec = {"epoch": state.epoch, "step": state.step, "ctc_loss": float(sums[0] / max(1, sums[2])),
+               "att_loss": float(sums[1] / max(1, sums[2])), "epoch_s": round(time.time() - t0, 1),
                "lr": lr_at(state.step)}
         if state.epoch % opt.eval_every == 0 or state.epoch == opt.epochs:
             rec.update(evaluate(model, ctc, dev_ex, attention=train_decoder))
@@ -452,7 +477,7 @@ def _average(work_dir: str, key: str, k: int, current: dict) -> dict:
     files = sorted(f for f in os.listdir(work_dir) if f.startswith("epoch") and f.endswith(".pt"))[-k:]
     if not files:
         return current
-    states = [torch.load(os.path.join(work_dir, f), weights_only=False)[key] for f in files]
+    states = [torch.load(os.path.join(work_dir, f), weights_only=True)[key] for f in files]
     return {n: (sum(s[n].float() for s in states) / len(states)).to(v.dtype) if v.is_floating_point() else v
             for n, v in current.items()}
 
