@@ -195,3 +195,23 @@ def test_folder_mode_keeps_directories_and_loops_as_rows(tmp_path):
     (tmp_path / "d.wav").mkdir()
     os.symlink(tmp_path / "l.wav", tmp_path / "l.wav")
     assert sorted(u.id for u in read_manifest(tmp_path)) == ["a", "d", "l"]
+
+
+def test_kill_9_at_any_moment_then_rerun_writes_every_id_once(tmp_path, samples_manifest, tiny_target):
+    """SIGKILL the CLI at spread-out moments (start-up, mid-batch, mid-shard-write, mid-merge), then re-run."""
+    import signal
+    import time
+
+    out = str(tmp_path / "k.parquet")
+    cmd = [sys.executable, "-m", "rayspec.cli", "transcribe", samples_manifest, "-o", out, "-q", "--target",
+           tiny_target.model.name_or_path, "--max-batch", "1", "--max-tokens-per-second", "4"]
+    for delay in (4.0, 5.5, 7.0):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(delay)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    ids = [r["id"] for r in pq.read_table(out).to_pylist()]
+    assert sorted(ids) == sorted(u.id for u in read_manifest(samples_manifest))
+    assert not [f for f in os.listdir(tmp_path) if f.endswith((".tmp", ".lock"))]

@@ -225,3 +225,19 @@ def test_a_dead_actor_stops_the_job_instead_of_writing_error_rows(ray_local, sam
 
     with pytest.raises(ray.exceptions.RayError):
         batch_rows(decode_via.remote(Doomed.remote()), read_manifest(samples_manifest)[:2], "ar")
+
+
+def test_hostile_corpus_through_the_ray_job_matches_the_cli(ray_local, tmp_path, samples_manifest, tiny_target):
+    from test_reliability import _hostile_corpus
+
+    from jobs.transcribe import main as job_main
+    from rayspec.cli import EXIT_SOME_FAILED, main
+
+    hostile, _ = _hostile_corpus(tmp_path, samples_manifest)
+    args = ["--target", tiny_target.model.name_or_path, "--max-tokens-per-second", "4", "--max-batch", "4"]
+    assert main(["transcribe", hostile, "-o", str(tmp_path / "cli.parquet"), "-q", *args]) == EXIT_SOME_FAILED
+    assert job_main([hostile, "-o", str(tmp_path / "job.parquet"), "--drafter-cpus", "0.5", "--target-cpus", "0.5",
+                     *args]) == EXIT_SOME_FAILED
+    cli = {r["id"]: (r["text"], r["error_code"]) for r in pq.read_table(tmp_path / "cli.parquet").to_pylist()}
+    job = {r["id"]: (r["text"], r["error_code"]) for r in pq.read_table(tmp_path / "job.parquet").to_pylist()}
+    assert cli == job and len(job) == 10
