@@ -258,15 +258,30 @@ class TranscriptionService:
                 "batch_size": batch_size}
 
 
+SERVING_OPTIONS = {"target", "draft", "ctc", "device", "dtype", "max_batch_size", "threads", "num_replicas",
+                   "num_cpus", "num_gpus", "max_upload_bytes", "max_queued", "body_timeout_s", "batch_wait_timeout_s"}
+
+
 def build_app(args: Optional[dict] = None):
-    """The Serve application; ``args`` (from ``serve run ... key=value`` or ``rayspec serve``) may set ``method``,
-    ``target``, ``draft``, ``ctc``, ``device``, ``max_batch_size``, ``threads``, ``num_replicas``, ``num_cpus``,
-    ``num_gpus``, ``max_upload_bytes``, ``max_queued``, ``body_timeout_s``."""
-    from rayspec.pipeline import DecodeOptions
+    """The Serve application; ``args`` (from ``serve run ... key=value``, ``RAYSPEC_*`` environment variables or
+    ``rayspec serve``) may set ``target``, ``draft``, ``ctc``, ``device``, ``dtype``, ``max_batch_size``, ``threads``,
+    ``num_replicas``, ``num_cpus``, ``num_gpus``, ``max_upload_bytes``, ``max_queued``, ``body_timeout_s`` and any
+    decoding option of ``rayspec transcribe`` (``method``, ``tau_ctc``, ...: same names, same defaults).
+
+    Raises:
+        ValueError: an unknown option.
+    """
+    from rayspec.options import DTYPES, decode_option_names, decode_options_from
 
     args = dict(args or {})
+    names = decode_option_names() - {"ctc"}
+    unknown = set(args) - names - SERVING_OPTIONS
+    if unknown:
+        raise ValueError(f"unknown Serve options {sorted(unknown)}")
+    options = decode_options_from({k: v for k, v in args.items() if k in names})
     transcriber = {"target": args.get("target"), "draft": args.get("draft"), "ctc": args.get("ctc"),
-                   "options": DecodeOptions(args.get("method", "ar")), "device": args.get("device", "cpu")}
+                   "options": options, "device": args.get("device", "cpu"),
+                   "dtype": DTYPES[args.get("dtype") or "float32"]}
     max_batch = int(args.get("max_batch_size", 16))
     max_queued = int(args.get("max_queued", 256))
     deployment = TranscriptionService.options(
@@ -280,4 +295,13 @@ def build_app(args: Optional[dict] = None):
                            max_queued, float(args.get("body_timeout_s", 30.0)))
 
 
-app = build_app({k[len("RAYSPEC_"):].lower(): v for k, v in os.environ.items() if k.startswith("RAYSPEC_")})
+def _env_args() -> dict:
+    """``build_app`` options from ``RAYSPEC_<NAME>`` environment variables (other ``RAYSPEC_*`` names are ignored)."""
+    from rayspec.options import decode_option_names
+
+    known = decode_option_names() | SERVING_OPTIONS
+    env = {k[len("RAYSPEC_"):].lower(): v for k, v in os.environ.items() if k.startswith("RAYSPEC_")}
+    return {k: v for k, v in env.items() if k in known}
+
+
+app = build_app(_env_args())

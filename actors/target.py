@@ -22,10 +22,11 @@ class TargetActor:
 
     Args:
         target: target model directory (default: the zoo target); options: :class:`~rayspec.pipeline.DecodeOptions`.
-        device: torch device ("cuda" inside a GPU actor); threads: torch CPU threads (0 = torch's default).
+        device: torch device ("cuda" inside a GPU actor); threads: torch CPU threads (0 = torch's default);
+        dtype: model dtype (the drafter's, so encoder states arrive in it).
     """
 
-    def __init__(self, target, options, device: str = "cpu", threads: int = 0) -> None:
+    def __init__(self, target, options, device: str = "cpu", threads: int = 0, dtype=None) -> None:
         import torch
 
         from rayspec.models.whisper import WhisperASR
@@ -33,7 +34,7 @@ class TargetActor:
 
         if threads:
             torch.set_num_threads(threads)
-        model = WhisperASR.from_pretrained(target or zoo_path("target"), device)
+        model = WhisperASR.from_pretrained(target or zoo_path("target"), device, dtype or torch.float32)
         model.release("encoder")  # the encoder runs on the drafter actors
         self.decoder = TargetDecoder(model, options)
 

@@ -23,7 +23,7 @@ import tempfile
 
 from jobs.transcribe import build_parser as job_parser  # first: sets the loopback environment for Ray
 from jobs.transcribe import connect, resolve_paths, transcribe
-from rayspec.cli import budget_from_args, build_transcriber
+from rayspec.options import budget_from_args, build_transcriber
 from rayspec.manifest import read_manifest
 from rayspec.pipeline import RunSummary, run_corpus
 from rayspec.results import read_results

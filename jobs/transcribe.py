@@ -39,8 +39,8 @@ from ray.util.placement_group import placement_group, remove_placement_group  # 
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from rayspec.cli import EXIT_SOME_FAILED, _add_decode_args, _add_model_args, budget_from_args  # noqa: E402
-from rayspec.cli import decode_options, limits_from_args, print_summary, run_command  # noqa: E402
+from rayspec.options import DTYPES, EXIT_SOME_FAILED, add_decode_args, add_model_args, budget_from_args  # noqa: E402
+from rayspec.options import decode_options, limits_from_args, print_summary, run_command  # noqa: E402
 from rayspec.manifest import read_manifest  # noqa: E402
 from rayspec.pipeline import RunSummary, internal_error_row, pending_batches  # noqa: E402
 from rayspec.results import ResultRow, ResultWriter  # noqa: E402
@@ -79,8 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-gpus", type=float, default=0.0, help="GPUs per target actor (fractions share a GPU)")
     p.add_argument("--in-flight", type=int, default=2, help="batches in flight per target actor (backpressure)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the embedded local Ray")
-    _add_model_args(p)
-    _add_decode_args(p)
+    add_model_args(p)
+    add_decode_args(p)
     return p
 
 
@@ -188,8 +188,10 @@ def start_actors(args) -> ActorPool:
 
     check_resources(args)
     options = decode_options(args)
+    dtype = DTYPES[args.dtype]
     drafter_kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": options,
-                      "device": "cuda" if args.drafter_gpus else args.device, "limits": limits_from_args(args)}
+                      "device": "cuda" if args.drafter_gpus else args.device, "dtype": dtype,
+                      "limits": limits_from_args(args)}
     # One bundle per actor, packed onto as few nodes as possible (drafters next to their targets).
     bundles = ([_bundle(args.drafter_cpus, args.drafter_gpus)] * args.drafters
                + [_bundle(args.target_cpus, args.target_gpus)] * args.targets)
@@ -209,7 +211,7 @@ def start_actors(args) -> ActorPool:
     targets = [TargetActor.options(num_cpus=args.target_cpus, num_gpus=args.target_gpus, max_concurrency=args.in_flight,
                                    scheduling_strategy=place(args.drafters + i))
                .remote(args.target, options, "cuda" if args.target_gpus else args.device,
-                       args.threads or max(1, int(args.target_cpus)))
+                       args.threads or max(1, int(args.target_cpus)), dtype)
                for i in range(args.targets)]
     nodes = ray.get([a.node.remote() for a in drafters + targets])
     return ActorPool(drafters, targets, nodes[: args.drafters], nodes[args.drafters :], pg)

@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from .batching import BatchBudget, plan_batches
 from .decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, Hypothesis, token_cap
+from .options import add_model_args
 from .decoding.speculative import SpeculationOptions
 from .decoding.ssd import SSDOptions
 from .metrics import error_rates
@@ -281,8 +282,6 @@ def cmd_bench(args) -> int:
 
 
 def add_bench_parser(sub) -> None:
-    from .cli import _add_model_args
-
     p = sub.add_parser(
         "bench", help="benchmark decoders against AR side by side (table + plot)",
         description="Decode the same audio with AR and the chosen suite's configurations, side by side in one run; "
@@ -301,5 +300,5 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--tau-ctc", type=float, nargs="+", default=[0.3, 0.7, 1.5, 3.0], help="ssd: gate thresholds")
     p.add_argument("--tau-slm", type=float, nargs="+", default=[0.01, 0.1, 0.2], help="ssd: verification thresholds")
     p.add_argument("--ctc", help="ssd: CTC head directory; default: the bundled zoo CTC head")
-    _add_model_args(p)
+    add_model_args(p)
     p.set_defaults(func=cmd_bench)

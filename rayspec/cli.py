@@ -7,8 +7,18 @@ import json
 import sys
 import textwrap
 
-EXIT_USAGE = 2
-EXIT_SOME_FAILED = 3
+from .options import (  # noqa: F401 - EXIT_USAGE is part of the CLI's interface (exit statuses)
+    EXIT_SOME_FAILED,
+    EXIT_USAGE,
+    add_decode_args,
+    add_model_args,
+    budget_from_args,
+    build_transcriber,
+    decode_option_names,
+    print_summary,
+    run_command,
+)
+
 
 EPILOG = textwrap.dedent(
     """\
@@ -20,112 +30,6 @@ EPILOG = textwrap.dedent(
       rayspec bench --help                                                      # speculative decoding benchmark
     """
 )
-
-
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("models")
-    g.add_argument("--target", help="target model directory (from_pretrained); default: the bundled zoo target")
-    g.add_argument("--draft", help="draft model directory for --method draft; default: the bundled zoo draft")
-    g.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1); default cpu")
-    g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
-
-
-def _add_decode_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("decoding")
-    g.add_argument("--method", choices=["ar", "draft", "ssd"], default="ar",
-                   help="ar: target greedy, one target pass per token. draft: a draft model proposes, the target "
-                        "verifies in one pass; output identical to ar (exact). ssd: the CTC head's hypothesis is "
-                        "gated by entropy, verified by the target in one pass, and decoding falls back from the "
-                        "verified prefix (lossy unless --exact and --tau-ctc 0). default: ar")
-    g.add_argument("--max-tokens-per-second", type=float, default=30.0,
-                   help="cap on generated tokens per second of audio, against runaway repetition (default 30)")
-    g.add_argument("--draft-max", type=int, default=24, help="longest draft per round (SpecASR IV.A; default 24)")
-    g.add_argument("--draft-threshold", type=float, default=0.4,
-                   help="adaptive drafting stops at the first draft token whose probability is below this "
-                        "(SpecASR IV.A; default 0.4; 0 = fixed length --draft-max)")
-    g.add_argument("--no-recycle", action="store_true", help="disable draft sequence recycling (SpecASR IV.B)")
-    g.add_argument("--no-tree", action="store_true", help="disable the two-pass sparse token tree (SpecASR IV.C)")
-    g.add_argument("--tree-threshold", type=float, default=0.6,
-                   help="trunk positions whose top-1 probability is below this get a 2nd-best branch (default 0.6)")
-    g.add_argument("--tree-branches", type=int, default=2, help="most branches per token tree (default 2)")
-    c = p.add_argument_group("ssd (CTC gating, verification, fallback)")
-    c.add_argument("--ctc", help="CTC head directory; default: the bundled zoo CTC head")
-    c.add_argument("--tau-ctc", type=float, default=1.0,
-                   help="accept the CTC hypothesis with no target pass if every frame's entropy (nats) is below "
-                        "this; 0 = gate off. Default 1.0 (with --tau-slm 0.01): the zoo's measured high-accuracy "
-                        "point (AN4 test WER 46.4%% vs AR 63.4%%, 1.1-1.5x RTFx; 1.5 is 2.6x at 54.7%%; see README)")
-    c.add_argument("--tau-slm", type=float, default=0.01,
-                   help="verification accepts a token whose target probability exceeds this (default 0.01)")
-    c.add_argument("--exact", action=argparse.BooleanOptionalAction, default=False,
-                   help="verified tokens must also be the target's argmax; with --tau-ctc 0 the output then equals "
-                        "ar (default off)")
-    c.add_argument("--fallback", choices=["ar", "draft"], default="ar",
-                   help="decoder after the verified prefix: greedy ar, or draft-model speculation (default ar)")
-    b = p.add_argument_group("batching")
-    b.add_argument("--batch-tokens", type=int, default=16000,
-                   help="token budget per batch: rows x (padded encoder frames + expected tokens); default 16000")
-    b.add_argument("--max-batch", type=int, default=64, help="most utterances per batch (default 64)")
-    b.add_argument("--max-audio-seconds", type=float, default=None,
-                   help="reject longer files (default 14400 = 4 h). Files longer than the model's window (30 s) are "
-                        "cut in pauses, decoded as segments and re-joined")
-    a = p.add_argument_group("audio")
-    a.add_argument("--no-vad", action="store_true",
-                   help="decode every file, even without speech (default: silence and noise give empty text, "
-                        "route no_speech, with no decoder pass)")
-    a.add_argument("--segments", action="store_true",
-                   help="fill the 'segments' column: start_s, end_s and text of each decoded segment")
-
-
-def speculation_options(args):
-    from .decoding.speculative import SpeculationOptions
-
-    return SpeculationOptions(
-        max_draft=args.draft_max, threshold=args.draft_threshold, recycle=not args.no_recycle,
-        tree=not args.no_tree, tree_threshold=args.tree_threshold, tree_branches=args.tree_branches,
-    )
-
-
-def decode_options(args):
-    """:class:`~rayspec.pipeline.DecodeOptions` from parsed CLI arguments."""
-    from .decoding.ssd import SSDOptions
-    from .pipeline import DecodeOptions
-
-    ssd = SSDOptions(args.tau_ctc, args.tau_slm, args.exact, True, args.fallback, speculation_options(args))
-    return DecodeOptions(args.method, args.max_tokens_per_second,
-                         speculation_options(args) if args.method == "draft" else None,
-                         ssd if args.method == "ssd" else None, vad=not args.no_vad, segments=args.segments)
-
-
-def build_transcriber(args):
-    """A :class:`~rayspec.pipeline.Transcriber` from parsed CLI arguments."""
-    import torch
-
-    from .pipeline import Transcriber
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    return Transcriber(args.target, args.draft, decode_options(args), args.ctc, args.device,
-                       limits=limits_from_args(args))
-
-
-def limits_from_args(args):
-    """:class:`~rayspec.audio.AudioLimits` from ``--max-audio-seconds``, or None for the defaults."""
-    from .audio import AudioLimits
-
-    return AudioLimits(max_seconds=args.max_audio_seconds) if args.max_audio_seconds else None
-
-
-def budget_from_args(args):
-    from .batching import BatchBudget
-
-    return BatchBudget(tokens=args.batch_tokens, max_rows=args.max_batch)
-
-
-def print_summary(summary, output: str) -> None:
-    for uid, err in summary.failures[:20]:
-        print(f"  failed {uid}: {err}", file=sys.stderr)
-    print(f"{summary.written} utterances written ({summary.skipped} already done), {summary.failed} failed, "
-          f"{summary.audio_s:.1f} s of audio in {summary.wall_s:.1f} s (RTFx {summary.rtfx:.1f}) -> {output}")
 
 
 def cmd_transcribe(args) -> int:
@@ -189,7 +93,8 @@ def cmd_serve(args) -> int:
     else:
         ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
     serve.start(http_options={"host": args.host, "port": args.port, "request_timeout_s": args.request_timeout})
-    serve.run(build_app({"method": args.method, "target": args.target, "draft": args.draft, "ctc": args.ctc,
+    decoding = {k: getattr(args, k) for k in decode_option_names()}
+    serve.run(build_app({**decoding, "target": args.target, "draft": args.draft, "dtype": args.dtype,
                          "max_batch_size": args.max_batch_size, "num_replicas": args.replicas,
                          "num_cpus": args.replica_cpus, "num_gpus": args.replica_gpus, "threads": args.threads,
                          "device": args.device, "max_queued": args.max_queued,
@@ -218,7 +123,6 @@ def _serve_parser(sub) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray on 127.0.0.1)")
-    p.add_argument("--method", choices=["ar", "draft", "ssd"], default="draft")
     p.add_argument("--max-batch-size", type=int, default=16)
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--replica-cpus", type=float, default=1.0)
@@ -229,8 +133,8 @@ def _serve_parser(sub) -> None:
                    help="seconds an upload may take to arrive; 408 after (default 30)")
     p.add_argument("--request-timeout", type=float, default=300.0,
                    help="seconds a request may take end to end (Serve's request_timeout_s; default 300)")
-    p.add_argument("--ctc", help="CTC head directory for --method ssd")
-    _add_model_args(p)
+    add_model_args(p)
+    add_decode_args(p)
     p.set_defaults(func=cmd_serve)
 
 
@@ -298,8 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("input", help="manifest file or folder of audio")
     p.add_argument("-o", "--output", required=True, help="results .parquet file")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
-    _add_model_args(p)
-    _add_decode_args(p)
+    add_model_args(p)
+    add_decode_args(p)
     p.set_defaults(func=cmd_transcribe)
 
     p = sub.add_parser("score", help="WER/CER of a results file per corpus",
@@ -315,25 +219,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parser(sub)
     return parser
-
-
-def user_errors() -> tuple:
-    """Exceptions that are the user's input, not a bug: reported in one line with exit status 2."""
-    from .manifest import ManifestError
-    from .models.whisper import ModelLoadError
-    from .results import OutputLockedError
-
-    return ManifestError, ModelLoadError, OutputLockedError, FileNotFoundError
-
-
-def run_command(func, args, prog: str = "rayspec") -> int:
-    """Run ``func(args)``; a :func:`user_errors` exception prints ``<prog>: error: <message>`` and returns 2."""
-    try:
-        return func(args)
-    except user_errors() as exc:
-        message = exc.args[0] if isinstance(exc, FileNotFoundError) and exc.args else exc
-        print(f"{prog}: error: {message}", file=sys.stderr)
-        return EXIT_USAGE
 
 
 def main(argv=None) -> int:

@@ -101,9 +101,10 @@ class Encoded:
     ctc: Optional[CTCDrafts] = None
     draft: Optional[EncoderOutput] = None
 
-    def to(self, device) -> "Encoded":
-        """The same batch with its tensors on ``device`` (CPU before crossing Ray's object store)."""
-        return Encoded(self.target.to(device), self.caps, self.ctc, self.draft.to(device) if self.draft else None)
+    def to(self, device, dtype: Optional[torch.dtype] = None) -> "Encoded":
+        """The same batch with its tensors on ``device`` (CPU before crossing Ray's object store) and the target's
+        encoder states cast to ``dtype`` if given."""
+        return Encoded(self.target.to(device, dtype), self.caps, self.ctc, self.draft.to(device) if self.draft else None)
 
 
 def needs_draft(options: DecodeOptions) -> bool:
@@ -357,7 +358,8 @@ class TargetDecoder:
         if batch.encoded is None:
             return rows
         t0 = time.perf_counter()
-        hyps = decode_encoded(self.target, self.options, batch.encoded.to(self.target.device), proposers)
+        hyps = decode_encoded(self.target, self.options, batch.encoded.to(self.target.device, self.target.dtype),
+                              proposers)
         seconds = batch.encode_s + time.perf_counter() - t0
         owned: dict[int, list[int]] = {}
         for r, i in enumerate(batch.owners):

@@ -215,3 +215,28 @@ def test_kill_9_at_any_moment_then_rerun_writes_every_id_once(tmp_path, samples_
     ids = [r["id"] for r in pq.read_table(out).to_pylist()]
     assert sorted(ids) == sorted(u.id for u in read_manifest(samples_manifest))
     assert not [f for f in os.listdir(tmp_path) if f.endswith((".tmp", ".lock"))]
+
+
+def test_a_method_means_the_same_in_the_cli_the_job_and_serve():
+    """Decoding defaults exist once (rayspec.options): Serve's --method ssd is the CLI's lossy default point."""
+    from jobs.transcribe import build_parser as job_parser
+    from rayspec.cli import build_parser
+    from rayspec.options import decode_options, decode_options_from
+
+    cli = decode_options(build_parser().parse_args(["transcribe", "x.jsonl", "-o", "y.parquet", "--method", "ssd"]))
+    job = decode_options(job_parser().parse_args(["x.jsonl", "--method", "ssd"]))
+    served = decode_options_from({"method": "ssd"})
+    assert cli == job == served and served.mode == "lossy" and served.ssd.tau_ctc == 1.0
+    assert decode_options_from({"method": "ssd", "exact": "true", "tau_ctc": "0"}).mode == "exact"
+    with pytest.raises(ValueError, match="unknown decoding options"):
+        decode_options_from({"methd": "ar"})
+
+
+def test_bfloat16_models_decode(samples_manifest, tiny_target):
+    import torch
+
+    from rayspec.pipeline import Transcriber
+
+    utts = read_manifest(samples_manifest)[:3]
+    rows = Transcriber(tiny_target.model.name_or_path, dtype=torch.bfloat16).transcribe(utts)
+    assert all(r.error is None and r.target_forward_passes > 0 for r in rows)

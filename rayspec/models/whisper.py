@@ -56,8 +56,10 @@ class EncoderOutput:
         """Rows ``rows`` (int64 ``[B']``) of this batch."""
         return EncoderOutput(self.states.index_select(0, rows), self.lengths.index_select(0, rows), self.masked)
 
-    def to(self, device) -> "EncoderOutput":
-        return EncoderOutput(self.states.to(device), self.lengths.to(device), self.masked)
+    def to(self, device, dtype: Optional[torch.dtype] = None) -> "EncoderOutput":
+        """This batch on ``device``, its states cast to ``dtype`` if given (lengths stay int64)."""
+        return EncoderOutput(self.states.to(device=device, dtype=dtype or self.states.dtype), self.lengths.to(device),
+                             self.masked)
 
 
 def _require_files(path: str) -> None:
