@@ -21,8 +21,9 @@ import platform
 import sys
 import tempfile
 
-from jobs.transcribe import build_parser as job_parser  # first: sets the loopback environment for Ray
-from jobs.transcribe import connect, resolve_paths, transcribe
+from actors.pool import connect, resolve_paths  # first: sets the loopback environment for Ray
+from jobs.transcribe import build_parser as job_parser
+from jobs.transcribe import transcribe
 from rayspec.options import budget_from_args, build_transcriber
 from rayspec.manifest import read_manifest
 from rayspec.pipeline import RunSummary, run_corpus

@@ -23,39 +23,20 @@ Exit status: 0, 2 for usage, manifest or model errors (one line), 3 when some ro
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import uuid
-from dataclasses import dataclass, field
 
-# Loopback only (see the README): set before Ray is imported.
-os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-
+from actors.pool import ActorPool, connect, resolve_paths, start_actors  # first: sets the loopback Ray environment
 import ray  # noqa: E402
-from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
-from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from rayspec.options import DTYPES, EXIT_SOME_FAILED, add_decode_args, add_model_args, budget_from_args  # noqa: E402
-from rayspec.options import decode_options, limits_from_args, print_summary, run_command  # noqa: E402
 from rayspec.manifest import read_manifest  # noqa: E402
+from rayspec.options import EXIT_SOME_FAILED, add_decode_args, add_model_args, budget_from_args  # noqa: E402
+from rayspec.options import print_summary, run_command  # noqa: E402
 from rayspec.pipeline import RunSummary, internal_error_row, pending_batches  # noqa: E402
 from rayspec.results import ResultRow, ResultWriter  # noqa: E402
 from rayspec.scoring import format_table, score_results  # noqa: E402
-
-
-def connect(address: str | None, num_cpus: int | None) -> None:
-    """Join ``address`` (or ``RAY_ADDRESS``), else start an embedded local Ray bound to 127.0.0.1."""
-    if ray.is_initialized():
-        return
-    address = address or os.environ.get("RAY_ADDRESS")
-    if address:
-        ray.init(address=address, log_to_driver=False)
-    else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -82,143 +63,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     add_decode_args(p)
     return p
-
-
-def submission_dir() -> str | None:
-    """The directory relative paths of a ``ray job submit`` command line refer to, on a single-node cluster.
-
-    A submitted job runs in a copy of ``--working-dir``, so ``../shared/data/x.jsonl`` typed in the repository means
-    nothing there. Inside a Ray job this returns ``RAYSPEC_SUBMIT_DIR`` if set, else the directory ``ray start`` ran
-    in (the raylet's working directory, found through /proc); outside a Ray job, or when it cannot be found, None.
-    """
-    if "RAY_JOB_CONFIG_JSON_ENV_VAR" not in os.environ:
-        return None
-    if os.environ.get("RAYSPEC_SUBMIT_DIR"):
-        return os.environ["RAYSPEC_SUBMIT_DIR"]
-    pid = os.getppid()
-    try:
-        while pid > 1:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if os.path.basename(f.read().split(b"\0")[0]) == b"raylet":
-                    return os.readlink(f"/proc/{pid}/cwd")
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def resolve_paths(args) -> None:
-    """Make ``args.input`` (if missing here) and ``args.output`` (if relative) point where the submitter meant
-    (see :func:`submission_dir`); a no-op outside ``ray job submit``."""
-    base = submission_dir()
-    if base is None:
-        return
-    if args.input and not os.path.isabs(args.input) and not os.path.exists(args.input):
-        args.input = os.path.join(base, args.input)
-    if not os.path.isabs(args.output):
-        args.output = os.path.join(base, args.output)
-
-
-@dataclass
-class ActorPool:
-    """The job's actors (handles), the nodes they run on, their placement group, and how busy each is.
-
-    :meth:`route` sends a batch to the least-loaded target actor and to the least-loaded drafter on the same node
-    when there is one, so the per-round draft proposals stay on the node.
-    """
-
-    drafters: list
-    targets: list
-    drafter_nodes: list[str]
-    target_nodes: list[str]
-    placement_group: object = None
-    drafter_load: list[int] = field(init=False)
-    target_load: list[int] = field(init=False)
-
-    def __post_init__(self):
-        self.drafter_load = [0] * len(self.drafters)
-        self.target_load = [0] * len(self.targets)
-
-    def route(self) -> tuple[int, int]:
-        """``(drafter index, target index)`` for the next batch; counts it as in flight on both."""
-        t = min(range(len(self.targets)), key=self.target_load.__getitem__)
-        local = [d for d, n in enumerate(self.drafter_nodes) if n == self.target_nodes[t]]
-        d = min(local or range(len(self.drafters)), key=self.drafter_load.__getitem__)
-        self.drafter_load[d] += 1
-        self.target_load[t] += 1
-        return d, t
-
-    def finished(self, d: int, t: int) -> None:
-        """A batch routed to ``(d, t)`` is done."""
-        self.drafter_load[d] -= 1
-        self.target_load[t] -= 1
-
-    def shutdown(self) -> None:
-        """Kill the actors and free their placement group."""
-        for actor in self.drafters + self.targets:
-            ray.kill(actor)
-        if self.placement_group is not None:
-            remove_placement_group(self.placement_group)
-
-
-def check_resources(args) -> None:
-    """Refuse, with advice, actor resources the cluster cannot hold at all (Ray would wait for them forever).
-
-    Raises:
-        SystemExit: more CPUs or GPUs asked for than the cluster has in total, or actors without CPUs.
-    """
-    if min(args.drafter_cpus, args.target_cpus) <= 0:
-        raise SystemExit("--drafter-cpus and --target-cpus must be > 0 (fractions are fine)")
-    have = ray.cluster_resources()
-    for kind, per_drafter, per_target in (("CPU", args.drafter_cpus, args.target_cpus),
-                                          ("GPU", args.drafter_gpus, args.target_gpus)):
-        need = args.drafters * per_drafter + args.targets * per_target
-        if need > have.get(kind, 0) + 1e-9:
-            raise SystemExit(
-                f"{args.drafters} drafter(s) x {per_drafter:g} + {args.targets} target(s) x {per_target:g} = {need:g} "
-                f"{kind}s, but the Ray cluster has {have.get(kind, 0):g}: lower --drafter-{kind.lower()}s/"
-                f"--target-{kind.lower()}s (fractions are fine) or the actor counts")
-
-
-def start_actors(args) -> ActorPool:
-    """Start the drafter and target actors with this run's resources; returns once their models are loaded."""
-    from actors.drafter import DrafterActor
-    from actors.target import TargetActor
-
-    check_resources(args)
-    options = decode_options(args)
-    dtype = DTYPES[args.dtype]
-    drafter_kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": options,
-                      "device": "cuda" if args.drafter_gpus else args.device, "dtype": dtype,
-                      "limits": limits_from_args(args)}
-    # One bundle per actor, packed onto as few nodes as possible (drafters next to their targets).
-    bundles = ([_bundle(args.drafter_cpus, args.drafter_gpus)] * args.drafters
-               + [_bundle(args.target_cpus, args.target_gpus)] * args.targets)
-    pg = placement_group(bundles, strategy="PACK")
-    ray.get(pg.ready())
-
-    def place(i: int) -> PlacementGroupSchedulingStrategy:
-        return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
-
-    # Two threads per drafter: the next batch's encoding overlaps the current batch's draft proposals.
-    drafters = [DrafterActor.options(num_cpus=args.drafter_cpus, num_gpus=args.drafter_gpus, max_concurrency=2,
-                                     scheduling_strategy=place(i))
-                .remote(drafter_kwargs, args.threads or max(1, int(args.drafter_cpus)))
-                for i in range(args.drafters)]
-    # Each target actor works on its in-flight batches concurrently (threads): while one batch waits for draft
-    # proposals or its encoder states, another is verified.
-    targets = [TargetActor.options(num_cpus=args.target_cpus, num_gpus=args.target_gpus, max_concurrency=args.in_flight,
-                                   scheduling_strategy=place(args.drafters + i))
-               .remote(args.target, options, "cuda" if args.target_gpus else args.device,
-                       args.threads or max(1, int(args.target_cpus)), dtype)
-               for i in range(args.targets)]
-    nodes = ray.get([a.node.remote() for a in drafters + targets])
-    return ActorPool(drafters, targets, nodes[: args.drafters], nodes[args.drafters :], pg)
-
-
-def _bundle(cpus: float, gpus: float) -> dict:
-    return {k: v for k, v in (("CPU", cpus), ("GPU", gpus)) if v > 0}
 
 
 def transcribe(args, on_batch=None) -> RunSummary:

@@ -89,7 +89,8 @@ def test_ray_job_embedded_local(tmp_path, samples_manifest, tiny_target, tiny_dr
 
 
 def test_ray_job_paths_resolve_against_the_submit_dir(tmp_path, monkeypatch):
-    from jobs.transcribe import build_parser, resolve_paths
+    from actors.pool import resolve_paths
+    from jobs.transcribe import build_parser
 
     args = build_parser().parse_args(["data/m.jsonl", "-o", "out/r.parquet"])
     resolve_paths(args)  # not inside a Ray job: unchanged
@@ -103,7 +104,8 @@ def test_ray_job_paths_resolve_against_the_submit_dir(tmp_path, monkeypatch):
 def test_ray_job_refuses_resources_the_cluster_lacks(monkeypatch):
     import ray
 
-    from jobs.transcribe import build_parser, check_resources
+    from actors.pool import check_resources
+    from jobs.transcribe import build_parser
 
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
     check_resources(build_parser().parse_args([]))  # 1 + 1 CPUs fit
@@ -114,7 +116,7 @@ def test_ray_job_refuses_resources_the_cluster_lacks(monkeypatch):
 
 
 def test_batches_go_to_the_least_loaded_target_and_a_drafter_on_its_node():
-    from jobs.transcribe import ActorPool
+    from actors.pool import ActorPool
 
     pool = ActorPool(["d0", "d1"], ["t0", "t1", "t2"], ["nodeA", "nodeB"], ["nodeB", "nodeA", "nodeC"])
     assert pool.route() == (1, 0)  # t0 on nodeB -> d1 (nodeB)
