@@ -286,8 +286,9 @@ def build_app(args: Optional[dict] = None):
     max_queued = int(args.get("max_queued", 256))
     deployment = TranscriptionService.options(
         num_replicas=int(args.get("num_replicas", 1)),
-        # Admission (503 beyond max_queued) happens in the replica: let that many requests reach it.
-        max_ongoing_requests=max_queued + max_batch, max_queued_requests=max_queued,
+        # Admission (503 + Retry-After beyond max_queued) happens in the replica: let that many requests reach it.
+        # Ray's own queue in front of it is only a backstop (its 503 has no Retry-After and another body).
+        max_ongoing_requests=max_queued + max_batch, max_queued_requests=4 * max_queued,
         ray_actor_options={"num_cpus": float(args.get("num_cpus", 1)), "num_gpus": float(args.get("num_gpus", 0))},
     )
     return deployment.bind(transcriber, max_batch, float(args.get("batch_wait_timeout_s", 0.02)),
