@@ -5,7 +5,8 @@
 
 Each point runs the full pipeline of :mod:`jobs.transcribe` (drafter and target actors, object refs, bounded
 in-flight batches) into a fresh output; a reference row per method and budget ("in-process", 0 actors) runs the same
-decoder without Ray in the driver, with ``--threads`` torch threads (default 1). Throughput is timed from the first
+decoder without Ray in the driver, with ``--reference-threads`` torch threads (default: the cluster's CPUs, so the
+reference uses the same cores as the actors it is compared with). Throughput is timed from the first
 batch to the last row (actor start-up and model loading are reported apart); NFE per utterance comes from the rows.
 Arguments not listed below (model paths, decoder options, --max-batch, ...) are passed to every point's job.
 Writes ``scaling.md`` (with the cluster's resources and the machine), ``scaling.csv`` and ``scaling.png`` to the
@@ -46,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--method", nargs="+", default=["ar", "draft"], help="decoding methods to try")
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else an embedded local Ray)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the embedded local Ray")
+    p.add_argument("--reference-threads", type=int, default=0,
+                   help="torch threads of the in-process reference rows (default: the cluster's CPUs)")
     return p
 
 
@@ -62,10 +65,11 @@ def machine() -> str:
             f"driver CPU: {cpu}")
 
 
-def in_process(input_path: str, out: str, job_args: list[str]) -> RunSummary:
-    """The same corpus and decoder without Ray: :func:`rayspec.pipeline.run_corpus` in this process."""
+def in_process(input_path: str, out: str, job_args: list[str], threads: int) -> RunSummary:
+    """The same corpus and decoder without Ray: :func:`rayspec.pipeline.run_corpus` in this process, with
+    ``threads`` torch threads."""
     args = job_parser().parse_args([input_path, "-o", out, *job_args])
-    args.threads = args.threads or 1
+    args.threads = threads
     return run_corpus(read_manifest(input_path), build_transcriber(args), out, budget_from_args(args))
 
 
@@ -82,12 +86,14 @@ def main(argv=None) -> int:
     args, job_args = build_parser().parse_known_args(argv)
     resolve_paths(args)
     connect(args.address, args.num_cpus)
+    threads = args.reference_threads or max(1, int(ray.cluster_resources().get("CPU", 1)))
     rows = []
     for method in args.method:
         for budget in args.batch_tokens:
             with tempfile.TemporaryDirectory() as tmp:
                 out = os.path.join(tmp, "r.parquet")
-                s = in_process(args.input, out, ["--batch-tokens", str(budget), "--method", method, *job_args])
+                point = ["--batch-tokens", str(budget), "--method", method, *job_args]
+                s = in_process(args.input, out, point, threads)
                 rows.append(row(method, 0, 0, budget, s, out))
             print(rows[-1], flush=True)
         for drafters in args.drafters:
@@ -100,7 +106,8 @@ def main(argv=None) -> int:
                             "--batch-tokens", str(budget), "--method", method, *job_args])
                         rows.append(row(method, drafters, targets, budget, transcribe(jargs), out))
                     print(rows[-1], flush=True)
-    write_outputs(args.output, rows, machine() + "; job options: " + (" ".join(job_args) or "defaults"))
+    write_outputs(args.output, rows, machine() + f"; in-process reference rows: {threads} torch threads; job options: "
+                  + (" ".join(job_args) or "defaults"))
     return 0
 
 

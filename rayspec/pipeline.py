@@ -19,6 +19,7 @@ utterance that fails alone becomes an error row. Recordings longer than the mode
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from dataclasses import dataclass, field
@@ -104,7 +105,8 @@ class Encoded:
     def to(self, device, dtype: Optional[torch.dtype] = None) -> "Encoded":
         """The same batch with its tensors on ``device`` (CPU before crossing Ray's object store) and the target's
         encoder states cast to ``dtype`` if given."""
-        return Encoded(self.target.to(device, dtype), self.caps, self.ctc, self.draft.to(device) if self.draft else None)
+        draft = self.draft.to(device) if self.draft else None
+        return Encoded(self.target.to(device, dtype), self.caps, self.ctc, draft)
 
 
 def needs_draft(options: DecodeOptions) -> bool:
@@ -367,14 +369,14 @@ class TargetDecoder:
         total = sum(batch.durations[i] for i in owned) or 1.0
         for i, rs in owned.items():
             d = batch.durations[i]
-            h = merge_hypotheses([hyps[r] for r in rs], self._separator)
+            h = hyps[rs[0]] if len(rs) == 1 else merge_hypotheses([hyps[r] for r in rs], self._separator)
             rows[i] = self._row(batch.utterances[i], h, seconds * d / total, batch.draft_model, duration=d)
             if self.options.segments:
                 rows[i].segments = [{"start_s": batch.spans[r][0], "end_s": batch.spans[r][1],
                                      "text": self.target.decode_text(hyps[r].tokens)} for r in rs]
         return rows
 
-    @property
+    @functools.cached_property
     def _separator(self) -> list[int]:
         """Token ids that join two segments' texts (a space)."""
         tok = self.target.tokenizer
