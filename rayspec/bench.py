@@ -25,10 +25,10 @@ from tqdm import tqdm
 
 from .batching import BatchBudget, plan_batches
 from .decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, Hypothesis, token_cap
-from .options import add_model_args
 from .decoding.speculative import SpeculationOptions
 from .decoding.ssd import SSDOptions
 from .metrics import error_rates
+from .options import add_model_args
 from .pipeline import DecodeOptions, decode_batch
 
 SPEC_ABLATION = [

@@ -144,11 +144,16 @@ def run_command(func, args, prog: str = "rayspec") -> int:
         return EXIT_USAGE
 
 
-def decode_option_names() -> set[str]:
-    """The option names :func:`decode_options_from` takes (the CLI's decoding flags, with underscores)."""
+def _decode_defaults() -> argparse.Namespace:
+    """The decoding flags at their defaults."""
     parser = argparse.ArgumentParser(add_help=False)
     add_decode_args(parser)
-    return set(vars(parser.parse_args([])))
+    return parser.parse_args([])
+
+
+def decode_option_names() -> set[str]:
+    """The option names :func:`decode_options_from` takes (the CLI's decoding flags, with underscores)."""
+    return set(vars(_decode_defaults()))
 
 
 def decode_options_from(values: dict):
@@ -159,9 +164,7 @@ def decode_options_from(values: dict):
     Raises:
         ValueError: an option name the CLI does not have, or a value of the wrong type.
     """
-    parser = argparse.ArgumentParser(add_help=False)
-    add_decode_args(parser)
-    args = parser.parse_args([])
+    args = _decode_defaults()
     unknown = set(values) - set(vars(args))
     if unknown:
         raise ValueError(f"unknown decoding options {sorted(unknown)}; see rayspec transcribe --help")

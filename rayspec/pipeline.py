@@ -351,12 +351,9 @@ class TargetDecoder:
     def decode(self, batch: EncodedBatch, proposers: Optional[ProposerFactory] = None) -> list[ResultRow]:
         """One result row per utterance of ``batch``: error rows for the audio the drafting side could not use,
         empty text (route "no_speech") for utterances without speech segments, segment texts re-joined."""
-        rows = [self._row(u, None, 0.0, batch.draft_model, error=e, code=c)
-                for u, e, c in zip(batch.utterances, batch.errors, batch.error_codes)]
-        for i, u in enumerate(batch.utterances):
-            if batch.errors[i] is None:
-                rows[i] = self._row(u, Hypothesis([], True, "no_speech"), 0.0, batch.draft_model,
-                                    duration=batch.durations[i])
+        rows = [self._row(u, None, 0.0, batch.draft_model, error=e, code=c) if e else
+                self._row(u, Hypothesis([], True, "no_speech"), 0.0, batch.draft_model, duration=d)
+                for u, e, c, d in zip(batch.utterances, batch.errors, batch.error_codes, batch.durations)]
         if batch.encoded is None:
             return rows
         t0 = time.perf_counter()
@@ -369,7 +366,7 @@ class TargetDecoder:
         total = sum(batch.durations[i] for i in owned) or 1.0
         for i, rs in owned.items():
             d = batch.durations[i]
-            h = hyps[rs[0]] if len(rs) == 1 else merge_hypotheses([hyps[r] for r in rs], self._separator)
+            h = merge_hypotheses([hyps[r] for r in rs], self._separator)
             rows[i] = self._row(batch.utterances[i], h, seconds * d / total, batch.draft_model, duration=d)
             if self.options.segments:
                 rows[i].segments = [{"start_s": batch.spans[r][0], "end_s": batch.spans[r][1],

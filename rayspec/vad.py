@@ -37,15 +37,15 @@ class SegmentOptions:
     pad_s: float = 0.15
 
 
-def _frames(audio: np.ndarray, rate: int) -> tuple[np.ndarray, int]:
-    """``[F, n]`` float32 frames of :data:`FRAME_S` at :data:`VAD_RATE` (resampled if needed) and ``n``."""
+def _frames(audio: np.ndarray, rate: int) -> np.ndarray:
+    """``[F, n]`` float32 frames of :data:`FRAME_S` at :data:`VAD_RATE` (resampled if needed)."""
     if rate != VAD_RATE:
         import soxr
 
         audio = soxr.resample(audio, rate, VAD_RATE)
     n = int(VAD_RATE * FRAME_S)
     count = len(audio) // n
-    return np.asarray(audio[: count * n], dtype=np.float32).reshape(count, n), n
+    return np.asarray(audio[: count * n], dtype=np.float32).reshape(count, n)
 
 
 def _speech(frames: np.ndarray, vad) -> np.ndarray:
@@ -62,21 +62,6 @@ def _speech(frames: np.ndarray, vad) -> np.ndarray:
     return out
 
 
-def speech_frames(audio: np.ndarray, rate: int) -> np.ndarray:
-    """Per-frame speech decisions.
-
-    Args:
-        audio: float32 ``[num_samples]`` in [-1, 1]; rate: its sample rate in Hz.
-
-    Returns:
-        bool ``[F]``, one per :data:`FRAME_S` seconds (a trailing partial frame is dropped).
-    """
-    import webrtcvad
-
-    frames, _ = _frames(audio, rate)
-    return _speech(frames, webrtcvad.Vad(3))
-
-
 def has_speech(audio: np.ndarray, rate: int, min_speech_s: float = MIN_SPEECH_S) -> bool:
     """Whether at least ``min_speech_s`` seconds of ``audio`` are speech (silence and noise are not).
 
@@ -85,7 +70,7 @@ def has_speech(audio: np.ndarray, rate: int, min_speech_s: float = MIN_SPEECH_S)
     """
     import webrtcvad
 
-    frames, _ = _frames(audio, rate)
+    frames = _frames(audio, rate)
     vad, need, found = webrtcvad.Vad(3), min_speech_s / FRAME_S - 1e-9, 0
     block = round(1.0 / FRAME_S)
     for start in range(0, len(frames), block):
@@ -104,7 +89,11 @@ def segments(audio: np.ndarray, rate: int, options: SegmentOptions = SegmentOpti
     Returns:
         ``(start, end)`` sample indices into ``audio``, in order, non-overlapping; empty if there is no speech.
     """
-    speech = speech_frames(audio, rate)
+    import webrtcvad
+
+    frames = _frames(audio, rate)
+    speech = _speech(frames, webrtcvad.Vad(3))
+    energy = (frames.astype(np.float64) ** 2).mean(axis=1)  # per frame, where quiet frames are cut
     hop = FRAME_S * rate
     pause = max(1, round(options.min_pause_s / FRAME_S))
     regions: list[list[int]] = []  # [first, last + 1] frames
@@ -115,7 +104,6 @@ def segments(audio: np.ndarray, rate: int, options: SegmentOptions = SegmentOpti
             regions.append([f, f + 1])
     pad = round(options.pad_s / FRAME_S)
     longest = max(1, int(options.max_seconds / FRAME_S) - 2 * pad)
-    energy = _frame_energy(audio, rate, len(speech))
     out = []
     for first, end in regions:
         while end - first > longest:
@@ -128,11 +116,3 @@ def segments(audio: np.ndarray, rate: int, options: SegmentOptions = SegmentOpti
     n = len(audio)
     return [(int(max(0, (a - pad) * hop)), int(min(n, (b + pad) * hop))) for a, b in out]
 
-
-def _frame_energy(audio: np.ndarray, rate: int, count: int) -> np.ndarray:
-    """Mean squared amplitude of each of the first ``count`` frames of :data:`FRAME_S` at ``rate``."""
-    n = int(rate * FRAME_S)
-    frames = np.asarray(audio[: count * n], dtype=np.float64).reshape(-1, n)
-    out = np.zeros(count)
-    out[: len(frames)] = (frames**2).mean(axis=1)
-    return out

@@ -47,3 +47,16 @@ def test_train_help():
         with pytest.raises(SystemExit) as exc:
             main(["train", kind, "--help"])
         assert exc.value.code == 0
+
+
+def test_train_target_warm_starts_from_a_model_directory(trained_target, samples_manifest):
+    """--init/--init-ctc: the run starts from the given weights (and their architecture), not random ones."""
+    import torch
+
+    tmp, out, ctc = trained_target
+    assert main(["train", "target", samples_manifest, "-o", str(tmp / "warm"), "--work-dir", str(tmp / "work" / "warm"),
+                 "--init", str(out), "--init-ctc", str(ctc), "--epochs", "1", "--max-steps", "1", "--threads", "1",
+                 "--lr", "1e-9", "--warmup-steps", "1"]) == 0
+    before, after = WhisperASR.from_pretrained(str(out)).model, WhisperASR.from_pretrained(str(tmp / "warm")).model
+    assert after.config.d_model == 32
+    assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(before.parameters(), after.parameters()))
