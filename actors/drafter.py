@@ -3,7 +3,8 @@
 ``encode`` turns a batch of utterances into an :class:`~rayspec.pipeline.EncodedBatch` (CPU tensors) that stays in
 Ray's object store until a target actor fetches it. For draft-model speculation the same actor also serves draft
 proposals: a target actor opens a session over a batch (passing the batch's object ref, so encoder states never go
-through the driver), then asks for one :class:`~rayspec.decoding.proposer.DraftProposal` per live row each round.
+through the driver), then asks for one :class:`~rayspec.spec.loop.Proposal` per live row each round; the verifier's
+feedback on the previous round travels with the next request (one round trip per round).
 """
 
 from __future__ import annotations
@@ -54,8 +55,9 @@ class DraftServer:
         draft_only = replace(enc, draft=enc.draft.to(self.drafter.draft.device))  # target states stay put
         self.sessions[key] = self.drafter.proposers(draft_only)(rows, caps)
 
-    def propose(self, key: str, requests: list) -> list:
-        """One round of proposals for session ``key`` (see :meth:`rayspec.decoding.proposer.DraftProposer.propose`).
+    def propose(self, key: str, requests: list, feedback: list) -> list:
+        """Apply the last round's feedback, then one round of proposals for session ``key`` (see
+        :class:`rayspec.decoding.proposer.DraftProposer`).
 
         Raises:
             DraftSessionLost: no such session on this actor.
@@ -63,6 +65,8 @@ class DraftServer:
         proposer = self.sessions.get(key)
         if proposer is None:
             raise DraftSessionLost(f"draft session {key!r} is not held by this drafter (restarted?)")
+        if feedback:
+            proposer.update(feedback)
         return proposer.propose(requests)
 
     def close(self, key: str) -> None:
@@ -89,14 +93,21 @@ class RemoteProposers:
     def __init__(self, drafter, key: str, batch_ref) -> None:
         self.drafter, self.key, self.batch_ref = drafter, key, batch_ref
         self.opened: Optional[str] = None
+        self.feedback: list = []
 
     def __call__(self, rows: list[int], caps: list[int]) -> "RemoteProposers":
         ray.get(self.drafter.open.remote(self.key, self.batch_ref, rows, caps))
         self.opened = self.key
+        self.feedback = []
         return self
 
     def propose(self, requests: list) -> list:
-        return ray.get(self.drafter.propose.remote(self.key, requests))
+        feedback, self.feedback = self.feedback, []
+        return ray.get(self.drafter.propose.remote(self.key, requests, feedback))
+
+    def update(self, feedback: list) -> None:
+        """Held until the next :meth:`propose` (sent with it)."""
+        self.feedback = feedback
 
     def close(self) -> None:
         if self.opened is not None:

@@ -64,7 +64,7 @@ def cmd_train(args) -> int:
     arch = Architecture(
         d_model=args.d_model or base.d_model, encoder_layers=args.encoder_layers or base.encoder_layers,
         decoder_layers=args.decoder_layers or base.decoder_layers, heads=args.heads or base.heads,
-        ffn=args.ffn or base.ffn,
+        ffn=args.ffn or base.ffn, frame_stack=args.frame_stack or base.frame_stack,
     )
     opt = TrainOptions(epochs=args.epochs, batch_frames=args.batch_frames, lr=args.lr, seed=args.seed,
                        threads=args.threads, ctc_weight=args.ctc_weight, eval_every=args.eval_every,
@@ -174,7 +174,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--init", help="warm start: initialise a target/draft from this model directory (curriculum)")
     p.add_argument("--init-ctc", help="warm start: initialise the CTC head from this directory")
-    for name in ("d-model", "encoder-layers", "decoder-layers", "heads", "ffn"):
+    for name in ("d-model", "encoder-layers", "decoder-layers", "heads", "ffn", "frame-stack"):
         p.add_argument(f"--{name}", type=int, default=None, help="architecture override")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (smoke runs)")
     p.add_argument("--max-utterances", type=int, default=None, help="use only the first N utterances (smoke runs)")

@@ -34,11 +34,12 @@ from .batching import BatchBudget, plan_batches
 from .decoding.ar import greedy_decode
 from .decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, DecodeStats, Hypothesis, token_cap
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
-from .decoding.speculative import Proposer, SpeculativeDecoder
+from .decoding.speculative import draft_loop
 from .decoding.ssd import CTCDrafts, SSDDecoder, SSDOptions, ctc_drafts
 from .manifest import Utterance
 from .models.ctc import CTCHead
 from .models.whisper import EncoderOutput, WhisperASR
+from .spec.loop import Proposer
 from .results import ResultRow, ResultWriter
 from .vad import SegmentOptions, has_speech, segments
 
@@ -177,7 +178,7 @@ def decode_encoded(target: WhisperASR, options: DecodeOptions, encoded: Encoded,
                 hyps[x.index] = h
         return hyps
     spec = speculation_options(options)
-    return SpeculativeDecoder(target, proposers(list(range(len(caps))), caps), spec).decode(enc, caps)
+    return draft_loop(target, proposers(list(range(len(caps))), caps), spec).decode(enc, caps)
 
 
 def speculation_options(options: DecodeOptions) -> SpeculationOptions:

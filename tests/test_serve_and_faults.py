@@ -168,11 +168,11 @@ def test_lost_draft_session_is_redone_exactly(ray_local, samples_manifest, tiny_
     class ForgetfulDrafter(DraftServer):
         lost = 0
 
-        def propose(self, key, requests):
+        def propose(self, key, requests, feedback):
             if not self.lost:
                 self.lost += 1
                 self.sessions.clear()
-            return super().propose(key, requests)
+            return super().propose(key, requests, feedback)
 
         def times_lost(self):
             return self.lost

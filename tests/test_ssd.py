@@ -7,7 +7,7 @@ import torch
 
 from rayspec.decoding.ar import greedy_decode
 from rayspec.decoding.proposer import DraftProposer, SpeculationOptions
-from rayspec.decoding.ssd import CTCDrafts, SSDDecoder, SSDOptions, ctc_drafts, retokenize, verified_prefix
+from rayspec.decoding.ssd import CTCDrafts, SSDDecoder, SSDOptions, ctc_drafts, retokenize
 from rayspec.models.ctc import BLANK, CTCHead, collapse, max_frame_entropy
 from tiny import random_audio
 
@@ -31,14 +31,6 @@ def test_max_frame_entropy():
     # padded frames beyond a row's length do not count
     mixed = torch.cat([peaked, uniform], dim=1)
     assert max_frame_entropy(mixed, torch.tensor([3]))[0] < 0.2
-
-
-def test_verified_prefix():
-    assert verified_prefix([0.9, 0.8, 0.7], [True] * 3, 0.1, exact=True) == 3
-    assert verified_prefix([0.05, 0.8], [True, True], 0.1, exact=False) == 0  # prefix of length 0
-    assert verified_prefix([0.9, 0.4, 0.9], [True, False, True], 0.1, exact=False) == 3
-    assert verified_prefix([0.9, 0.4, 0.9], [True, False, True], 0.1, exact=True) == 1
-    assert verified_prefix([], [], 0.5, exact=True) == 0
 
 
 def test_retokenize_roundtrip(tiny_target):

@@ -1,10 +1,12 @@
 """The drafting side of draft-model speculative decoding: a proposer that owns the draft model's KV cache.
 
 Source: SpecASR (../shared/seeds/specasr.txt): IV.A adaptive single-sequence prediction, IV.B draft sequence
-recycling, IV.C two-pass sparse token tree. The verifier (:class:`~rayspec.decoding.speculative.SpeculativeDecoder`)
-and the proposer only exchange small per-row messages (:class:`DraftRequest` in, :class:`DraftProposal` out), so the
-proposer can run in the verifier's process or in another Ray actor on another GPU (``actors/drafter.py``), as
-vLLM's ``v1/spec_decode`` separates proposers from its rejection sampler.
+recycling, IV.C two-pass sparse token tree. The verify loop (:class:`~rayspec.spec.loop.VerifyLoop`)
+and the proposer only exchange small per-row messages (:class:`~rayspec.spec.loop.DraftRequest` in, a
+:class:`~rayspec.spec.loop.Proposal` token tree out, :class:`~rayspec.spec.loop.Feedback` back), so the proposer can
+run in the verifier's process or in another Ray actor on another GPU (``actors/drafter.py``), as vLLM's
+``v1/spec_decode`` separates proposers from its rejection sampler. The verifier knows nothing of the strategy: the
+proposer turns the feedback (which of its nodes were kept) into its own draft-cache rollback and recycling state.
 
 One call of :meth:`DraftProposer.propose`, for every live row of the batch at once:
 
@@ -16,6 +18,7 @@ One call of :meth:`DraftProposer.propose`, for every live row of the batch at on
 2. The branches: at up to ``tree_branches`` trunk positions whose top-1 probability is below ``tree_threshold``,
    the 2nd-best token starts a branch, drafted greedily from a forked draft cache (all branches of all rows in one
    batch); a branch that re-joins the trunk reuses the rest of the trunk.
+3. The tree: trunk nodes form a chain under the row's root; branch ``(i, tokens)`` hangs under trunk node ``i - 1``.
 """
 
 from __future__ import annotations
@@ -23,10 +26,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 from ..models.cache import DecoderCache
 from ..models.whisper import EncoderOutput, WhisperASR
+from ..spec.loop import DraftRequest, Feedback, Proposal
+from ..spec.tree import DraftTree
 
 
 @dataclass(frozen=True)
@@ -59,43 +65,42 @@ class SpeculationOptions:
     @property
     def nodes_per_round(self) -> int:
         """Most draft tokens one row can send to verification in one round (trunk + branches)."""
-        return self.max_draft * (1 + (self.branch_max + 1) * (self.tree_branches if self.tree else 0))
+        return self.max_draft + self.branch_max * (self.tree_branches if self.tree else 0)
 
 
 @dataclass
-class DraftRequest:
-    """What the verifier tells the proposer about one live row before a round.
+class _Sent:
+    """What the proposer sent for one row last round (to interpret the verifier's feedback).
 
     Attributes:
-        index: the row's index in the batch the proposer was built for.
-        seq: prompt + tokens emitted so far (token ids).
-        valid: leading tokens of ``seq`` whose draft keys/values are still correct (the rest is re-fed).
-        room: tokens the row may still emit (its cap minus emitted tokens); > 0.
-        old_suffix: last round's rejected draft continuation (recycling, SpecASR IV.B); [] for none.
+        seq_len: length of the row's sequence the proposal continued.
+        trunk: the greedy draft continuation; fed: leading trunk tokens whose draft keys/values sit in the cache.
+        branches: ``(i, tokens)``, a branch replacing the trunk from position ``i`` on.
     """
 
-    index: int
-    seq: list[int]
-    valid: int
-    room: int
-    old_suffix: list[int] = field(default_factory=list)
+    seq_len: int
+    trunk: list[int]
+    fed: int
+    branches: list[tuple[int, list[int]]]
 
+    def tree(self) -> DraftTree:
+        tokens, parents = list(self.trunk), list(range(-1, len(self.trunk) - 1))
+        for i, br in self.branches:
+            prev = i - 1
+            for t in br:
+                parents.append(prev)
+                prev = len(tokens)
+                tokens.append(t)
+        return DraftTree(tuple(tokens), tuple(parents))
 
-@dataclass
-class DraftProposal:
-    """The proposer's answer for one row.
-
-    Attributes:
-        trunk: the greedy draft continuation of ``seq`` (may end in EOS).
-        fed: leading trunk tokens whose draft keys/values now sit in the draft cache after ``seq``.
-        branches: ``(i, tokens)``: a branch replacing the trunk from position ``i`` on.
-        passes: draft decoder passes this row took part in this round (branch passes count per branch).
-    """
-
-    trunk: list[int] = field(default_factory=list)
-    fed: int = 0
-    branches: list[tuple[int, list[int]]] = field(default_factory=list)
-    passes: int = 0
+    def followed(self, last_node: int) -> list[int]:
+        """The draft sequence (trunk or trunk prefix + branch) that node ``last_node`` of :meth:`tree` lies on."""
+        n = len(self.trunk)
+        for i, br in self.branches:
+            if n <= last_node < n + len(br):
+                return self.trunk[:i] + br
+            n += len(br)
+        return self.trunk
 
 
 def check_compatible(target: WhisperASR, draft: WhisperASR) -> None:
@@ -121,10 +126,13 @@ def rejoin(new: list[int], old: list[int]) -> Optional[int]:
 
 @dataclass
 class _Work:
-    """A row being drafted: its request, its proposal so far and per-position draft statistics."""
+    """A row being drafted: its request, its draft so far and per-position draft statistics."""
 
     req: DraftRequest
-    out: DraftProposal
+    out: _Sent
+    valid: int  # leading tokens of req.seq whose draft keys/values are correct
+    old_suffix: list[int]  # last round's rejected draft continuation (recycling, IV.B)
+    passes: int = 0
     p1: list[Optional[float]] = field(default_factory=list)  # top-1 probability per trunk token (None: recycled)
     alt: list[int] = field(default_factory=list)  # 2nd-best token per trunk position
     drafting: bool = True
@@ -147,9 +155,12 @@ class DraftProposer:
         capacity = self.prompt_len + max(caps) + options.max_draft + options.branch_max + 2
         self.cache = draft.new_cache(draft_enc.to(draft.device), capacity)
         self.rows = list(range(len(caps)))  # batch index of each cache row
+        self.sent: dict[int, _Sent] = {}  # last round's draft per row
+        self.valid: dict[int, int] = {}  # leading sequence tokens with correct draft keys/values, per row
+        self.old_suffix: dict[int, list[int]] = {}  # rejected draft continuation per row (recycling)
 
     @torch.inference_mode()
-    def propose(self, requests: list[DraftRequest]) -> list[DraftProposal]:
+    def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
         """Draft for the live rows in ``requests`` (a subsequence of the rows still held; dropped rows are freed).
 
         Raises:
@@ -162,38 +173,54 @@ class DraftProposer:
             raise ValueError(f"row {exc.args[0]} is not held by this proposer") from None
         if keep != sorted(keep):
             raise ValueError("requests must keep the batch's row order")
-        dev = self.cache.lengths.device
         if len(keep) < len(self.rows):
-            self.cache = self.cache.select(torch.tensor(keep, dtype=torch.long, device=dev))
+            self.cache = self.cache.select(keep)
             self.rows = [r.index for r in requests]
-        self.cache.crop(torch.tensor([r.valid for r in requests], device=dev))
-        work = [_Work(r, DraftProposal()) for r in requests]
+        work = [_Work(r, _Sent(len(r.seq), [], 0, []), self.valid.get(r.index, 0), self.old_suffix.get(r.index, []))
+                for r in requests]
+        self.cache.crop([w.valid for w in work])
         self._trunk(work)
         if self.opt.tree and self.opt.tree_branches:
             self._branches(work)
-        return [w.out for w in work]
+        self.sent = {w.req.index: w.out for w in work}
+        return [Proposal(w.out.tree(), w.passes) for w in work]
+
+    def update(self, feedback: list[Feedback]) -> None:
+        """Roll the draft cache back to the kept part of the trunk and keep the rejected continuation of the
+        followed sequence for recycling (SpecASR IV.B)."""
+        for f in feedback:
+            sent = self.sent[f.index]
+            tree = sent.tree()
+            accepted = [tree.tokens[a] for a in f.accepted]
+            followed = sent.followed(f.accepted[-1]) if f.accepted else sent.trunk
+            self.old_suffix[f.index] = followed[len(accepted) + 1 :] if len(accepted) < len(followed) else []
+            common = 0  # the draft cache is valid along the trunk tokens it was fed
+            while common < min(len(accepted), sent.fed) and accepted[common] == sent.trunk[common]:
+                common += 1
+            self.valid[f.index] = sent.seq_len + common
 
     def _feed(self, cache: DecoderCache, chunks: list[list[int]]) -> torch.Tensor:
         """Feed ragged token lists (one per row, each non-empty); commit them; return logits at each row's last."""
-        dev = cache.lengths.device
-        counts = torch.tensor([len(c) for c in chunks], device=dev)
+        counts = np.asarray([len(c) for c in chunks], dtype=np.int64)
         width = int(counts.max())
-        tokens = torch.tensor([c + [self.eos] * (width - len(c)) for c in chunks], device=dev)
+        tokens = torch.tensor([c + [self.eos] * (width - len(c)) for c in chunks]).to(cache.device, non_blocking=True)
         logits = self.draft.decode(cache, tokens)
-        cache.commit(torch.arange(width, device=dev).expand(len(chunks), -1), counts)
-        return logits[torch.arange(len(chunks), device=dev), counts - 1]
+        cache.commit(np.broadcast_to(np.arange(width), (len(chunks), width)), counts)
+        last = torch.from_numpy(counts - 1).to(cache.device, non_blocking=True)
+        return logits[torch.arange(len(chunks), device=cache.device), last]
 
     def _top2(self, logits: torch.Tensor, first: list[bool]):
-        first_t = torch.tensor(first, device=logits.device)
-        probs = self.draft.suppress(logits, first=first_t).float().softmax(-1)
+        """Top-2 probabilities and tokens per row (one device read: adaptive drafting decides on the host)."""
+        probs = self.draft.suppress(logits, first=np.asarray(first)).float().softmax(-1)
         p, tok = probs.topk(2, dim=-1)
-        return p.tolist(), tok.tolist()
+        both = torch.cat([p.double(), tok.double()], dim=1).tolist()
+        return [r[:2] for r in both], [[int(r[2]), int(r[3])] for r in both]
 
     def _trunk(self, work: list[_Work]) -> None:
         opt = self.opt
-        logits = self._feed(self.cache, [w.req.seq[w.req.valid :] for w in work])
+        logits = self._feed(self.cache, [w.req.seq[w.valid :] for w in work])
         for w in work:
-            w.out.passes += 1
+            w.passes += 1
         while True:
             first = [len(w.req.seq) - self.prompt_len + len(w.out.trunk) == 0 for w in work]
             p, tok = self._top2(logits, first)
@@ -207,10 +234,10 @@ class DraftProposer:
                 limit = min(opt.max_draft, w.req.room)
                 if tok[k][0] == self.eos or len(trunk) >= limit or p[k][0] < opt.threshold:
                     w.drafting = False
-                elif opt.recycle and w.req.old_suffix:
-                    j = rejoin(trunk, w.req.old_suffix)
+                elif opt.recycle and w.old_suffix:
+                    j = rejoin(trunk, w.old_suffix)
                     if j is not None:
-                        reused = w.req.old_suffix[j:]
+                        reused = w.old_suffix[j:]
                         if self.eos in reused:
                             reused = reused[: reused.index(self.eos) + 1]
                         reused = reused[: limit - len(trunk)]
@@ -231,7 +258,7 @@ class DraftProposer:
                     feed.append([self.eos])
             for w in work:
                 if w.drafting:
-                    w.out.passes += 1
+                    w.passes += 1
             logits = self._feed(self.cache, feed)
 
     def _branches(self, work: list[_Work]) -> None:
@@ -246,17 +273,14 @@ class DraftProposer:
             starts += [(k, i, w.alt[i]) for i in sorted(cand)]
         if not starts:
             return
-        dev = self.cache.lengths.device
-        rows_idx = torch.tensor([k for k, _, _ in starts], device=dev)
-        lengths = torch.tensor([len(work[k].req.seq) + i for k, i, _ in starts], device=dev)
-        fork = self.cache.fork(rows_idx, lengths)
+        fork = self.cache.fork([k for k, _, _ in starts], [len(work[k].req.seq) + i for k, i, _ in starts])
         branches = [[tok] for _, _, tok in starts]
         active = [tok != self.eos and min(opt.branch_max, work[k].req.room - i) > 1 for k, i, tok in starts]
         while any(active):
             logits = self._feed(fork, [[br[-1]] for br in branches])
             for (k, _, _), on in zip(starts, active):
                 if on:
-                    work[k].out.passes += 1
+                    work[k].passes += 1
             p, tok = self._top2(logits, [False] * len(branches))
             for n, ((k, i, _), br) in enumerate(zip(starts, branches)):
                 if not active[n]:

@@ -24,13 +24,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
+import numpy as np
+
 import torch
 
 from ..models.ctc import CTCHead, max_frame_entropy
 from ..models.whisper import EncoderOutput, WhisperASR
-from .ar import greedy_continue
+from ..spec.acceptance import AcceptanceRule, accept_tree, score_tree
+from ..spec.loop import Proposer, VerifyLoop
+from ..spec.tree import DraftTree, TokenTrees
 from .common import Hypothesis
-from .speculative import Proposer, SpeculationOptions, SpeculativeDecoder
+from .proposer import SpeculationOptions
+from .speculative import draft_loop
 
 
 @dataclass(frozen=True)
@@ -57,22 +62,6 @@ class SSDOptions:
     def __post_init__(self):
         if self.fallback not in ("ar", "draft"):
             raise ValueError(f"fallback must be 'ar' or 'draft', not {self.fallback!r}")
-
-
-def verified_prefix(token_probs: Sequence[float], is_argmax: Sequence[bool], tau_slm: float, exact: bool) -> int:
-    """Length of the longest verified prefix (SSD eq. 6: the first position failing eq. 5 ends it).
-
-    Args:
-        token_probs: target probability of each hypothesis token (EOS last).
-        is_argmax: whether each token is the target's argmax at its position.
-
-    Returns:
-        ``j`` in ``0 .. len(token_probs)``; ``len(token_probs)`` means the whole hypothesis is verified.
-    """
-    for j, (p, top) in enumerate(zip(token_probs, is_argmax)):
-        if p <= tau_slm or (exact and not top):
-            return j
-    return len(token_probs)
 
 
 def retokenize(ctc_ids: list[int], ctc: CTCHead, target: WhisperASR) -> list[int]:
@@ -154,26 +143,20 @@ class SSDDecoder:
                 h.stats.ctc_entropy = entropy[i]
         if not todo:
             return out, parked
-        rows = torch.tensor(todo, device=enc.states.device)
-        sub = enc.select(rows)
+        sub = enc.select(torch.tensor(todo, device=enc.states.device))
         p = len(t.prompt_ids)
         seqs = [hyps_ctc[i][: caps[i]] for i in todo]
-        width = max(len(s) for s in seqs) + 1
-        cache = t.new_cache(sub, p + width + 1)
-        tokens = torch.tensor([t.prompt_ids + s + [eos] * (width - len(s)) for s in seqs], device=rows.device)
-        # Logits only where they score the hypothesis: positions p-1 .. p-1+len(s) predict s and EOS.
-        logits = t.decode(cache, tokens[:, :-1], logits_from=p - 1)
-        first = torch.zeros(logits.shape[:2], dtype=torch.bool, device=logits.device)
-        first[:, 0] = True
-        probs = t.suppress(logits, first=first).float().softmax(-1)
-        targets = torch.tensor([s + [eos] + [eos] * (width - 1 - len(s)) for s in seqs], device=rows.device)
-        tok_p = probs.gather(-1, targets[..., None])[..., 0].tolist()
-        best = probs.argmax(-1).tolist()
+        # One target pass scores each hypothesis + EOS as a chain after the prompt (eq. 4); eq. 5-6 pick the
+        # verified prefix, and the target's argmax after it is known from the same pass (eq. 7).
+        trees = TokenTrees.build([t.prompt_ids] * len(todo), [DraftTree.chain(s + [eos]) for s in seqs])
+        cache = t.new_cache(sub, int(trees.sizes.max()) + 1)
+        dev = trees.to_device(eos, np.full(len(todo), p - 1), cache.device)
+        logits = t.suppress(t.decode(cache, dev.tokens, dev.ancestors, dev.depths), first=dev.host["first"])
+        rule = AcceptanceRule("threshold", tau=self.opt.tau_slm, exact=self.opt.exact)
+        result = accept_tree(trees, score_tree(logits, dev, rule))
         keep_len = []
         for k, (i, s) in enumerate(zip(todo, seqs)):
-            n = len(s) + 1
-            top = [best[k][j] == targets[k, j].item() for j in range(n)]
-            j = verified_prefix(tok_p[k][:n], top, self.opt.tau_slm, self.opt.exact)
+            n, j = len(s) + 1, len(result.paths[k])
             if j == n:
                 h = Hypothesis(list(s), True, "verified")
                 h.stats.target_forward_passes = 1
@@ -181,7 +164,7 @@ class SSDDecoder:
                 out[i] = h
                 keep_len.append(None)
                 continue
-            nxt = best[k][j]  # the target's own token after the verified prefix
+            nxt = int(result.next_tokens[k])  # the target's own token after the verified prefix
             prefix = s[:j] + ([] if nxt == eos else [nxt])
             if nxt == eos or len(prefix) >= caps[i]:
                 h = Hypothesis(prefix[: caps[i]], nxt == eos, "fallback")
@@ -223,21 +206,14 @@ class SSDDecoder:
         caps = [x.cap for x in parked]
         routes = ["fallback" if x.kv is not None else "ar" for x in parked]
         verified = [x.kv is not None for x in parked]
-        if self.opt.fallback == "draft":
-            if proposer is None:
-                raise ValueError("fallback='draft' needs a draft proposer")
-            kv = [x.kv for x in parked] if all(verified) else None
-            prefixes = [x.prefix for x in parked] if kv is not None else None
-            hyps = SpeculativeDecoder(t, proposer, self.opt.speculation).decode(enc, caps, prefixes, kv)
+        if self.opt.fallback == "draft" and proposer is None:
+            raise ValueError("fallback='draft' needs a draft proposer")
+        spec = self.opt.speculation
+        loop = draft_loop(t, proposer, spec) if self.opt.fallback == "draft" else VerifyLoop(t)
+        if all(verified):
+            hyps = loop.decode(enc, caps, [x.prefix for x in parked], [x.kv for x in parked])
         else:
-            hyps = [Hypothesis(list(x.prefix), False, r) for x, r in zip(parked, routes)]
-            cache = t.new_cache(enc, len(t.prompt_ids) + max(caps) + 1)
-            if all(verified):
-                cache.import_rows([x.kv for x in parked])
-                tokens = torch.tensor([[x.prefix[-1]] for x in parked], device=dev)
-            else:
-                tokens = torch.tensor(t.prompt_ids, device=dev).expand(len(parked), -1)
-            greedy_continue(t, cache, hyps, tokens, caps)
+            hyps = loop.decode(enc, caps)
         for h, x, r in zip(hyps, parked, routes):
             h.route = r
             h.stats.ctc_entropy = x.entropy

@@ -11,8 +11,9 @@ into consecutive positions. Cross-attention keys/values are computed once from t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
+import numpy as np
 import torch
 
 
@@ -20,11 +21,16 @@ import torch
 class DecoderCache:
     """Per-layer decoder caches for a batch of ``B`` rows.
 
+    Committed lengths live on the host (``host_lengths``, the source of truth for shapes and checks) and on the
+    device (``lengths``, for position arithmetic), so no method here reads the device back.
+
     Attributes:
         self_k, self_v: one tensor per decoder layer, ``[B, H, capacity, Dh]``, the model's dtype.
-        cross_k, cross_v: one tensor per decoder layer, ``[B, H, S, Dh]`` (S encoder positions).
+        cross_k, cross_v: one tensor per decoder layer, ``[B, H, S, Dh]`` (S encoder positions); empty lists for a
+            decoder-only model.
         cross_mask: bool ``[B, 1, 1, S]``, True where the encoder position is real; None when no row is padded.
-        lengths: int64 ``[B]``, committed positions per row (prompt + accepted tokens).
+        host_lengths: int64 numpy ``[B]``, committed positions per row (prompt + accepted tokens).
+        lengths: int64 ``[B]`` on the cache's device, the same numbers.
         pending: number of positions the last decoder call wrote past ``lengths`` (0 after a commit).
     """
 
@@ -33,69 +39,89 @@ class DecoderCache:
     cross_k: list[torch.Tensor]
     cross_v: list[torch.Tensor]
     cross_mask: Optional[torch.Tensor]
+    host_lengths: np.ndarray
     lengths: torch.Tensor
     pending: int = 0
 
+    @staticmethod
+    def empty(self_k, self_v, cross_k, cross_v, cross_mask, device) -> "DecoderCache":
+        """A cache with no committed positions (``B`` = ``self_k[0].shape[0]``)."""
+        b = self_k[0].shape[0]
+        return DecoderCache(self_k, self_v, cross_k, cross_v, cross_mask, np.zeros(b, dtype=np.int64),
+                            torch.zeros(b, dtype=torch.long, device=device))
+
     @property
     def batch_size(self) -> int:
-        return int(self.lengths.shape[0])
+        return len(self.host_lengths)
 
     @property
     def capacity(self) -> int:
         return int(self.self_k[0].shape[2])
 
-    def select(self, rows: torch.Tensor) -> "DecoderCache":
-        """A cache holding only ``rows`` (int64 ``[B']`` indices), in that order: drops finished rows or reorders."""
-        pick = lambda ts: [t.index_select(0, rows) for t in ts]  # noqa: E731
-        return DecoderCache(
-            pick(self.self_k),
-            pick(self.self_v),
-            pick(self.cross_k),
-            pick(self.cross_v),
-            None if self.cross_mask is None else self.cross_mask.index_select(0, rows),
-            self.lengths.index_select(0, rows),
-            self.pending,
-        )
+    @property
+    def device(self) -> torch.device:
+        return self.lengths.device
 
-    def commit(self, keep: torch.Tensor, counts: torch.Tensor) -> None:
+    def _set_lengths(self, lengths: np.ndarray) -> None:
+        self.host_lengths = np.asarray(lengths, dtype=np.int64).copy()
+        self.lengths = torch.from_numpy(self.host_lengths.copy()).to(self.device, non_blocking=True)
+
+    def select(self, rows: Sequence[int]) -> "DecoderCache":
+        """A cache holding only ``rows`` (indices, in that order): drops finished rows or reorders. Copies every
+        layer's keys/values of those rows."""
+        rows = np.asarray(rows, dtype=np.int64)
+        index = torch.from_numpy(rows).to(self.device, non_blocking=True)
+        pick = lambda ts: [t.index_select(0, index) for t in ts]  # noqa: E731
+        out = DecoderCache(
+            pick(self.self_k), pick(self.self_v), pick(self.cross_k), pick(self.cross_v),
+            None if self.cross_mask is None else self.cross_mask.index_select(0, index),
+            self.host_lengths[rows], self.lengths.index_select(0, index), self.pending,
+        )
+        return out
+
+    def commit(self, keep: np.ndarray, counts: np.ndarray) -> None:
         """Keep some pending positions per row and drop the rest.
 
         Args:
-            keep: int64 ``[B, A]``, for each row the indices (0 .. pending-1) of the pending positions to keep, in
-                order; entries at or after ``counts[b]`` are ignored. For a chain, ``arange(A)``; for a tree, the
+            keep: int64 ``[B, A]`` (host), for each row the indices (0 .. pending-1) of the pending positions to keep,
+                in order; entries at or after ``counts[b]`` are ignored. For a chain, ``arange(A)``; for a tree, the
                 node indices of the accepted path.
-            counts: int64 ``[B]``, how many pending positions row ``b`` keeps (0 .. A).
+            counts: int64 ``[B]`` (host), how many pending positions row ``b`` keeps (0 .. A).
 
         Raises:
             ValueError: ``counts`` larger than the pending positions or than ``keep``'s width.
         """
-        if keep.shape[1] > self.pending or bool((counts > keep.shape[1]).any()) or bool((counts < 0).any()):
-            raise ValueError(f"cannot keep {keep.shape[1]} of {self.pending} pending positions (counts {counts})")
+        keep, counts = np.asarray(keep, dtype=np.int64), np.asarray(counts, dtype=np.int64)
         a = keep.shape[1]
-        if a and not torch.equal(keep, torch.arange(a, device=keep.device).expand_as(keep)):
+        if a > self.pending or (counts > a).any() or (counts < 0).any():
+            raise ValueError(f"cannot keep {a} of {self.pending} pending positions (counts {counts.tolist()})")
+        moved_rows = ((keep != np.arange(a)) & (np.arange(a) < counts[:, None])).any(1)
+        if moved_rows.any():
+            keep_t = torch.from_numpy(keep).to(self.device, non_blocking=True)
             base = self.lengths[:, None]
-            src = (base + keep).clamp(max=self.capacity - 1)
-            dst = base + torch.arange(a, device=keep.device)
+            src = (base + keep_t).clamp(max=self.capacity - 1)
+            dst = base + torch.arange(a, device=self.device)
             for cache in (*self.self_k, *self.self_v):
                 b, h, _, d = cache.shape
                 moved = cache.gather(2, src[:, None, :, None].expand(b, h, a, d))
                 cache.scatter_(2, dst[:, None, :, None].expand(b, h, a, d), moved)
-        self.lengths = self.lengths + counts
+        self._set_lengths(self.host_lengths + counts)
         self.pending = 0
 
-    def crop(self, lengths: torch.Tensor) -> None:
-        """Roll rows back to ``lengths`` (int64 ``[B]``, each <= the row's committed length); drops pending positions.
+    def crop(self, lengths: Sequence[int]) -> None:
+        """Roll rows back to ``lengths`` (``[B]``, each <= the row's committed length); drops pending positions.
 
         Raises:
             ValueError: a length beyond the committed one.
         """
-        if bool((lengths > self.lengths).any()) or bool((lengths < 0).any()):
-            raise ValueError(f"cannot crop lengths {self.lengths.tolist()} to {lengths.tolist()}")
-        self.lengths = lengths.clone()
+        lengths = np.asarray(lengths, dtype=np.int64)
+        if (lengths > self.host_lengths).any() or (lengths < 0).any():
+            raise ValueError(f"cannot crop lengths {self.host_lengths.tolist()} to {lengths.tolist()}")
+        self._set_lengths(lengths)
         self.pending = 0
 
-    def fork(self, rows: torch.Tensor, lengths: torch.Tensor) -> "DecoderCache":
-        """A copy of ``rows`` (int64 ``[F]``, repeats allowed) cropped to ``lengths`` (``[F]``): the starting points
+    def fork(self, rows: Sequence[int], lengths: Sequence[int]) -> "DecoderCache":
+        """A copy of ``rows`` (``[F]``, repeats allowed) cropped to ``lengths`` (``[F]``): the starting points
         of token-tree branches drafted in parallel (SpecASR IV.C, second pass)."""
         forked = self.select(rows)
         forked.crop(lengths)
@@ -114,5 +140,5 @@ class DecoderCache:
                 n = k.shape[1]
                 ck[r, :, :n] = k.to(ck.device, ck.dtype)
                 cv[r, :, :n] = v.to(cv.device, cv.dtype)
-        self.lengths = torch.tensor([layers[0][0].shape[1] for layers in prefixes], device=self.lengths.device)
+        self._set_lengths(np.asarray([layers[0][0].shape[1] for layers in prefixes]))
         self.pending = 0

@@ -15,8 +15,8 @@ transformers' caches hold one length for the whole batch, while speculative rows
 Batch invariance. transformers' ``WhisperEncoder`` only takes exactly ``2 * max_source_positions`` frames and ignores
 attention masks. Checkpoints trained that way (real Whisper) are run the same way: every utterance padded to the
 fixed window (``encoder_masking = False``). Checkpoints trained by rayspec's recipes set ``rayspec_encoder_masking``
-in their config: features are computed per utterance (and normalized per mel bin with the training statistics
-stored in the config, if any), the conv front-end output is zeroed past each utterance's length, and encoder
+in their config: features are computed per utterance (``rayspec_frame_stack`` consecutive log-mel frames stacked
+into one, and normalized per bin with the training statistics stored in the config, if any), the conv front-end output is zeroed past each utterance's length, and encoder
 self-attention and decoder cross-attention mask padded positions. Either way an utterance's
 result does not depend on its batch-mates.
 """
@@ -62,6 +62,21 @@ class EncoderOutput:
                              self.masked)
 
 
+def stack_frames(features: torch.Tensor | np.ndarray, k: int):
+    """Stack ``k`` consecutive log-mel frames into one: ``[..., M, T]`` -> ``[..., k * M, T // k]``.
+
+    Stacked bin ``j * M + m`` of output frame ``t`` is bin ``m`` of input frame ``t * k + j`` (a trailing partial
+    group is dropped). With a 10 ms hop and ``k = 2`` Whisper's stride-2 convolution then yields 25 encoder positions
+    per second (4x time subsampling, as ESPnet's conv2d front-end) without discarding the 10 ms resolution.
+    """
+    if k == 1:
+        return features
+    *lead, m, t = features.shape
+    x = features[..., : t - t % k].reshape(*lead, m, t // k, k)
+    x = x.swapaxes(-1, -2) if isinstance(x, np.ndarray) else x.transpose(-1, -2)
+    return x.reshape(*lead, k * m, t // k)
+
+
 def _require_files(path: str) -> None:
     if not os.path.isdir(path):
         raise ModelLoadError(f"model directory not found: {path} (rayspec loads local directories only)")
@@ -88,6 +103,7 @@ class WhisperASR:
         cfg = model.config
         self.config = cfg
         self.encoder_masking = bool(getattr(cfg, "rayspec_encoder_masking", False))
+        self.frame_stack = int(getattr(cfg, "rayspec_frame_stack", 1))
         mean, std = getattr(cfg, "rayspec_feature_mean", None), getattr(cfg, "rayspec_feature_std", None)
         self.feature_mean = None if mean is None else torch.tensor(mean, dtype=model.dtype, device=model.device)[:, None]
         self.feature_std = None if std is None else torch.tensor(std, dtype=model.dtype, device=model.device)[:, None]
@@ -149,8 +165,8 @@ class WhisperASR:
 
     @property
     def frames_per_second(self) -> float:
-        """Log-mel frames per second of audio."""
-        return self.sample_rate / self.feature_extractor.hop_length
+        """Encoder input frames per second of audio (log-mel frames after stacking)."""
+        return self.sample_rate / self.feature_extractor.hop_length / self.frame_stack
 
     @property
     def max_frames(self) -> int:
@@ -189,7 +205,8 @@ class WhisperASR:
             audios: float32 mono waveforms at :attr:`sample_rate` Hz.
 
         Returns:
-            ``(features, frame_lengths)``: features ``[B, n_mels, T]`` in the model dtype, zero-padded to the longest
+            ``(features, frame_lengths)``: features ``[B, n_mels * frame_stack, T]`` in the model dtype (``T`` in
+            stacked frames, see :func:`stack_frames`), zero-padded to the longest
             row (masking models) or to :attr:`max_frames` (fixed-window models); frame_lengths int64 ``[B]``.
 
         Raises:
@@ -206,7 +223,7 @@ class WhisperASR:
                 out = fe(audio, sampling_rate=self.sample_rate, padding="longest", truncation=False, return_tensors="np")
             else:
                 out = fe(audio, sampling_rate=self.sample_rate, padding="max_length", return_tensors="np")
-            feats.append(out["input_features"][0])
+            feats.append(stack_frames(out["input_features"][0], self.frame_stack))
         lengths = [f.shape[1] for f in feats]
         width = max(lengths) if self.encoder_masking else self.max_frames
         batch = np.zeros((len(feats), feats[0].shape[0], width), dtype=np.float32)
@@ -272,8 +289,7 @@ class WhisperASR:
             cross_mask = (torch.arange(s, device=states.device)[None, :] < encoder_output.lengths[:, None])[
                 :, None, None, :
             ]
-        lengths = torch.zeros(b, dtype=torch.long, device=states.device)
-        return DecoderCache(self_k, self_v, cross_k, cross_v, cross_mask, lengths)
+        return DecoderCache.empty(self_k, self_v, cross_k, cross_v, cross_mask, states.device)
 
     def decode(
         self,
@@ -319,7 +335,7 @@ class WhisperASR:
         base = cache.lengths
         positions = base[:, None] + depths
         slots = base[:, None] + torch.arange(q, device=dev)
-        top = int(slots.max()) + 1
+        top = int(cache.host_lengths.max()) + q  # from the host copy: no device read
         if top > cache.capacity:
             raise ValueError(f"decoder positions up to {top} exceed the cache capacity {cache.capacity}")
         # Callers cap real tokens below max_target_positions; only padding may reach past it, and is clamped.
@@ -369,18 +385,23 @@ class WhisperASR:
         b, _, n, _ = out.shape
         return attn.out_proj(out.transpose(1, 2).reshape(b, n, -1))
 
-    def suppress(self, logits: torch.Tensor, first: torch.Tensor | bool = False) -> torch.Tensor:
+    def suppress(self, logits: torch.Tensor, first: torch.Tensor | np.ndarray | bool = False) -> torch.Tensor:
         """Apply Whisper's suppress lists to logits ``[..., V]`` (returns a new tensor).
 
         Args:
-            first: where the position is the first generated token (``begin_suppress_tokens`` apply): a bool, or a
-                bool tensor broadcastable to ``logits.shape[:-1]``.
+            first: where the position is the first generated token (``begin_suppress_tokens`` apply): a bool, a
+                numpy bool array (checked on the host) or a bool tensor (checked with one device read), broadcastable
+                to ``logits.shape[:-1]``.
         """
         if self._suppress is not None:
             logits = logits + self._suppress
         if self._begin_suppress is not None:
-            first = torch.as_tensor(first, device=logits.device)
-            if bool(first.any()):
+            if isinstance(first, torch.Tensor):
+                any_first = bool(first.any())
+            else:
+                any_first = bool(np.any(first))
+                first = torch.as_tensor(first).to(logits.device, non_blocking=True)
+            if any_first:
                 logits = torch.where(first[..., None], logits + self._begin_suppress, logits)
         return logits
 

@@ -32,7 +32,7 @@ from ..decoding.ar import greedy_decode
 from ..metrics import error_rates
 from ..models.ctc import CTCHead
 from ..models.tokenizer import SPECIAL_TOKENS, build_char_tokenizer
-from ..models.whisper import WhisperASR
+from ..models.whisper import WhisperASR, stack_frames
 from .data import SPEEDS, Example, load_examples, split_manifests
 
 
@@ -47,6 +47,7 @@ class Architecture:
     ffn: int = 1024
     max_source_positions: int = 750  # 30 s at 25 encoder positions / s
     max_target_positions: int = 448
+    frame_stack: int = 2  # log-mel frames (10 ms hop) stacked per encoder input frame; 25 positions / s either way
 
 
 TARGET_ARCH = Architecture()
@@ -86,7 +87,13 @@ class TrainOptions:
     dev_fraction: float = 0.08
 
 
-FEATURE_EXTRACTOR = dict(feature_size=80, sampling_rate=16000, hop_length=320, chunk_length=30, n_fft=400)
+N_MELS = 80
+
+
+def feature_extractor_config(frame_stack: int) -> dict:
+    """``WhisperFeatureExtractor`` settings: 80 log-mel bins, 25 ms window, a hop of ``20 / frame_stack`` ms so that
+    stacking gives 50 input frames (25 encoder positions) per second."""
+    return dict(feature_size=N_MELS, sampling_rate=16000, hop_length=320 // frame_stack, chunk_length=30, n_fft=400)
 
 
 def new_model(arch: Architecture, dropout: float, out_dir: str, feature_stats=None) -> WhisperASR:
@@ -103,7 +110,7 @@ def new_model(arch: Architecture, dropout: float, out_dir: str, feature_stats=No
     eot, sot, nots = ids["<|endoftext|>"], ids["<|startoftranscript|>"], ids["<|notimestamps|>"]
     space = tok.convert_tokens_to_ids("\u0120")
     cfg = WhisperConfig(
-        vocab_size=len(tok), num_mel_bins=80, d_model=arch.d_model,
+        vocab_size=len(tok), num_mel_bins=N_MELS * arch.frame_stack, d_model=arch.d_model,
         encoder_layers=arch.encoder_layers, decoder_layers=arch.decoder_layers,
         encoder_attention_heads=arch.heads, decoder_attention_heads=arch.heads,
         encoder_ffn_dim=arch.ffn, decoder_ffn_dim=arch.ffn,
@@ -113,6 +120,7 @@ def new_model(arch: Architecture, dropout: float, out_dir: str, feature_stats=No
         suppress_tokens=[], begin_suppress_tokens=[space, eot], tie_word_embeddings=True,
     )
     cfg.rayspec_encoder_masking = True
+    cfg.rayspec_frame_stack = arch.frame_stack
     if feature_stats is not None:
         cfg.rayspec_feature_mean, cfg.rayspec_feature_std = [list(map(float, v)) for v in feature_stats]
     model = WhisperForConditionalGeneration(cfg)
@@ -125,7 +133,7 @@ def new_model(arch: Architecture, dropout: float, out_dir: str, feature_stats=No
     model.generation_config = gen
     model.save_pretrained(out_dir)
     gen.save_pretrained(out_dir)
-    WhisperFeatureExtractor(**FEATURE_EXTRACTOR).save_pretrained(out_dir)
+    WhisperFeatureExtractor(**feature_extractor_config(arch.frame_stack)).save_pretrained(out_dir)
     return WhisperASR.from_pretrained(out_dir)
 
 
@@ -135,6 +143,7 @@ def architecture_of(config) -> Architecture:
         d_model=config.d_model, encoder_layers=config.encoder_layers, decoder_layers=config.decoder_layers,
         heads=config.encoder_attention_heads, ffn=config.encoder_ffn_dim,
         max_source_positions=config.max_source_positions, max_target_positions=config.max_target_positions,
+        frame_stack=int(getattr(config, "rayspec_frame_stack", 1)),
     )
 
 
@@ -153,24 +162,28 @@ def _init_front_end(encoder) -> None:
         encoder.embed_positions.weight.mul_(0.1)
 
 
-def feature_stats(examples: list[Example]) -> tuple[np.ndarray, np.ndarray]:
-    """Per-mel-bin mean and standard deviation of the speed-1.0 training features."""
-    cat = np.concatenate([e.features[SPEEDS.index(1.0)].astype(np.float64) for e in examples], axis=1)
+def feature_stats(examples: list[Example], frame_stack: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-bin mean and standard deviation of the speed-1.0 training features after frame stacking."""
+    cat = np.concatenate([stack_frames(e.features[SPEEDS.index(1.0)].astype(np.float64), frame_stack)
+                          for e in examples], axis=1)
     return cat.mean(axis=1), np.maximum(cat.std(axis=1), 1e-3)
 
 
-def _spec_augment(x: torch.Tensor, lengths: torch.Tensor, opt: TrainOptions, rng: random.Random,
+def _spec_augment(x: torch.Tensor, lengths: torch.Tensor, opt: TrainOptions, rng: random.Random, frame_stack: int,
                   fill: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """SpecAugment frequency and time masks on ``[B, n_mels, T]``, per row within its length. Masked cells get
-    ``fill`` (``[n_mels, 1]``, the feature mean, i.e. 0 after normalization) or 0."""
+    """SpecAugment frequency and time masks on stacked features ``[B, n_mels * frame_stack, T]``, per row within its
+    length; a frequency mask covers the same mel bins in every stacked frame. Masked cells get ``fill``
+    (``[n_mels * frame_stack, 1]``, the feature mean, i.e. 0 after normalization) or 0."""
     fill = torch.zeros(x.shape[1], 1) if fill is None else fill
     x = x.clone()
-    n_mels = x.shape[1]
+    n_mels = x.shape[1] // frame_stack
     for b in range(x.shape[0]):
         for _ in range(opt.freq_masks):
             w = rng.randint(0, opt.freq_width)
             f0 = rng.randint(0, n_mels - w)
-            x[b, f0 : f0 + w, :] = fill[f0 : f0 + w]
+            for j in range(frame_stack):
+                lo = j * n_mels + f0
+                x[b, lo : lo + w, :] = fill[lo : lo + w]
         t_len = int(lengths[b])
         for _ in range(opt.time_masks):
             w = rng.randint(0, max(1, int(t_len * opt.time_fraction)))
@@ -194,8 +207,9 @@ def _batches(lengths: list[int], budget: int, rng: random.Random) -> list[list[i
     return out
 
 
-def _collate(examples: list[Example], speed_idx: list[int], tokenizer, device):
-    feats = [torch.from_numpy(ex.features[s].astype(np.float32)) for ex, s in zip(examples, speed_idx)]
+def _collate(examples: list[Example], speed_idx: list[int], tokenizer, device, frame_stack: int):
+    feats = [stack_frames(torch.from_numpy(ex.features[s].astype(np.float32)), frame_stack)
+             for ex, s in zip(examples, speed_idx)]
     lengths = torch.tensor([f.shape[1] for f in feats])
     x = torch.zeros(len(feats), feats[0].shape[0], int(lengths.max()))
     for i, f in enumerate(feats):
@@ -240,7 +254,8 @@ def evaluate(model: WhisperASR, ctc: Optional[CTCHead], examples: list[Example],
     order = sorted(range(len(examples)), key=lambda i: examples[i].features[SPEEDS.index(1.0)].shape[1])
     for s in range(0, len(order), 16):
         batch = [examples[i] for i in order[s : s + 16]]
-        x, lengths, _ = _collate(batch, [SPEEDS.index(1.0)] * len(batch), model.tokenizer, model.device)
+        x, lengths, _ = _collate(batch, [SPEEDS.index(1.0)] * len(batch), model.tokenizer, model.device,
+                                 model.frame_stack)
         enc = model.encode(x, lengths)
         refs += [ex.text for ex in batch]
         if ctc is not None:
@@ -316,8 +331,14 @@ def train(
     if max_utterances:
         train_utts, dev_utts = train_utts[:max_utterances], dev_utts[: max(2, max_utterances // 4)]
     cache_dir = os.path.join(work_dir, "..", "features")
-    fe = (WhisperASR.from_pretrained(teacher_dir).feature_extractor if kind == "ctc"
-          else WhisperFeatureExtractor(**FEATURE_EXTRACTOR))
+    warm = WhisperASR.from_pretrained(init_dir) if init_dir else None
+    if warm is not None:
+        arch = architecture_of(warm.config)
+    if kind == "ctc":
+        fe = WhisperASR.from_pretrained(teacher_dir).feature_extractor
+    else:
+        fe = warm.feature_extractor if warm is not None else WhisperFeatureExtractor(**feature_extractor_config(
+            arch.frame_stack))
     train_ex = load_examples(train_utts, fe, cache_dir)
     dev_ex = load_examples(dev_utts, fe, cache_dir, speeds=(1.0,))
 
@@ -325,15 +346,13 @@ def train(
     if kind == "ctc":
         model = WhisperASR.from_pretrained(teacher_dir)
         model.model.requires_grad_(False)
-    elif init_dir:
-        warm = WhisperASR.from_pretrained(init_dir)
-        arch = architecture_of(warm.config)
+    elif warm is not None:
         stats = (warm.config.rayspec_feature_mean, warm.config.rayspec_feature_std)
         model = new_model(arch, opt.dropout, fresh_dir, stats)
         model.model.load_state_dict(warm.model.state_dict())
         del warm
     else:
-        model = new_model(arch, opt.dropout, fresh_dir, feature_stats(train_ex))
+        model = new_model(arch, opt.dropout, fresh_dir, feature_stats(train_ex, arch.frame_stack))
     model.model.model.encoder.embed_positions.requires_grad_(False)  # fixed sinusoids (from_pretrained unfreezes)
     tok = model.tokenizer
     special = set(tok.convert_tokens_to_ids(SPECIAL_TOKENS))
@@ -347,7 +366,8 @@ def train(
 
     params = [p for p in model.model.parameters() if p.requires_grad] + list(ctc.parameters())
     optim = torch.optim.AdamW(params, lr=opt.lr, weight_decay=opt.weight_decay, betas=(0.9, 0.98))
-    steps_per_epoch = len(_batches([e.features[1].shape[1] for e in train_ex], opt.batch_frames, random.Random(0)))
+    lengths = [e.features[1].shape[1] // model.frame_stack for e in train_ex]  # encoder input frames
+    steps_per_epoch = len(_batches(lengths, opt.batch_frames, random.Random(0)))
     total = max(1, opt.epochs * steps_per_epoch)
 
     def lr_at(step: int) -> float:
@@ -372,7 +392,6 @@ def train(
     ctc.train()
     log_path = os.path.join(work_dir, "log.jsonl")
     t_start = time.time()
-    lengths = [e.features[1].shape[1] for e in train_ex]
     while state.epoch < opt.epochs and (max_steps is None or state.step < max_steps):
         t0 = time.time()
         batches = _batches(lengths, opt.batch_frames, rng)
@@ -382,8 +401,8 @@ def train(
             if max_steps is not None and state.step >= max_steps:
                 break
             ex = [train_ex[i] for i in idx]
-            x, xl, toks = _collate(ex, [rng.randrange(len(SPEEDS)) for _ in ex], tok, model.device)
-            x = _spec_augment(x, xl, opt, rng, model.feature_mean)
+            x, xl, toks = _collate(ex, [rng.randrange(len(SPEEDS)) for _ in ex], tok, model.device, model.frame_stack)
+            x = _spec_augment(x, xl, opt, rng, model.frame_stack, model.feature_mean)
             ctc_loss, att_loss = _losses(model, ctc, x, xl, toks, opt, train_decoder)
             w = opt.ctc_weight if train_decoder else 1.0
             loss = w * ctc_loss + (1 - w) * att_loss
@@ -394,7 +413,7 @@ def train(
             torch.nn.utils.clip_grad_norm_(params, 5.0)
             optim.step()
             state.step += 1
-            sums += [float(ctc_loss), float(att_loss), 1]
+            sums += [ctc_loss.item(), att_loss.item(), 1]
             bar.set_postfix(ctc=f"{sums[0] / sums[2]:.3f}", att=f"{sums[1] / sums[2]:.3f}")
         state.epoch += 1
         rec = {"epoch": state.epoch, "step": state.step, "ctc_loss": float(sums[0] / max(1, sums[2])),
@@ -445,7 +464,7 @@ def _distillation_examples(teacher_dir: str, examples: list[Example], work_dir: 
             order = sorted(range(len(examples)), key=lambda i: examples[i].features[s].shape[1])
             for k in tqdm(range(0, len(order), 16), desc=f"teacher transcripts x{SPEEDS[s]}"):
                 batch = [examples[i] for i in order[k : k + 16]]
-                x, xl, _ = _collate(batch, [s] * len(batch), teacher.tokenizer, teacher.device)
+                x, xl, _ = _collate(batch, [s] * len(batch), teacher.tokenizer, teacher.device, teacher.frame_stack)
                 with torch.no_grad():
                     hyps = greedy_decode(teacher, teacher.encode(x, xl), [min(200, int(l) // 2) for l in xl])
                 for ex, h in zip(batch, hyps):

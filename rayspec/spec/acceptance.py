@@ -1,0 +1,232 @@
+"""Acceptance rules: which draft tokens the target keeps, and the token it emits after them.
+
+One module for every method, as vLLM's one rejection sampler serves all its proposers:
+
+* Tree rules, deterministic given the target's logits at every tree node (:func:`accept_tree`):
+  - ``greedy``: a node is kept if its token is the target's argmax at its parent. The longest kept root path is the
+    target's own greedy continuation (Leviathan et al. 2023, arXiv:2211.17192, at temperature 0; tree verification
+    after SpecInfer, arXiv:2305.09781; SpecASR IV.C).
+  - ``threshold``: kept if the target's probability of the token exceeds ``tau`` (SSD, CTC self-speculative decoding,
+    ../shared/seeds/ssd-ctc-self-speculative.txt, section 2, eq. 5; on a chain the verified prefix ends at the first
+    failing token, eq. 6), and with ``exact`` also the argmax.
+  - ``typical``: kept if its probability exceeds ``min(epsilon, delta * exp(-H))`` with ``H`` the entropy of the
+    target's distribution at the parent (Medusa's typical acceptance, Cai et al. 2024, arXiv:2401.10774, section
+    2.3.1; Whisper-Medusa uses it). The longest kept path wins.
+
+  In all three the emitted token after the path is the target's argmax at its last node (the "bonus" token), so
+  ``greedy`` is exact and the others are lossy with a threshold.
+* Rejection sampling for sampled decoding with draft probabilities (:func:`rejection_sample`; Leviathan et al.
+  2023, Algorithm 1; Chen et al. 2023, arXiv:2302.01318): the output is distributed as the target's samples. The
+  token-level ratio is a plug-in (:class:`TokenRatio`), so a group-level rule (PCG, coarse-grained acceptance over
+  acoustic similarity groups) replaces it without touching the sampler.
+
+Host/device split: the per-node statistics are computed on the device and read back in ONE transfer
+(:func:`score_tree`), the path search then runs on the host over numpy arrays.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Protocol
+
+import numpy as np
+import torch
+
+from .tree import DeviceTrees, TokenTrees
+
+RULES = ("greedy", "threshold", "typical")
+
+
+@dataclass(frozen=True)
+class AcceptanceRule:
+    """Which draft tokens a tree verification keeps (see the module docstring).
+
+    Attributes:
+        kind: "greedy", "threshold" or "typical".
+        tau: ``threshold``: keep tokens whose target probability is above this (SSD eq. 5).
+        exact: ``threshold``: also require the target's argmax.
+        epsilon, delta: ``typical``: keep tokens with probability above ``min(epsilon, delta * exp(-H))``.
+    """
+
+    kind: str = "greedy"
+    tau: float = 0.1
+    exact: bool = True
+    epsilon: float = 0.09
+    delta: float = 0.3
+
+    def __post_init__(self):
+        if self.kind not in RULES:
+            raise ValueError(f"unknown acceptance rule {self.kind!r}; choose from {', '.join(RULES)}")
+
+    @property
+    def is_exact(self) -> bool:
+        """Whether the kept path is always the target's greedy continuation."""
+        return self.kind == "greedy" or (self.kind == "threshold" and self.exact)
+
+
+GREEDY = AcceptanceRule()
+
+
+def score_tree(logits: torch.Tensor, trees: DeviceTrees, rule: AcceptanceRule) -> np.ndarray:
+    """Per node: whether it passes ``rule`` given its parent, and the target's argmax at the node.
+
+    Args:
+        logits: float ``[B, Q, V]``, the target's logits at every padded tree node (suppression applied).
+        trees: the same trees on the device.
+
+    Returns:
+        int64 ``[2, B, Q]`` on the host: ``[0]`` 1 where the node's token passes at its parent (meaningless for
+        context nodes and padding), ``[1]`` the argmax token at the node. One device-to-host transfer.
+    """
+    best = logits.argmax(-1)  # [B, Q]
+    at_parent = best.gather(1, trees.parents)  # [B, Q]
+    if rule.kind == "greedy":
+        ok = trees.tokens == at_parent
+    else:
+        logp = torch.log_softmax(logits.float(), dim=-1)  # [B, Q, V]
+        lp_parent = logp.gather(1, trees.parents[..., None].expand(-1, -1, logp.shape[-1]))  # [B, Q, V]
+        tok_lp = lp_parent.gather(2, trees.tokens[..., None])[..., 0]  # [B, Q]
+        if rule.kind == "threshold":
+            ok = tok_lp > (math.log(rule.tau) if rule.tau > 0 else -math.inf)
+            if rule.exact:
+                ok &= trees.tokens == at_parent
+        else:
+            entropy = -(lp_parent.exp() * lp_parent).sum(-1)  # [B, Q], nats
+            floor = torch.minimum(torch.full_like(entropy, rule.epsilon), rule.delta * torch.exp(-entropy))
+            ok = (tok_lp.exp() > floor) | (trees.tokens == at_parent)
+    return torch.stack([ok.long(), best]).cpu().numpy()
+
+
+@dataclass
+class AcceptedPaths:
+    """The outcome of verifying ``B`` token trees.
+
+    Attributes:
+        paths: per row, the row-local node indices of the kept draft path, root excluded (``[]``: none kept).
+        next_tokens: int64 ``[B]``, the target's token after each path (bonus or correction).
+    """
+
+    paths: list[list[int]]
+    next_tokens: np.ndarray  # [B]
+
+    @property
+    def accepted(self) -> np.ndarray:
+        """int64 ``[B]``, kept draft tokens per row."""
+        return np.asarray([len(p) for p in self.paths], dtype=np.int64)
+
+
+def accept_tree(trees: TokenTrees, scores: np.ndarray) -> AcceptedPaths:
+    """The longest root path of passing draft nodes per row (ties: the first in node order).
+
+    Args:
+        trees: the host trees; scores: int64 ``[2, B, Q]`` from :func:`score_tree`.
+    """
+    ok, best = scores[0].astype(bool), scores[1]
+    b, q = ok.shape
+    lay_par = np.full((b, q), -1, dtype=np.int64)
+    depth = np.zeros((b, q), dtype=np.int64)
+    sizes = trees.sizes
+    row = np.repeat(np.arange(b), sizes)
+    col = np.arange(len(trees.tokens)) - np.repeat(trees.cu_nodes[:-1], sizes)
+    lay_par[row, col], depth[row, col] = trees.parents, trees.depths
+    node = np.arange(q)[None, :]
+    draft = (node > trees.roots[:, None]) & (node < sizes[:, None])  # [B, Q] real draft nodes
+    good = np.zeros((b, q), dtype=bool)
+    rows = np.arange(b)
+    for j in range(q):  # parents come first: one pass in node order
+        p = lay_par[:, j]
+        parent_good = np.where(p >= 0, good[rows, np.maximum(p, 0)], False) | (p == trees.roots)
+        good[:, j] = draft[:, j] & ok[:, j] & parent_good
+    score = np.where(good, depth, -1)
+    end = np.where(score.max(1) >= 0, score.argmax(1), trees.roots)  # [B] last node of each kept path
+    paths = []
+    for k in range(b):
+        path, node = [], int(end[k])
+        while node != trees.roots[k]:
+            path.append(node)
+            node = int(lay_par[k, node])
+        paths.append(path[::-1])
+    return AcceptedPaths(paths, best[rows, end])
+
+
+class AcceptanceRatio(Protocol):
+    """The acceptance test of rejection sampling, pluggable (token level by default, group level for PCG)."""
+
+    def accept_prob(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """Probability of keeping each draft token: float ``[B, K]`` from ``[B, K, V]`` probabilities and int64
+        ``[B, K]`` tokens."""
+        ...
+
+    def recover(self, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                generator: Optional[torch.Generator]) -> torch.Tensor:
+        """The token emitted after a rejection: int64 ``[B]`` from ``[B, V]`` probabilities at that position."""
+        ...
+
+
+class TokenRatio:
+    """Token-level rejection sampling: keep ``x`` with ``min(1, p(x) / q(x))``, after a rejection sample from
+    ``norm(max(0, p - q))`` (Leviathan et al. 2023, section 2.3). The result is distributed exactly as ``p``."""
+
+    def accept_prob(self, target_probs, draft_probs, tokens):
+        p = target_probs.gather(-1, tokens[..., None])[..., 0]
+        q = draft_probs.gather(-1, tokens[..., None])[..., 0]
+        return (p / q.clamp_min(1e-30)).clamp(max=1.0)
+
+    def recover(self, target_probs, draft_probs, generator):
+        residual = (target_probs - draft_probs).clamp_min(0)
+        mass = residual.sum(-1, keepdim=True)
+        residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), target_probs)
+        return torch.multinomial(residual, 1, generator=generator)[:, 0]
+
+
+@dataclass
+class SampledAcceptance:
+    """Outcome of :func:`rejection_sample`.
+
+    Attributes:
+        accepted: int64 ``[B]``, kept draft tokens per row (``0 .. num_draft[b]``).
+        next_tokens: int64 ``[B]``, the token after them (a recovered token, or the bonus sample after a full
+            accept).
+    """
+
+    accepted: torch.Tensor  # [B]
+    next_tokens: torch.Tensor  # [B]
+
+
+def rejection_sample(
+    target_probs: torch.Tensor,
+    draft_probs: torch.Tensor,
+    draft_tokens: torch.Tensor,
+    num_draft: torch.Tensor,
+    generator: Optional[torch.Generator] = None,
+    ratio: AcceptanceRatio = TokenRatio(),
+) -> SampledAcceptance:
+    """Speculative sampling over ragged draft chains (Leviathan et al. 2023, arXiv:2211.17192, Algorithm 1).
+
+    Args:
+        target_probs: float ``[B, K + 1, V]``, the target's distribution before each draft token and after the last.
+        draft_probs: float ``[B, K, V]``, the draft's distribution each draft token was sampled from.
+        draft_tokens: int64 ``[B, K]``; entries at or past ``num_draft[b]`` are padding.
+        num_draft: int64 ``[B]``, real draft tokens per row (``0 .. K``).
+        generator: torch RNG (fixed seed -> reproducible).
+        ratio: the acceptance test and recovery distribution (token level by default).
+
+    Returns:
+        :class:`SampledAcceptance`. Each emitted sequence (kept tokens + next token) is distributed as sampling from
+        the target token by token (for the token-level ratio).
+    """
+    b, k = draft_tokens.shape
+    dev = target_probs.device
+    u = torch.rand((b, k), generator=generator, device=dev)
+    keep = u < ratio.accept_prob(target_probs[:, :k], draft_probs, draft_tokens)  # [B, K]
+    keep &= torch.arange(k, device=dev)[None, :] < num_draft[:, None]
+    accepted = torch.cumprod(keep.long(), dim=1).sum(1)  # [B] leading kept tokens
+    rows = torch.arange(b, device=dev)
+    p_at = target_probs[rows, accepted]  # [B, V] target at the first rejected (or the bonus) position
+    full = accepted >= num_draft
+    q_at = torch.where(full[:, None], torch.zeros_like(p_at), draft_probs[rows, accepted.clamp(max=max(k - 1, 0))]
+                       if k else torch.zeros_like(p_at))
+    recovered = ratio.recover(p_at, q_at, generator)
+    bonus = torch.multinomial(p_at, 1, generator=generator)[:, 0]
+    return SampledAcceptance(accepted, torch.where(full, bonus, recovered))

@@ -1,0 +1,203 @@
+"""The one verify loop of every decoding method: propose -> verify -> commit, for a batch of rows at once.
+
+Autoregressive decoding is the case without a proposer (every round verifies an empty draft and emits the target's
+next token); draft-model speculation, the SSD fallback and Medusa differ only in their proposer and acceptance rule.
+
+One round, for every live row (rows keep different lengths in the ragged KV cache):
+
+1. Propose: the proposer returns a :class:`~rayspec.spec.tree.DraftTree` per row (nothing without a proposer).
+2. Verify: the row's context (tokens the target has not seen; the last is the root) and its draft tree are flattened
+   into :class:`~rayspec.spec.tree.TokenTrees`, copied to the device once, and scored in ONE target pass under tree
+   attention; the acceptance rule's per-node verdicts and argmaxes come back in ONE transfer
+   (:func:`~rayspec.spec.acceptance.score_tree`), and the longest passing path is picked on the host.
+3. Commit: the cache keeps the context and the accepted path (compacted); the row emits the path and the target's
+   token after it; EOS or the row's cap ends it and it leaves the batch. The proposer is told which of its nodes
+   were kept (:meth:`Proposer.update`), so it can roll back or recycle its own state.
+
+Host/device traffic per round: two host-to-device copies (the tree layout, the commit indices when a branch was
+taken) and one device-to-host read (the verdicts); the cache never reads lengths back from the device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional, Protocol, Sequence
+
+import numpy as np
+import torch
+
+from ..decoding.common import Hypothesis
+from ..models.whisper import EncoderOutput, WhisperASR
+from .acceptance import GREEDY, AcceptanceRule, accept_tree, score_tree
+from .tree import DraftTree, TokenTrees
+
+
+@dataclass
+class DraftRequest:
+    """What the loop tells a proposer about one live row before a round.
+
+    Attributes:
+        index: the row's index in the batch the proposer was built for.
+        seq: prompt + tokens emitted so far (token ids).
+        room: tokens the row may still emit (its cap minus emitted tokens); > 0.
+    """
+
+    index: int
+    seq: list[int]
+    room: int
+
+
+@dataclass
+class Proposal:
+    """A proposer's answer for one row.
+
+    Attributes:
+        tree: the draft nodes after the row's last token (empty: no speculation this round).
+        passes: draft forward passes this row took part in this round.
+    """
+
+    tree: DraftTree = field(default_factory=DraftTree)
+    passes: int = 0
+
+
+@dataclass
+class Feedback:
+    """What the target kept of one row's proposal.
+
+    Attributes:
+        index: the row's batch index; accepted: indices into the proposal's ``tree`` of the kept root path.
+    """
+
+    index: int
+    accepted: list[int]
+
+
+class Proposer(Protocol):
+    """A drafting strategy (propose vs update, as transformers' ``CandidateGenerator``): in this process or behind a
+    Ray actor (``actors.drafter.RemoteProposers``)."""
+
+    def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
+        """One proposal per request (the live rows, in batch order; rows not requested any more are finished)."""
+        ...
+
+    def update(self, feedback: list[Feedback]) -> None:
+        """What the target kept of the last proposals (one entry per row that is still live)."""
+        ...
+
+
+@dataclass
+class _Row:
+    index: int
+    cap: int
+    hyp: Hypothesis
+    seq: list[int]  # prompt + emitted tokens
+    target_len: int = 0  # leading tokens of seq whose keys/values the target cache holds
+
+    @property
+    def room(self) -> int:
+        return self.cap - len(self.hyp.tokens)
+
+
+class VerifyLoop:
+    """Decode a batch with the target, speculatively when a proposer is given (see the module docstring).
+
+    Args:
+        target: the target model.
+        proposer: the drafting side over the batch's rows, or None for plain greedy decoding.
+        rule: how draft tokens are accepted (:data:`~rayspec.spec.acceptance.GREEDY`: exact).
+        max_nodes: most draft nodes a proposal may hold (sizes the KV cache's room for pending positions).
+        route: the hypotheses' route ("ar", "draft", ...).
+    """
+
+    def __init__(self, target: WhisperASR, proposer: Optional[Proposer] = None, rule: AcceptanceRule = GREEDY,
+                 max_nodes: int = 0, route: str = "ar") -> None:
+        self.target, self.proposer, self.rule = target, proposer, rule
+        self.max_nodes, self.route = max_nodes, route
+        self.eos = target.eos_token_id
+
+    @torch.inference_mode()
+    def decode(self, enc: EncoderOutput, caps: Sequence[int], prefixes: Optional[list[list[int]]] = None,
+               prefix_kv: Optional[list] = None) -> list[Hypothesis]:
+        """Decode ``B`` rows; with the greedy rule the tokens equal the target's own greedy output.
+
+        Args:
+            enc: the target's encoder output (``B`` rows); caps: ``B`` caps on generated tokens (EOS not counted).
+            prefixes: optional per-row tokens already decided (e.g. a verified CTC prefix plus the target's next
+                token); decoding continues after them.
+            prefix_kv: optional target keys/values of prompt + prefix minus its last token, per row (from
+                :meth:`~rayspec.models.cache.DecoderCache.export_rows`), so they are not recomputed.
+
+        Returns:
+            ``B`` hypotheses; ``stats.target_forward_passes`` counts every target pass a row took part in; with a
+            proposer also rounds, draft passes, proposed and accepted draft tokens.
+
+        Raises:
+            ValueError: prefix keys/values that do not match the prefixes.
+        """
+        t = self.target
+        prompt = list(t.prompt_ids)
+        prefixes = prefixes or [[] for _ in caps]
+        cache = t.new_cache(enc, len(prompt) + max(caps) + self.max_nodes + 2)
+        rows = [_Row(i, int(c), Hypothesis(list(p), False, self.route), prompt + list(p))
+                for i, (c, p) in enumerate(zip(caps, prefixes))]
+        if prefix_kv is not None:
+            cache.import_rows(prefix_kv)
+            for r, n in zip(rows, cache.host_lengths.tolist()):
+                if n != len(r.seq) - 1:
+                    raise ValueError(f"prefix keys/values cover {n} positions, expected {len(r.seq) - 1}")
+                r.target_len = n
+        live = [r for r in rows if r.room > 0]
+        if len(live) < len(rows):
+            cache = cache.select([r.index for r in live])
+        while live:
+            if self.proposer is None:
+                proposals = [Proposal() for _ in live]
+            else:
+                proposals = self.proposer.propose([DraftRequest(r.index, list(r.seq), r.room) for r in live])
+            feedback = self._round(live, proposals, cache)
+            keep = [k for k, r in enumerate(live) if not (r.hyp.finished or r.room <= 0)]
+            if self.proposer is not None:
+                self.proposer.update([feedback[k] for k in keep])
+            if len(keep) < len(live):
+                cache = cache.select(keep)
+                live = [live[k] for k in keep]
+        return [r.hyp for r in rows]
+
+    def _round(self, live: list[_Row], proposals: list[Proposal], cache) -> list[Feedback]:
+        t = self.target
+        trees = TokenTrees.build([r.seq[r.target_len :] for r in live], [p.tree for p in proposals])
+        first = np.asarray([trees.depths[trees.cu_nodes[k] + trees.roots[k]] if not r.hyp.tokens else -1
+                            for k, r in enumerate(live)], dtype=np.int64)
+        dev = trees.to_device(self.eos, first, cache.device)
+        logits = t.decode(cache, dev.tokens, dev.ancestors, dev.depths)
+        logits = t.suppress(logits, first=dev.host["first"])
+        result = accept_tree(trees, score_tree(logits, dev, self.rule))
+        keep = np.zeros((len(live), int(trees.sizes.max())), dtype=np.int64)
+        counts = np.zeros(len(live), dtype=np.int64)
+        feedback = []
+        for k, (r, prop, path) in enumerate(zip(live, proposals, result.paths)):
+            root = int(trees.roots[k])
+            kept = list(range(root + 1)) + path
+            keep[k, : len(kept)] = kept
+            counts[k] = len(kept)
+            base = int(trees.cu_nodes[k])
+            accepted = trees.tokens[base + np.asarray(path, dtype=np.int64)].tolist() if path else []
+            s = r.hyp.stats
+            s.target_forward_passes += 1
+            s.draft_forward_passes += prop.passes
+            if self.proposer is not None:
+                s.rounds += 1
+                s.draft_tokens_proposed += len(prop.tree)
+                s.draft_tokens_accepted += len(path)
+            feedback.append(Feedback(r.index, [a - root - 1 for a in path]))
+            r.target_len = len(r.seq) + len(accepted)
+            for tok in accepted + [int(result.next_tokens[k])]:
+                if tok == self.eos:
+                    r.hyp.finished = True
+                    break
+                r.hyp.tokens.append(tok)
+                r.seq.append(tok)
+                if r.room <= 0:
+                    break
+        cache.commit(keep, counts)
+        return feedback
