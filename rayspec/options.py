@@ -28,12 +28,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_decode_args(p: argparse.ArgumentParser) -> None:
+    from .methods import METHODS
+
     g = p.add_argument_group("decoding")
-    g.add_argument("--method", choices=["ar", "draft", "ssd"], default="ar",
-                   help="ar: target greedy, one target pass per token. draft: a draft model proposes, the target "
-                        "verifies in one pass; output identical to ar (exact). ssd: the CTC head's hypothesis is "
-                        "gated by entropy, verified by the target in one pass, and decoding falls back from the "
-                        "verified prefix (lossy unless --exact and --tau-ctc 0). default: ar")
+    g.add_argument("--method", choices=sorted(METHODS), default="ar",
+                   help=" ".join(f"{m.name}: {m.summary}." for m in METHODS.values()) + " default: ar")
     g.add_argument("--max-tokens-per-second", type=float, default=30.0,
                    help="cap on generated tokens per second of audio, against runaway repetition (default 30)")
     g.add_argument("--draft-max", type=int, default=24, help="longest draft per round (SpecASR IV.A; default 24)")

@@ -31,20 +31,16 @@ import torch
 
 from .audio import AudioError, AudioLimits, load_audio
 from .batching import BatchBudget, plan_batches
-from .decoding.ar import greedy_decode
 from .decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, DecodeStats, Hypothesis, token_cap
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
-from .decoding.speculative import draft_loop
-from .decoding.ssd import CTCDrafts, SSDDecoder, SSDOptions, ctc_drafts
+from .decoding.ssd import CTCDrafts, SSDOptions, ctc_drafts
 from .manifest import Utterance
+from .methods import METHODS
 from .models.ctc import CTCHead
 from .models.whisper import EncoderOutput, WhisperASR
-from .spec.loop import Proposer
 from .results import ResultRow, ResultWriter
+from .spec.loop import Proposer
 from .vad import SegmentOptions, has_speech, segments
-
-METHODS = ("ar", "draft", "ssd")
-
 
 def zoo_path(name: str) -> str:
     """Directory of a bundled zoo model ("target", "draft" or "ctc")."""
@@ -56,8 +52,9 @@ class DecodeOptions:
     """What decoder to run and how (see ``rayspec transcribe --help``).
 
     Attributes:
-        method: "ar" (target greedy), "draft" (draft-model speculative decoding, exact) or "ssd" (CTC gating,
-            verification and fallback; exact only with ``ssd.exact`` and the gate off).
+        method: a :data:`~rayspec.methods.METHODS` name: "ar" (target greedy), "draft" (draft-model speculative
+            decoding, exact) or "ssd" (CTC gating, verification and fallback; exact only with ``ssd.exact`` and the
+            gate off).
         max_tokens_per_second: cap on generated tokens per second of audio (against runaway repetition).
         speculation: options of the draft method (:class:`~rayspec.decoding.speculative.SpeculationOptions`).
         ssd: options of the ssd method (:class:`~rayspec.decoding.ssd.SSDOptions`).
@@ -75,16 +72,16 @@ class DecodeOptions:
 
     def __post_init__(self):
         if self.method not in METHODS:
-            raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(METHODS)}")
+            raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(sorted(METHODS))}")
         if self.method == "ssd" and self.ssd is None:
             self.ssd = SSDOptions()
+        if self.method == "draft" and self.speculation is None:
+            self.speculation = SpeculationOptions()
 
     @property
     def mode(self) -> str:
         """"exact" when the output is provably the target's greedy output, else "lossy"."""
-        if self.method == "ssd" and self.ssd is not None and not (self.ssd.exact and self.ssd.tau_ctc <= 0):
-            return "lossy"
-        return "exact"
+        return "exact" if METHODS[self.method].exact(self) else "lossy"
 
 
 @dataclass
@@ -112,7 +109,7 @@ class Encoded:
 
 def needs_draft(options: DecodeOptions) -> bool:
     """Whether ``options`` use a draft model (method "draft", or "ssd" with the draft fallback)."""
-    return options.method == "draft" or (options.method == "ssd" and options.ssd.fallback == "draft")
+    return METHODS[options.method].needs_draft(options)
 
 
 @torch.inference_mode()
@@ -127,7 +124,7 @@ def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
     enc = target.encode(feats, lengths)
     limit = target.max_target_positions - len(target.prompt_ids) - 1
     out = Encoded(enc, [token_cap(d, options.max_tokens_per_second, limit) for d in durations])
-    if options.method == "ssd":
+    if METHODS[options.method].needs_ctc:
         out.ctc = ctc_drafts(ctc, target, enc)
     if needs_draft(options):
         dfeats, dlengths = draft.features(audios)
@@ -160,32 +157,16 @@ def decode_encoded(target: WhisperASR, options: DecodeOptions, encoded: Encoded,
     Raises:
         ValueError: a method that needs draft proposals without ``proposers``.
     """
-    enc, caps = encoded.target, encoded.caps
-    if options.method == "ar":
-        return greedy_decode(target, enc, caps)
     if needs_draft(options) and proposers is None:
         raise ValueError(f"method {options.method!r} with these options needs a draft proposer")
-    if options.method == "ssd":
-        # Gate + verify the batch; the rejected rows then form their own length-sorted batch (SSD 3.2).
-        decoder = SSDDecoder(target, options.ssd)
-        hyps, parked = decoder.first_pass(enc, caps, encoded.ctc)
-        if parked:
-            parked.sort(key=lambda x: x.length)
-            proposer = None
-            if options.ssd.fallback == "draft":
-                proposer = proposers([x.index for x in parked], [x.cap for x in parked])
-            for x, h in zip(parked, decoder.fallback(parked, proposer)):
-                hyps[x.index] = h
-        return hyps
-    spec = speculation_options(options)
-    return draft_loop(target, proposers(list(range(len(caps))), caps), spec).decode(enc, caps)
+    return METHODS[options.method].decode(target, options, encoded, proposers)
 
 
 def speculation_options(options: DecodeOptions) -> SpeculationOptions:
     """The draft-speculation options in effect (the ssd fallback's under method "ssd")."""
     if options.method == "ssd":
         return options.ssd.speculation
-    return options.speculation or SpeculationOptions()
+    return options.speculation
 
 
 def decode_batch(target: WhisperASR, options: DecodeOptions, audios: list[np.ndarray], durations: list[float],
@@ -279,7 +260,7 @@ class Drafter:
         self.options = options
         self.target = WhisperASR.from_pretrained(target or zoo_path("target"), device, dtype)
         self.draft = self.ctc = None
-        if options.method == "ssd":
+        if METHODS[options.method].needs_ctc:
             self.ctc = CTCHead.from_pretrained(ctc or zoo_path("ctc"), device).to(dtype)
         if needs_draft(options):
             self.draft = WhisperASR.from_pretrained(draft or zoo_path("draft"), device, dtype)

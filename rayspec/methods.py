@@ -1,0 +1,78 @@
+"""The decoding method registry: every method's name, what it needs, whether it is exact and how it decodes.
+
+The CLI's ``--method`` choices and help, the drafting side (which models to load, what to compute next to the
+target's encoder), the target side (which decoder runs) and Serve/jobs/bench all read :data:`METHODS`, so a method
+is defined in one place. Each method is a proposer (or none) over the shared verify loop
+(:class:`~rayspec.spec.loop.VerifyLoop`) and an acceptance rule; adding one takes its proposer module and one
+:class:`Method` entry here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Optional
+
+from .decoding.ar import greedy_decode
+from .decoding.common import Hypothesis
+from .decoding.speculative import draft_loop
+from .decoding.ssd import SSDDecoder
+
+if TYPE_CHECKING:
+    from .models.whisper import WhisperASR
+    from .pipeline import DecodeOptions, Encoded, ProposerFactory
+
+
+@dataclass(frozen=True)
+class Method:
+    """One decoding method.
+
+    Attributes:
+        name: the ``--method`` value.
+        summary: one sentence for ``--help``.
+        decode: ``(target, options, encoded, proposers) -> hypotheses`` for one encoded batch (the target side).
+        needs_ctc: the drafting side runs the CTC head over the target's encoder states (SSD's drafter).
+        needs_draft: ``options -> bool``, whether a draft model proposes (then the drafting side also encodes with
+            the draft model and serves its proposals).
+        exact: ``options -> bool``, whether the output provably equals the target's greedy output.
+    """
+
+    name: str
+    summary: str
+    decode: Callable[["WhisperASR", "DecodeOptions", "Encoded", Optional["ProposerFactory"]], list[Hypothesis]]
+    needs_ctc: bool = False
+    needs_draft: Callable[["DecodeOptions"], bool] = lambda options: False
+    exact: Callable[["DecodeOptions"], bool] = lambda options: True
+
+
+def _ar(target, options, encoded, proposers):
+    return greedy_decode(target, encoded.target, encoded.caps)
+
+
+def _draft(target, options, encoded, proposers):
+    caps = encoded.caps
+    return draft_loop(target, proposers(list(range(len(caps))), caps), options.speculation).decode(encoded.target, caps)
+
+
+def _ssd(target, options, encoded, proposers):
+    # Gate + verify the batch; the rejected rows then form their own length-sorted batch (SSD 3.2).
+    decoder = SSDDecoder(target, options.ssd)
+    hyps, parked = decoder.first_pass(encoded.target, encoded.caps, encoded.ctc)
+    if parked:
+        parked.sort(key=lambda x: x.length)
+        proposer = None
+        if options.ssd.fallback == "draft":
+            proposer = proposers([x.index for x in parked], [x.cap for x in parked])
+        for x, h in zip(parked, decoder.fallback(parked, proposer)):
+            hyps[x.index] = h
+    return hyps
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("ar", "target greedy, one target pass per token", _ar),
+    Method("draft", "a draft model proposes token trees (SpecASR), the target verifies them in one pass; output "
+                    "identical to ar", _draft, needs_draft=lambda options: True),
+    Method("ssd", "the CTC head's hypothesis is gated by entropy, verified by the target in one pass, and decoding "
+                  "falls back from the verified prefix (lossy unless --exact and --tau-ctc 0)", _ssd, needs_ctc=True,
+           needs_draft=lambda options: options.ssd.fallback == "draft",
+           exact=lambda options: options.ssd.exact and options.ssd.tau_ctc <= 0),
+)}
