@@ -104,3 +104,17 @@ def test_verification_off_runs_full_ar(tiny_target):
         decoder = SSDDecoder(tiny_target, SSDOptions(verify=False))
         out = _run(decoder, enc, [20] * 3, ctc_drafts(_ctc(tiny_target), tiny_target, enc))
     assert [h.tokens for h in out] == ar and all(h.route == "ar" for h in out)
+
+
+def test_fixed_window_ctc_gate_reads_only_real_frames(tiny_fixed):
+    """A fixed-window model's encoder sees the padded window, but the CTC gate's entropy and hypothesis come from
+    the real frames only (the padding would otherwise dominate the max-entropy statistic)."""
+    audio = random_audio(1, seed=3)[0]  # < 2.5 s of a 5 s window
+    feats, lengths = tiny_fixed.features([audio])
+    enc = tiny_fixed.encode(feats, lengths)
+    real = math.ceil(math.ceil(len(audio) / 320) / 2)  # 50 frames/s, stride-2 convolution
+    assert not enc.masked and int(enc.lengths[0]) == real < enc.states.shape[1]
+    ctc = CTCHead(tiny_fixed.config.d_model, list(range(3, 30)))
+    drafts = ctc_drafts(ctc, tiny_fixed, enc)
+    logp = ctc(enc.states)
+    assert drafts.entropy[0] == pytest.approx(float(max_frame_entropy(logp[:, :real], torch.tensor([real]))[0]))

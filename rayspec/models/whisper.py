@@ -207,7 +207,8 @@ class WhisperASR:
         Returns:
             ``(features, frame_lengths)``: features ``[B, n_mels * frame_stack, T]`` in the model dtype (``T`` in
             stacked frames, see :func:`stack_frames`), zero-padded to the longest
-            row (masking models) or to :attr:`max_frames` (fixed-window models); frame_lengths int64 ``[B]``.
+            row (masking models) or to :attr:`max_frames` (fixed-window models); frame_lengths int64 ``[B]``, the
+            real (unpadded) frames of each row.
 
         Raises:
             ValueError: an utterance longer than :attr:`max_audio_seconds`.
@@ -224,7 +225,10 @@ class WhisperASR:
             else:
                 out = fe(audio, sampling_rate=self.sample_rate, padding="max_length", return_tensors="np")
             feats.append(stack_frames(out["input_features"][0], self.frame_stack))
-        lengths = [f.shape[1] for f in feats]
+        # Real frames per row; fixed-window features are padded to the window, their real length is the audio's.
+        hop = self.feature_extractor.hop_length * self.frame_stack
+        lengths = [f.shape[1] if self.encoder_masking else min(self.max_frames, -(-len(a) // hop))
+                   for f, a in zip(feats, audios)]
         width = max(lengths) if self.encoder_masking else self.max_frames
         batch = np.zeros((len(feats), feats[0].shape[0], width), dtype=np.float32)
         for i, f in enumerate(feats):
@@ -247,8 +251,10 @@ class WhisperASR:
         enc = self._half("encoder")
         if not self.encoder_masking:
             states = enc(features).last_hidden_state
-            full = torch.full_like(frame_lengths, states.shape[1])
-            return EncoderOutput(states, full, masked=False)
+            # The decoder attends to the whole window (as the checkpoint was trained); ``lengths`` still counts the
+            # real positions, so frame-level consumers (the CTC gate) skip the padding.
+            real = ((frame_lengths + 1) // 2).clamp(max=states.shape[1])
+            return EncoderOutput(states, real, masked=False)
         t = features.shape[-1]
         frame_mask = (torch.arange(t, device=features.device)[None, :] < frame_lengths[:, None]).to(features.dtype)
         if self.feature_mean is not None:  # global per-mel-bin normalization (training statistics); padding -> 0
