@@ -296,6 +296,28 @@ def build_app(args: Optional[dict] = None):
                            max_queued, float(args.get("body_timeout_s", 30.0)))
 
 
+def serve_forever(options: dict, host: str, port: int, request_timeout_s: float, address: Optional[str]) -> int:
+    """``rayspec serve``: connect to Ray (``address``, else ``RAY_ADDRESS``, else a local Ray on 127.0.0.1), run
+    :func:`build_app` with ``options`` behind Serve's HTTP proxy on ``host:port`` until Ctrl-C."""
+    import time
+
+    import ray
+
+    if address or os.environ.get("RAY_ADDRESS"):
+        ray.init(address=address or os.environ["RAY_ADDRESS"])
+    else:
+        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
+    serve.start(http_options={"host": host, "port": port, "request_timeout_s": request_timeout_s})
+    serve.run(build_app(options), name="rayspec", route_prefix="/")
+    print(f"serving POST http://{host}:{port}/v1/audio/transcriptions (Ctrl-C to stop)", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        serve.shutdown()
+    return 0
+
+
 def _env_args() -> dict:
     """``build_app`` options from ``RAYSPEC_<NAME>`` environment variables (other ``RAYSPEC_*`` names are ignored)."""
     from rayspec.options import decode_option_names

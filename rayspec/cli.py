@@ -77,35 +77,20 @@ def cmd_train(args) -> int:
 
 
 def cmd_serve(args) -> int:
+    """Ray lives outside the library: the Serve application and its driver loop are in ``actors/serve_app.py``."""
     import os
-    import time
 
     for key, value in (("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"), ("RAY_AUTH_MODE", "disabled"),
                        ("RAY_USAGE_STATS_ENABLED", "0")):
         os.environ.setdefault(key, value)
-    import ray
-    from ray import serve
+    from actors.serve_app import serve_forever
 
-    from actors.serve_app import build_app
-
-    if args.address or os.environ.get("RAY_ADDRESS"):
-        ray.init(address=args.address or os.environ["RAY_ADDRESS"])
-    else:
-        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
-    serve.start(http_options={"host": args.host, "port": args.port, "request_timeout_s": args.request_timeout})
     decoding = {k: getattr(args, k) for k in decode_option_names()}
-    serve.run(build_app({**decoding, "target": args.target, "draft": args.draft, "dtype": args.dtype,
-                         "max_batch_size": args.max_batch_size, "num_replicas": args.replicas,
-                         "num_cpus": args.replica_cpus, "num_gpus": args.replica_gpus, "threads": args.threads,
-                         "device": args.device, "max_queued": args.max_queued,
-                         "body_timeout_s": args.body_timeout}), name="rayspec", route_prefix="/")
-    print(f"serving POST http://{args.host}:{args.port}/v1/audio/transcriptions (Ctrl-C to stop)", flush=True)
-    try:
-        while True:
-            time.sleep(3600)
-    except KeyboardInterrupt:
-        serve.shutdown()
-    return 0
+    return serve_forever({**decoding, "target": args.target, "draft": args.draft, "dtype": args.dtype,
+                          "max_batch_size": args.max_batch_size, "num_replicas": args.replicas,
+                          "num_cpus": args.replica_cpus, "num_gpus": args.replica_gpus, "threads": args.threads,
+                          "device": args.device, "max_queued": args.max_queued, "body_timeout_s": args.body_timeout},
+                         args.host, args.port, args.request_timeout, args.address)
 
 
 def _serve_parser(sub) -> None:
