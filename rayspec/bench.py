@@ -5,7 +5,8 @@ Suites:
 * ``spec`` (SpecASR Table II ablation): AR greedy, fixed draft lengths, then adaptive drafting, recycling and the
   token tree added in turn, and (batch 1 only) transformers' assisted generation with the same draft.
 * ``ssd`` (SSD paper Figures 3-4): full AR, then CTC gating + verification + AR fallback over a grid of tau_CTC and
-  tau_SLM, each single stage as an ablation (gate only + AR; verification only), and the exact mode.
+  tau_SLM, each single stage as an ablation (gate only + AR; verification only), the exact mode, and the CTC
+  hypothesis as the draft of every round (``ctc-draft``).
 
 Every configuration decodes the same preloaded audio with the same models through
 :func:`rayspec.pipeline.decode_batch` (features, encoders and decoding timed; audio decoding excluded), after one
@@ -49,7 +50,7 @@ def ssd_grid(tau_ctc=(0.3, 0.7, 1.5, 3.0), tau_slm=(0.01, 0.1, 0.2)) -> list[tup
     out += [(f"gate only c={c} + AR", ssd(tau_ctc=c, verify=False)) for c in tau_ctc]
     out += [(f"verify only l={s}", ssd(tau_ctc=0.0, tau_slm=s, exact=False)) for s in tau_slm]
     out += [("ssd exact (c=0)", ssd(tau_ctc=0.0, exact=True)), ("ssd exact + draft fallback",
-            ssd(tau_ctc=0.0, exact=True, fallback="draft"))]
+            ssd(tau_ctc=0.0, exact=True, fallback="draft")), ("ctc-draft (exact)", DecodeOptions("ctc-draft"))]
     return out
 
 

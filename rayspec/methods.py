@@ -14,8 +14,12 @@ from typing import TYPE_CHECKING, Callable, Optional
 
 from .decoding.ar import greedy_decode
 from .decoding.common import Hypothesis
+from .decoding.ctc_proposer import CTCProposer
 from .decoding.speculative import draft_loop
 from .decoding.ssd import SSDDecoder
+from .spec.loop import VerifyLoop
+
+CTC_MAX_DRAFT = 64  # most CTC hypothesis tokens verified per round
 
 if TYPE_CHECKING:
     from .models.whisper import WhisperASR
@@ -53,6 +57,12 @@ def _draft(target, options, encoded, proposers):
     return draft_loop(target, proposers(list(range(len(caps))), caps), options.speculation).decode(encoded.target, caps)
 
 
+def _ctc_draft(target, options, encoded, proposers):
+    proposer = CTCProposer(encoded.ctc.tokens, target.eos_token_id, len(target.prompt_ids), CTC_MAX_DRAFT)
+    loop = VerifyLoop(target, proposer, max_nodes=CTC_MAX_DRAFT, route="ctc-draft")
+    return loop.decode(encoded.target, encoded.caps)
+
+
 def _ssd(target, options, encoded, proposers):
     # Gate + verify the batch; the rejected rows then form their own length-sorted batch (SSD 3.2).
     decoder = SSDDecoder(target, options.ssd)
@@ -75,4 +85,6 @@ METHODS: dict[str, Method] = {m.name: m for m in (
                   "falls back from the verified prefix (lossy unless --exact and --tau-ctc 0)", _ssd, needs_ctc=True,
            needs_draft=lambda options: options.ssd.fallback == "draft",
            exact=lambda options: options.ssd.exact and options.ssd.tau_ctc <= 0),
+    Method("ctc-draft", "the CTC head's hypothesis is the draft of every round, re-aligned after each correction "
+                        "of the target; output identical to ar, no draft model", _ctc_draft, needs_ctc=True),
 )}

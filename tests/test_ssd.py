@@ -118,3 +118,27 @@ def test_fixed_window_ctc_gate_reads_only_real_frames(tiny_fixed):
     drafts = ctc_drafts(ctc, tiny_fixed, enc)
     logp = ctc(enc.states)
     assert drafts.entropy[0] == pytest.approx(float(max_frame_entropy(logp[:, :real], torch.tensor([real]))[0]))
+
+
+@pytest.mark.parametrize("cap", [30, 6])
+def test_ctc_draft_proposer_is_exact_and_saves_passes_on_good_hypotheses(tiny_target, cap):
+    from rayspec.decoding.ctc_proposer import CTCProposer
+    from rayspec.spec.loop import VerifyLoop
+
+    caps = [cap] * len(AUDIO)
+    with torch.inference_mode():
+        enc = _encode(tiny_target, AUDIO)
+        ar = greedy_decode(tiny_target, enc, caps)
+        tokens = [h.tokens for h in ar]
+        # exact, substituted, deleted, inserted (a repeat), truncated, garbage, empty and too long hypotheses
+        hyps = [tokens[0], tokens[1][:3] + [(tokens[1][3:4] or [5])[0] % 27 + 1] + tokens[1][4:],
+                tokens[2][:2] + tokens[2][3:], tokens[3][:3] + tokens[3][2:], tokens[4][:4], [3, 4, 5], [],
+                tokens[7] * 3]
+        proposer = CTCProposer(hyps, tiny_target.eos_token_id, len(tiny_target.prompt_ids), max_draft=64)
+        out = VerifyLoop(tiny_target, proposer, max_nodes=64, route="ctc-draft").decode(enc, caps)
+    assert [h.tokens for h in out] == tokens
+    assert all(h.stats.draft_forward_passes == 0 for h in out)
+    # a hypothesis equal to the target's output costs one target pass (verified with its EOS)
+    if ar[0].finished:
+        assert out[0].stats.target_forward_passes == 1
+    assert sum(h.stats.target_forward_passes for h in out) < sum(h.stats.target_forward_passes for h in ar)

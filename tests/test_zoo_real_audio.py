@@ -76,3 +76,18 @@ def test_exact_ssd_equals_ar_on_real_audio(zoo, fallback):
             for x, h in zip(parked, decoder.fallback(parked, proposer)):
                 hyps[x.index] = h
     assert [h.tokens for h in hyps] == [h.tokens for h in reference]
+
+
+@pytest.mark.parametrize("batch_size", [1, 16])
+def test_ctc_draft_equals_ar_on_real_audio(zoo, batch_size):
+    from rayspec.pipeline import DecodeOptions, decode_batch
+
+    target, _, ctc, audios, _, reference = zoo
+    options = DecodeOptions("ctc-draft", max_tokens_per_second=1000.0)  # caps far above the outputs
+    got = []
+    for s in range(0, len(audios), batch_size):
+        a = audios[s : s + batch_size]
+        got += decode_batch(target, options, a, [len(x) / target.sample_rate for x in a], ctc=ctc)
+    assert [h.tokens for h in got] == [h.tokens for h in reference]
+    assert options.mode == "exact" and {h.route for h in got} == {"ctc-draft"}
+    assert sum(h.stats.target_forward_passes for h in got) < sum(h.stats.target_forward_passes for h in reference)

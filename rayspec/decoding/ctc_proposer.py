@@ -1,0 +1,76 @@
+"""A proposer whose draft is the CTC head's greedy hypothesis, re-aligned after every correction: exact
+speculation with no draft decoder at all.
+
+SSD (../shared/seeds/ssd-ctc-self-speculative.txt, section 2) verifies the CTC hypothesis once and then decodes
+token by token from the verified prefix. Here the hypothesis keeps drafting: each round proposes the part of it not
+yet emitted (plus EOS), the target verifies it in one pass with greedy acceptance, and after the target's correction
+the proposer re-joins the hypothesis where the correction suggests (a substitution, an insertion or a deletion, as
+SpecASR IV.B re-joins a rejected draft). The first round proposes the whole hypothesis; after that the draft length
+adapts per row (doubling after a fully kept draft, twice the kept length after a rejection, as transformers'
+assisted generation adapts its candidate count), because a wide verification pass of a hypothesis that has
+diverged costs more than it saves. The output is the target's greedy output; CTC drafts come free with the encoder.
+"""
+
+from __future__ import annotations
+
+from ..spec.loop import DraftRequest, Feedback, Proposal
+from ..spec.tree import DraftTree
+
+
+MIN_DRAFT = 2  # draft length after a rejection of the first proposed token
+
+
+class CTCProposer:
+    """Drafts the rest of each row's CTC hypothesis (see the module docstring).
+
+    Args:
+        hypotheses: per batch row, the CTC hypothesis in the target's token ids
+            (:attr:`~rayspec.decoding.ssd.CTCDrafts.tokens`).
+        eos: the target's EOS id; prompt_len: tokens of the decoder prompt (not part of the hypotheses).
+        max_draft: most draft tokens per round.
+    """
+
+    def __init__(self, hypotheses: list[list[int]], eos: int, prompt_len: int, max_draft: int = 64) -> None:
+        self.hyps, self.eos, self.prompt_len, self.max_draft = hypotheses, eos, prompt_len, max_draft
+        self.ptr = [0] * len(hypotheses)  # per row: next hypothesis position to propose
+        self.sent = [0] * len(hypotheses)  # per row: tokens proposed last round
+        self.emitted = [0] * len(hypotheses)  # per row: tokens emitted when last proposing
+        self.accepted: dict[int, int] = {}
+        self.budget = [max_draft] * len(hypotheses)  # per row: draft length of the next round
+
+    def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
+        out = []
+        for r in requests:
+            i, hyp = r.index, self.hyps[r.index]
+            emitted = r.seq[self.prompt_len :]
+            if i in self.accepted:  # re-align after last round: kept tokens, then the target's own token
+                k = self.accepted.pop(i)
+                self.ptr[i] += k
+                full = k >= self.sent[i]
+                self.budget[i] = min(self.max_draft, 2 * self.sent[i] if full else max(MIN_DRAFT, 2 * k))
+                new = emitted[self.emitted[i] + k :]
+                if new:
+                    self.ptr[i] = _rejoin(hyp, self.ptr[i], new[0])
+            draft = hyp[self.ptr[i] :] + [self.eos]
+            draft = draft[: min(self.budget[i], r.room + 1)]
+            self.sent[i], self.emitted[i] = len(draft), len(emitted)
+            out.append(Proposal(DraftTree.chain(draft)))
+        return out
+
+    def update(self, feedback: list[Feedback]) -> None:
+        for f in feedback:
+            self.accepted[f.index] = len(f.accepted)
+
+
+def _rejoin(hyp: list[int], pos: int, correction: int) -> int:
+    """Hypothesis position to continue from after the target emitted ``correction`` where ``hyp[pos]`` was
+    proposed (or would come next): a match continues at ``pos + 1``; a deletion (the target skipped ``hyp[pos]``:
+    ``hyp[pos + 1] == correction``) at ``pos + 2``; a repeat inserted by the target (``hyp[pos - 1] ==
+    correction``) at ``pos``; anything else is taken as a substitution (``pos + 1``)."""
+    if pos < len(hyp) and hyp[pos] == correction:
+        return pos + 1
+    if pos + 1 < len(hyp) and hyp[pos + 1] == correction:
+        return pos + 2
+    if pos > 0 and pos < len(hyp) and hyp[pos - 1] == correction:
+        return pos
+    return pos + 1
