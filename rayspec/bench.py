@@ -4,6 +4,8 @@ Suites:
 
 * ``spec`` (SpecASR Table II ablation): AR greedy, fixed draft lengths, then adaptive drafting, recycling and the
   token tree added in turn, and (batch 1 only) transformers' assisted generation with the same draft.
+* ``medusa`` (Whisper-Medusa): AR, the draft method, Medusa with 1-4 heads in use, three tree shapes and typical
+  acceptance.
 * ``ssd`` (SSD paper Figures 3-4): full AR, then CTC gating + verification + AR fallback over a grid of tau_CTC and
   tau_SLM, each single stage as an ablation (gate only + AR; verification only), the exact mode, and the CTC
   hypothesis as the draft of every round (``ctc-draft``).
@@ -26,6 +28,7 @@ from tqdm import tqdm
 
 from .batching import BatchBudget, plan_batches
 from .decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, Hypothesis, token_cap
+from .decoding.medusa_proposer import DEFAULT_TREE, MedusaOptions
 from .decoding.speculative import SpeculationOptions
 from .decoding.ssd import SSDOptions
 from .metrics import error_rates
@@ -40,6 +43,24 @@ SPEC_ABLATION = [
     ("+recycle", DecodeOptions("draft", speculation=SpeculationOptions(tree=False))),
     ("+tree", DecodeOptions("draft", speculation=SpeculationOptions())),
 ]
+
+
+CHAIN_TREE = ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
+WIDE_TREE = ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2, 0), (0, 0, 0), (0, 0, 1), (0, 1, 0),
+             (1, 0, 0), (0, 0, 0, 0), (0, 0, 0, 1))
+
+
+def medusa_ablation(heads: Optional[str] = None) -> list[tuple[str, DecodeOptions]]:
+    """AR, draft speculation, Medusa by heads in use (the default tree cut to that depth), by tree shape (a chain of
+    top-1 candidates, the default sparse tree, a wide tree) and with typical acceptance."""
+    m = lambda **k: DecodeOptions("medusa", medusa=MedusaOptions(heads=heads, **k))  # noqa: E731
+    out = [("ar", DecodeOptions("ar")), ("draft +recycle", DecodeOptions("draft", speculation=SpeculationOptions(
+        tree=False)))]
+    out += [(f"medusa {k} head{'s' if k > 1 else ''}", m(tree=tuple(p for p in DEFAULT_TREE if len(p) <= k)))
+            for k in (1, 2, 3)]
+    out += [("medusa 4 heads (default tree)", m()), ("medusa chain tree", m(tree=CHAIN_TREE)),
+            ("medusa wide tree", m(tree=WIDE_TREE)), ("medusa typical", m(acceptance="typical"))]
+    return out
 
 
 def ssd_grid(tau_ctc=(0.3, 0.7, 1.5, 3.0), tau_slm=(0.01, 0.1, 0.2)) -> list[tuple[str, DecodeOptions]]:
@@ -176,7 +197,7 @@ def _cells(r: BenchRow, suite: str, ar_wer: Optional[float]) -> list:
     pct = lambda k: f"{100 * (r.routes or {}).get(k, 0) / r.utterances:.0f}"  # noqa: E731
     common = [r.config, r.batch_size, r.utterances, f"{r.nfe_per_utt:.2f}", f"{r.nfe_reduction:.2f}x"]
     tail = [f"{r.wall_s:.2f}", f"{r.rtfx:.1f}", f"{r.speedup:.2f}x", f"{r.identical_to_ar}/{r.utterances}"]
-    if suite == "spec":
+    if suite in ("spec", "medusa"):
         return common + [f"{r.draft_passes_per_utt:.2f}", f"{r.mean_accepted_length:.2f}",
                          f"{r.acceptance_rate:.3f}"] + tail + ["-" if r.wer is None else f"{100 * r.wer:.2f}"]
     rel = "-" if r.wer is None or not ar_wer else f"{100 * (r.wer - ar_wer) / ar_wer:+.1f}%"
@@ -184,9 +205,11 @@ def _cells(r: BenchRow, suite: str, ar_wer: Optional[float]) -> list:
                      "-" if r.wer is None else f"{100 * r.wer:.2f}", rel] + tail
 
 
+SPEC_HEADER = ["config", "batch", "utts", "NFE/utt", "NFE reduction", "draft passes/utt", "mean accepted length",
+               "acceptance rate", "wall s", "RTFx", "speed-up vs AR", "identical to AR", "WER %"]
 HEADERS = {
-    "spec": ["config", "batch", "utts", "NFE/utt", "NFE reduction", "draft passes/utt", "mean accepted length",
-             "acceptance rate", "wall s", "RTFx", "speed-up vs AR", "identical to AR", "WER %"],
+    "spec": SPEC_HEADER,
+    "medusa": SPEC_HEADER,
     "ssd": ["config", "batch", "utts", "NFE/utt", "NFE reduction", "%C (gate)", "%L (verified)", "%fallback",
             "WER %", "WER vs AR", "wall s", "RTFx", "speed-up vs AR", "identical to AR"],
 }
@@ -222,7 +245,7 @@ def _plot(rows, path, title, suite) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    if suite == "spec":
+    if suite in ("spec", "medusa"):
         fig, axes = plt.subplots(1, 2, figsize=(11, 4))
         for bs in sorted({r.batch_size for r in rows}):
             sub = [r for r in rows if r.batch_size == bs]
@@ -270,11 +293,14 @@ def cmd_bench(args) -> int:
         if args.max_draft:
             configs = [(n, o if o.method == "ar" or n.startswith("fixed") else
                         replace(o, speculation=replace(o.speculation, max_draft=args.max_draft))) for n, o in configs]
+    elif args.suite == "medusa":
+        configs = medusa_ablation(args.medusa)
     else:
         configs = ssd_grid(tuple(args.tau_ctc), tuple(args.tau_slm))
     rows = run_bench((target, draft, ctc), audios, [u.text for u in utts], configs, tuple(args.batch_sizes),
                      hf_assisted=args.suite == "spec" and not args.no_hf)
-    title = (f"{args.suite}: {target.name} + {draft.name if args.suite == 'spec' else 'ctc'} on "
+    helper = {"spec": draft.name, "ssd": "ctc", "medusa": "medusa heads"}[args.suite]
+    title = (f"{args.suite}: {target.name} + {helper} on "
              f"{', '.join(os.path.basename(os.path.dirname(os.path.abspath(m))) for m in args.manifests)} "
              f"({len(audios)} utterances, {sum(len(a) for a in audios) / target.sample_rate:.0f} s audio), "
              f"{args.device}, {torch.get_num_threads()} threads")
@@ -289,10 +315,11 @@ def add_bench_parser(sub) -> None:
                     "writes bench-<suite>.md/.csv/.png. NFE = target forward passes, which do not depend on "
                     "machine noise; wall-clock ratios are measured in the same run. Suites: spec (draft-model "
                     "speculation ablation, plus transformers' assisted generation at batch 1), ssd (CTC gating / "
-                    "verification / fallback over a tau grid, WER-vs-RTFx Pareto plot).",
+                    "verification / fallback over a tau grid, WER-vs-RTFx Pareto plot), medusa (heads, tree shapes, "
+                    "acceptance rules, beside AR and the draft method).",
     )
     p.add_argument("manifests", nargs="+", help="manifests (with references for WER) or folders of audio")
-    p.add_argument("--suite", choices=["spec", "ssd"], default="spec")
+    p.add_argument("--suite", choices=["spec", "ssd", "medusa"], default="spec")
     p.add_argument("-o", "--output", default="bench", help="output folder (default: bench)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     p.add_argument("--limit", type=int, default=0, help="use only the first N utterances")
@@ -301,5 +328,6 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--tau-ctc", type=float, nargs="+", default=[0.3, 0.7, 1.5, 3.0], help="ssd: gate thresholds")
     p.add_argument("--tau-slm", type=float, nargs="+", default=[0.01, 0.1, 0.2], help="ssd: verification thresholds")
     p.add_argument("--ctc", help="ssd: CTC head directory; default: the bundled zoo CTC head")
+    p.add_argument("--medusa", help="medusa: heads directory; default: the bundled zoo heads")
     add_model_args(p)
     p.set_defaults(func=cmd_bench)

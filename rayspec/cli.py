@@ -60,6 +60,18 @@ def cmd_score(args) -> int:
 def cmd_train(args) -> int:
     from .train.recipe import DRAFT_ARCH, TARGET_ARCH, Architecture, TrainOptions, train
 
+    if args.kind == "medusa":
+        from .train.medusa import train_medusa
+
+        if not args.target:
+            print("rayspec train: error: medusa needs --target (the frozen model the heads are for)", file=sys.stderr)
+            return EXIT_USAGE
+        summary = train_medusa(args.target, args.manifests, args.output, args.work_dir, args.medusa_heads,
+                               args.epochs, seed=args.seed, threads=args.threads,
+                               max_utterances=args.max_utterances)
+        print(json.dumps({"dev_top1": summary["dev_top1"]}))
+        return 0
+
     base = DRAFT_ARCH if args.kind == "draft" else TARGET_ARCH
     arch = Architecture(
         d_model=args.d_model or base.d_model, encoder_layers=args.encoder_layers or base.encoder_layers,
@@ -136,17 +148,18 @@ def _train_parser(sub) -> None:
               target  encoder-decoder + CTC head trained jointly (--ctc-output writes the head)
               draft   a small model with the same tokenizer, distilled from --target's greedy transcripts
               ctc     a CTC head over the frozen encoder of --target
+              medusa  Medusa heads over the frozen decoder of --target, on its own greedy transcripts
 
             example (the zoo target):
               rayspec train target ../shared/data/an4/train.jsonl ../shared/data/ljspeech/clips.jsonl \\
                   -o rayspec/zoo/target --ctc-output rayspec/zoo/ctc --work-dir runs/zoo/target --epochs 60
             """),
     )
-    p.add_argument("kind", choices=["target", "draft", "ctc"])
+    p.add_argument("kind", choices=["target", "draft", "ctc", "medusa"])
     p.add_argument("manifests", nargs="+", help="training manifests (JSONL/CSV/Parquet with id, audio, text)")
     p.add_argument("-o", "--output", required=True, help="model directory to write")
     p.add_argument("--work-dir", required=True, help="checkpoints, feature cache and logs (resumable)")
-    p.add_argument("--target", help="teacher for draft distillation / frozen encoder for ctc")
+    p.add_argument("--target", help="teacher for draft distillation / frozen encoder for ctc / frozen model for medusa")
     p.add_argument("--ctc-output", help="target only: also write the jointly trained CTC head here")
     p.add_argument("--epochs", type=int, default=60)
     p.add_argument("--batch-frames", type=int, default=12000, help="padded log-mel frames per batch")
@@ -159,6 +172,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--init", help="warm start: initialise a target/draft from this model directory (curriculum)")
     p.add_argument("--init-ctc", help="warm start: initialise the CTC head from this directory")
+    p.add_argument("--medusa-heads", type=int, default=4, help="medusa: number of heads K (default 4)")
     for name in ("d-model", "encoder-layers", "decoder-layers", "heads", "ffn", "frame-stack"):
         p.add_argument(f"--{name}", type=int, default=None, help="architecture override")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (smoke runs)")

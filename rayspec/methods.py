@@ -15,8 +15,10 @@ from typing import TYPE_CHECKING, Callable, Optional
 from .decoding.ar import greedy_decode
 from .decoding.common import Hypothesis
 from .decoding.ctc_proposer import CTCProposer
+from .decoding.medusa_proposer import MedusaProposer, load_heads
 from .decoding.speculative import draft_loop
 from .decoding.ssd import SSDDecoder
+from .spec.acceptance import GREEDY, AcceptanceRule
 from .spec.loop import VerifyLoop
 
 CTC_MAX_DRAFT = 64  # most CTC hypothesis tokens verified per round
@@ -63,6 +65,17 @@ def _ctc_draft(target, options, encoded, proposers):
     return loop.decode(encoded.target, encoded.caps)
 
 
+def _medusa(target, options, encoded, proposers):
+    from .pipeline import zoo_path
+
+    opt = options.medusa
+    heads = load_heads(opt.heads or zoo_path("medusa"), str(target.device), target.dtype)
+    rule = (AcceptanceRule("typical", epsilon=opt.epsilon, delta=opt.delta) if opt.acceptance == "typical"
+            else GREEDY)
+    loop = VerifyLoop(target, MedusaProposer(target, heads, opt.tree), rule, max_nodes=opt.max_nodes, route="medusa")
+    return loop.decode(encoded.target, encoded.caps)
+
+
 def _ssd(target, options, encoded, proposers):
     # Gate + verify the batch; the rejected rows then form their own length-sorted batch (SSD 3.2).
     decoder = SSDDecoder(target, options.ssd)
@@ -87,4 +100,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            exact=lambda options: options.ssd.exact and options.ssd.tau_ctc <= 0),
     Method("ctc-draft", "the CTC head's hypothesis is the draft of every round, re-aligned after each correction "
                         "of the target; output identical to ar, no draft model", _ctc_draft, needs_ctc=True),
+    Method("medusa", "Medusa heads on the target's own hidden state propose a sparse token tree, verified in one "
+                     "pass; greedy acceptance is identical to ar, --acceptance typical is lossy", _medusa,
+           exact=lambda options: options.medusa.acceptance == "greedy"),
 )}

@@ -57,6 +57,13 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "ar (default off)")
     c.add_argument("--fallback", choices=["ar", "draft"], default="ar",
                    help="decoder after the verified prefix: greedy ar, or draft-model speculation (default ar)")
+    m = p.add_argument_group("medusa (heads on the target's hidden state)")
+    m.add_argument("--medusa", help="Medusa heads directory; default: the bundled zoo heads (for the zoo target)")
+    m.add_argument("--acceptance", choices=["greedy", "typical"], default="greedy",
+                   help="greedy: output identical to ar; typical: Medusa's typical acceptance (lossy, faster)")
+    m.add_argument("--typical-epsilon", type=float, default=0.09,
+                   help="typical acceptance keeps tokens with probability > min(epsilon, delta * exp(-entropy))")
+    m.add_argument("--typical-delta", type=float, default=0.3, help="see --typical-epsilon")
     b = p.add_argument_group("batching")
     b.add_argument("--batch-tokens", type=int, default=16000,
                    help="token budget per batch: rows x (padded encoder frames + expected tokens); default 16000")
@@ -86,10 +93,14 @@ def decode_options(args):
     from .decoding.ssd import SSDOptions
     from .pipeline import DecodeOptions
 
+    from .decoding.medusa_proposer import MedusaOptions
+
     ssd = SSDOptions(args.tau_ctc, args.tau_slm, args.exact, True, args.fallback, speculation_options(args))
+    medusa = MedusaOptions(args.medusa, args.acceptance, args.typical_epsilon, args.typical_delta)
     return DecodeOptions(args.method, args.max_tokens_per_second,
                          speculation_options(args) if args.method == "draft" else None,
-                         ssd if args.method == "ssd" else None, vad=not args.no_vad, segments=args.segments)
+                         ssd if args.method == "ssd" else None, medusa if args.method == "medusa" else None,
+                         vad=not args.no_vad, segments=args.segments)
 
 
 def build_transcriber(args):

@@ -32,6 +32,7 @@ import torch
 from .audio import AudioError, AudioLimits, load_audio
 from .batching import BatchBudget, plan_batches
 from .decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, DecodeStats, Hypothesis, token_cap
+from .decoding.medusa_proposer import MedusaOptions
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
 from .decoding.ssd import CTCDrafts, SSDOptions, ctc_drafts
 from .manifest import Utterance
@@ -58,6 +59,7 @@ class DecodeOptions:
         max_tokens_per_second: cap on generated tokens per second of audio (against runaway repetition).
         speculation: options of the draft method (:class:`~rayspec.decoding.speculative.SpeculationOptions`).
         ssd: options of the ssd method (:class:`~rayspec.decoding.ssd.SSDOptions`).
+        medusa: options of the medusa method (:class:`~rayspec.decoding.medusa_proposer.MedusaOptions`).
         vad: skip recordings without speech (empty text, route "no_speech"); long recordings are cut in pauses
             either way.
         segments: fill each row's ``segments`` column (start, end, text of every decoded segment).
@@ -67,6 +69,7 @@ class DecodeOptions:
     max_tokens_per_second: float = DEFAULT_MAX_TOKENS_PER_SECOND
     speculation: Optional[SpeculationOptions] = None
     ssd: Optional[SSDOptions] = None
+    medusa: Optional[MedusaOptions] = None
     vad: bool = True
     segments: bool = False
 
@@ -77,6 +80,8 @@ class DecodeOptions:
             self.ssd = SSDOptions()
         if self.method == "draft" and self.speculation is None:
             self.speculation = SpeculationOptions()
+        if self.method == "medusa" and self.medusa is None:
+            self.medusa = MedusaOptions()
 
     @property
     def mode(self) -> str:

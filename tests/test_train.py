@@ -60,3 +60,17 @@ def test_train_target_warm_starts_from_a_model_directory(trained_target, samples
     before, after = WhisperASR.from_pretrained(str(out)).model, WhisperASR.from_pretrained(str(tmp / "warm")).model
     assert after.config.d_model == 32
     assert all(torch.allclose(a, b, atol=1e-5) for a, b in zip(before.parameters(), after.parameters()))
+
+
+def test_train_medusa_heads_on_the_frozen_target(trained_target, samples_manifest):
+    from rayspec.models.medusa import MedusaHeads
+
+    tmp, out, _ = trained_target
+    work = tmp / "work" / "medusa"
+    assert main(["train", "medusa", samples_manifest, "-o", str(tmp / "medusa"), "--target", str(out),
+                 "--work-dir", str(work), "--epochs", "2", "--threads", "1", "--medusa-heads", "2"]) == 0
+    heads = MedusaHeads.from_pretrained(str(tmp / "medusa"))
+    assert heads.num_heads == 2
+    log = [json.loads(line) for line in open(work / "log.jsonl")]
+    assert [r["epoch"] for r in log] == [1, 2] and len(log[-1]["dev_top1"]) == 2
+    assert main(["train", "medusa", samples_manifest, "-o", str(tmp / "m2"), "--work-dir", str(work)]) == 2

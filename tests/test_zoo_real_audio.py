@@ -91,3 +91,29 @@ def test_ctc_draft_equals_ar_on_real_audio(zoo, batch_size):
     assert [h.tokens for h in got] == [h.tokens for h in reference]
     assert options.mode == "exact" and {h.route for h in got} == {"ctc-draft"}
     assert sum(h.stats.target_forward_passes for h in got) < sum(h.stats.target_forward_passes for h in reference)
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 16])
+def test_medusa_equals_ar_on_real_audio(zoo, batch_size, monkeypatch):
+    import rayspec.spec.loop as loop
+    from rayspec.pipeline import DecodeOptions, decode_batch
+
+    target, _, _, audios, _, reference = zoo
+    kept_eos = []
+    accept = loop.accept_tree
+
+    def recording(trees, scores):  # does some row keep an EOS draft node (finish inside the tree)?
+        result = accept(trees, scores)
+        for k, path in enumerate(result.paths):
+            kept_eos.append(any(trees.tokens[trees.cu_nodes[k] + a] == target.eos_token_id for a in path))
+        return result
+
+    monkeypatch.setattr(loop, "accept_tree", recording)
+    options = DecodeOptions("medusa", max_tokens_per_second=1000.0)
+    got = []
+    for s in range(0, len(audios), batch_size):
+        a = audios[s : s + batch_size]
+        got += decode_batch(target, options, a, [len(x) / target.sample_rate for x in a])
+    assert [h.tokens for h in got] == [h.tokens for h in reference]
+    assert all(h.finished for h in got) and any(kept_eos)
+    assert sum(h.stats.target_forward_passes for h in got) < sum(h.stats.target_forward_passes for h in reference)

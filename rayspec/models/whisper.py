@@ -304,7 +304,8 @@ class WhisperASR:
         ancestors: Optional[torch.Tensor] = None,
         depths: Optional[torch.Tensor] = None,
         logits_from: int = 0,
-    ) -> torch.Tensor:
+        return_hidden: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Run the decoder over ``Q`` new tokens per row; their keys/values become pending in ``cache``.
 
         New token ``i`` of row ``b`` sits at decoder position ``cache.lengths[b] + depths[i]`` and attends to the
@@ -319,9 +320,12 @@ class WhisperASR:
             ancestors: bool ``[Q, Q]`` or ``[B, Q, Q]``; default causal.
             depths: int64 ``[Q]`` or ``[B, Q]``; default ``arange(Q)``.
             logits_from: project only new tokens ``logits_from ..`` to the vocabulary (e.g. skip the prompt).
+            return_hidden: also return the last decoder hidden states (after the final layer norm, what the output
+                projection reads; Medusa heads read them too).
 
         Returns:
-            Float logits ``[B, Q - logits_from, V]`` (suppress lists not applied; see :meth:`suppress`).
+            Float logits ``[B, Q - logits_from, V]`` (suppress lists not applied; see :meth:`suppress`), and with
+            ``return_hidden`` a tuple ``(logits, hidden)`` with hidden ``[B, Q - logits_from, D]``.
 
         Raises:
             ValueError: the cache has pending positions, or positions beyond its capacity.
@@ -379,7 +383,8 @@ class WhisperASR:
             x = x + F.dropout(layer.fc2(h), p=layer.dropout, training=layer.training)
         x = dec.layer_norm(x[:, logits_from:])
         cache.pending = q
-        return self.model.proj_out(x)
+        logits = self.model.proj_out(x)
+        return (logits, x) if return_hidden else logits
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, q, _ = x.shape

@@ -66,15 +66,19 @@ class Feedback:
 
     Attributes:
         index: the row's batch index; accepted: indices into the proposal's ``tree`` of the kept root path.
+        hidden: for proposers with ``needs_hidden``, the target's last decoder hidden state ``[D]`` (device) at the
+            end of the kept path: the state that predicted the row's newest token (Medusa heads read it).
     """
 
     index: int
     accepted: list[int]
+    hidden: Optional[torch.Tensor] = None
 
 
 class Proposer(Protocol):
     """A drafting strategy (propose vs update, as transformers' ``CandidateGenerator``): in this process or behind a
-    Ray actor (``actors.drafter.RemoteProposers``)."""
+    Ray actor (``actors.drafter.RemoteProposers``). A proposer with a true ``needs_hidden`` attribute gets the
+    target's hidden states in its feedback."""
 
     def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
         """One proposal per request (the live rows, in batch order; rows not requested any more are finished)."""
@@ -169,9 +173,17 @@ class VerifyLoop:
         first = np.asarray([trees.depths[trees.cu_nodes[k] + trees.roots[k]] if not r.hyp.tokens else -1
                             for k, r in enumerate(live)], dtype=np.int64)
         dev = trees.to_device(self.eos, first, cache.device)
-        logits = t.decode(cache, dev.tokens, dev.ancestors, dev.depths)
+        hidden = None
+        if getattr(self.proposer, "needs_hidden", False):
+            logits, hidden = t.decode(cache, dev.tokens, dev.ancestors, dev.depths, return_hidden=True)
+        else:
+            logits = t.decode(cache, dev.tokens, dev.ancestors, dev.depths)
         logits = t.suppress(logits, first=dev.host["first"])
         result = accept_tree(trees, score_tree(logits, dev, self.rule))
+        if hidden is not None:  # the state at each row's last kept node (one gather, no device read)
+            ends = np.asarray([p[-1] if p else trees.roots[k] for k, p in enumerate(result.paths)], dtype=np.int64)
+            ends_t = torch.from_numpy(ends).to(cache.device, non_blocking=True)
+            hidden = hidden[torch.arange(len(live), device=cache.device), ends_t]  # [B, D]
         keep = np.zeros((len(live), int(trees.sizes.max())), dtype=np.int64)
         counts = np.zeros(len(live), dtype=np.int64)
         feedback = []
@@ -189,7 +201,7 @@ class VerifyLoop:
                 s.rounds += 1
                 s.draft_tokens_proposed += len(prop.tree)
                 s.draft_tokens_accepted += len(path)
-            feedback.append(Feedback(r.index, [a - root - 1 for a in path]))
+            feedback.append(Feedback(r.index, [a - root - 1 for a in path], None if hidden is None else hidden[k]))
             r.target_len = len(r.seq) + len(accepted)
             for tok in accepted + [int(result.next_tokens[k])]:
                 if tok == self.eos:

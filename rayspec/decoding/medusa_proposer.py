@@ -1,0 +1,116 @@
+"""The Medusa proposer: a sparse token tree from the Medusa heads' top candidates, read from the target's own hidden
+state of the last verification (Cai et al. 2024, arXiv:2401.10774, sections 2.1.1-2.1.2; Whisper-Medusa,
+../shared/seeds/whisper-medusa.txt).
+
+After each verification the loop hands back the target's hidden state at the end of the kept path (the state that
+predicted the row's newest token); head ``k`` turns it into candidates for the ``k``-th token after that one. The
+tree is Medusa's sparse tree: a fixed set of paths of candidate ranks, more children at shallow depths. The first
+round of a row has no hidden state yet and proposes nothing (a plain target step). No draft model, no draft KV
+cache, no extra pass: the heads run on the target's side.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+
+from ..models.medusa import MedusaHeads
+from ..models.whisper import WhisperASR
+from ..spec.loop import DraftRequest, Feedback, Proposal
+from ..spec.tree import DraftTree
+
+DEFAULT_TREE: tuple[tuple[int, ...], ...] = (
+    (0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0),
+)
+"""Candidate paths: ``(r1, r2, ...)`` is the rank-``r1`` candidate of head 1, then rank-``r2`` of head 2 below it."""
+
+
+@dataclass(frozen=True)
+class MedusaOptions:
+    """Options of the medusa method.
+
+    Attributes:
+        heads: Medusa heads directory (default: the zoo's, trained for the zoo target).
+        acceptance: "greedy" (exact: output == the target's greedy output) or "typical" (Medusa's typical
+            acceptance, lossy).
+        epsilon, delta: typical acceptance keeps a token whose probability exceeds ``min(epsilon, delta * exp(-H))``.
+        tree: candidate paths of the sparse tree.
+    """
+
+    heads: Optional[str] = None
+    acceptance: str = "greedy"
+    epsilon: float = 0.09
+    delta: float = 0.3
+    tree: tuple[tuple[int, ...], ...] = DEFAULT_TREE
+
+    def __post_init__(self):
+        if self.acceptance not in ("greedy", "typical"):
+            raise ValueError(f"acceptance must be 'greedy' or 'typical', not {self.acceptance!r}")
+
+    @property
+    def max_nodes(self) -> int:
+        return len(self.tree)
+
+
+@functools.lru_cache(maxsize=4)
+def load_heads(path: str, device: str, dtype: torch.dtype) -> MedusaHeads:
+    """Medusa heads from ``path`` on ``device`` in ``dtype``, loaded once per process."""
+    return MedusaHeads.from_pretrained(path, device, dtype)
+
+
+def check_tree(tree: Sequence[Sequence[int]], num_heads: int) -> None:
+    """Raise ValueError unless every path's prefix is in ``tree`` and no path is deeper than ``num_heads``."""
+    paths = {tuple(p) for p in tree}
+    for p in paths:
+        if not p or len(p) > num_heads or (len(p) > 1 and p[:-1] not in paths):
+            raise ValueError(f"bad Medusa tree path {p} (prefixes must be paths too; depth <= {num_heads} heads)")
+
+
+class MedusaProposer:
+    """Proposes Medusa token trees for the rows of one batch (see the module docstring).
+
+    Args:
+        target: the target (its output projection and suppress lists score the heads); heads: its Medusa heads.
+        tree: candidate paths (:data:`DEFAULT_TREE`); cut to the number of heads.
+
+    Raises:
+        ValueError: a malformed tree.
+    """
+
+    needs_hidden = True
+
+    def __init__(self, target: WhisperASR, heads: MedusaHeads,
+                 tree: Sequence[Sequence[int]] = DEFAULT_TREE) -> None:
+        self.target, self.heads = target, heads
+        self.tree = sorted({tuple(p) for p in tree if len(p) <= heads.num_heads}, key=lambda p: (len(p), p))
+        check_tree(self.tree, heads.num_heads)
+        self.top = 1 + max(max(p) for p in self.tree)
+        self.depth = max(len(p) for p in self.tree)
+        self.hidden: dict[int, torch.Tensor] = {}
+
+    @torch.inference_mode()
+    def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
+        ready = [r for r in requests if r.index in self.hidden]
+        out = {r.index: Proposal() for r in requests}
+        if ready:
+            h = torch.stack([self.hidden[r.index] for r in ready])  # [R, D]
+            logits = self.target.model.proj_out(self.heads(h)[: self.depth])  # [K, R, V]
+            cand = self.target.suppress(logits).topk(self.top, dim=-1).indices  # [K, R, top]
+            cand = cand.permute(1, 0, 2).tolist()  # one device read: [R][K][top]
+            for r, c in zip(ready, cand):
+                node: dict[tuple[int, ...], int] = {}
+                tokens, parents = [], []
+                for path in self.tree:
+                    if len(path) >= r.room:  # the row cannot emit this deep (the bonus token comes first)
+                        continue
+                    node[path] = len(tokens)
+                    tokens.append(c[len(path) - 1][path[-1]])
+                    parents.append(node[path[:-1]] if len(path) > 1 else -1)
+                out[r.index] = Proposal(DraftTree(tuple(tokens), tuple(parents)))
+        return [out[r.index] for r in requests]
+
+    def update(self, feedback: list[Feedback]) -> None:
+        self.hidden = {f.index: f.hidden for f in feedback}

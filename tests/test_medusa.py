@@ -1,0 +1,70 @@
+"""Medusa heads: exact batched tree verification with random and EOS-biased heads (tiny models)."""
+
+import pytest
+import torch
+
+from rayspec.decoding.ar import greedy_decode
+from rayspec.decoding.medusa_proposer import DEFAULT_TREE, MedusaProposer, check_tree
+from rayspec.models.medusa import MedusaHeads
+from rayspec.spec.acceptance import AcceptanceRule
+from rayspec.spec.loop import VerifyLoop
+from tiny import random_audio
+
+AUDIO = random_audio(8, seed=21)
+
+
+def _encode(model, audios):
+    f, l = model.features(audios)
+    return model.encode(f, l)
+
+
+def _heads(model, seed=0, eos_bias=0.0):
+    torch.manual_seed(seed)
+    heads = MedusaHeads(model.config.d_model, 4)
+    with torch.no_grad():
+        for block in heads.blocks:
+            block.weight.normal_(0, 0.3)
+            block.bias.copy_(eos_bias * model.model.proj_out.weight[model.eos_token_id])
+    return heads.eval()
+
+
+def _medusa(model, heads, audios, caps, rule=AcceptanceRule()):
+    loop = VerifyLoop(model, MedusaProposer(model, heads), rule, max_nodes=len(DEFAULT_TREE), route="medusa")
+    with torch.inference_mode():
+        return loop.decode(_encode(model, audios), caps)
+
+
+@pytest.mark.parametrize("batch_size", [1, 4, 8])
+def test_medusa_greedy_equals_ar(tiny_target, batch_size):
+    caps = [24] * len(AUDIO)
+    with torch.inference_mode():
+        ar = [h.tokens for h in greedy_decode(tiny_target, _encode(tiny_target, AUDIO), caps)]
+    got = []
+    for s in range(0, len(AUDIO), batch_size):
+        got += _medusa(tiny_target, _heads(tiny_target), AUDIO[s : s + batch_size], caps[s : s + batch_size])
+    assert [h.tokens for h in got] == ar
+    assert all(h.stats.draft_forward_passes == 0 and h.route == "medusa" for h in got)
+
+
+def test_eos_candidates_everywhere_stay_exact(tiny_target):
+    caps = [40] * len(AUDIO)
+    heads = _heads(tiny_target, eos_bias=50.0)  # every head's top candidate is EOS (rejected: the tiny target
+    with torch.inference_mode():  # never ends a row); rows finishing inside the tree: tests/test_zoo_real_audio.py
+        ar = greedy_decode(tiny_target, _encode(tiny_target, AUDIO), caps)
+    got = _medusa(tiny_target, heads, AUDIO, caps)
+    assert [h.tokens for h in got] == [h.tokens for h in ar]
+    assert [h.finished for h in got] == [h.finished for h in ar]
+
+
+def test_typical_acceptance_runs_and_keeps_lengths_within_caps(tiny_target):
+    caps = [10] * len(AUDIO)
+    got = _medusa(tiny_target, _heads(tiny_target, seed=3), AUDIO, caps, AcceptanceRule("typical", epsilon=0.3))
+    assert all(len(h.tokens) <= 10 for h in got)
+
+
+def test_tree_paths_must_be_prefix_closed():
+    check_tree(DEFAULT_TREE, 4)
+    with pytest.raises(ValueError):
+        check_tree([(0,), (1, 0)], 4)
+    with pytest.raises(ValueError):
+        check_tree([(0,), (0, 0)], 1)
