@@ -25,6 +25,7 @@ EPILOG = textwrap.dedent(
     examples:
       rayspec transcribe ../shared/data/an4/test.jsonl -o an4.parquet            # target greedy (AR)
       rayspec transcribe ../shared/data/an4/test.jsonl -o an4-spec.parquet --method draft
+      rayspec transcribe ../shared/data/an4/test.jsonl -o an4-medusa.parquet --method medusa
       rayspec score an4.parquet                                                 # WER/CER per corpus
       rayspec train target --help                                               # the zoo's recipes
       rayspec bench --help                                                      # speculative decoding benchmark

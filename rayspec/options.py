@@ -49,7 +49,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--tau-ctc", type=float, default=1.0,
                    help="accept the CTC hypothesis with no target pass if every frame's entropy (nats) is below "
                         "this; 0 = gate off. Default 1.0 (with --tau-slm 0.01): the zoo's measured high-accuracy "
-                        "point (AN4 test WER 46.4%% vs AR 63.4%%, 1.1-1.5x RTFx; 1.5 is 2.6x at 54.7%%; see README)")
+                        "point (AN4 test WER 46.4%% vs AR 63.4%%, 1.1-1.6x RTFx; 1.5 is 1.6-3.4x at 54.5%%; see README)")
     c.add_argument("--tau-slm", type=float, default=0.01,
                    help="verification accepts a token whose target probability exceeds this (default 0.01)")
     c.add_argument("--exact", action=argparse.BooleanOptionalAction, default=False,
