@@ -237,6 +237,32 @@ def write_outputs(rows: list[BenchRow], out_dir: str, title: str, suite: str) ->
     return text
 
 
+def plot_head_accuracy(target, heads_dir: str, utterances, out_dir: str) -> list[float]:
+    """Per-head top-1 agreement of Medusa heads with the target's own tokens on ``utterances``; written to
+    ``bench-medusa-heads.png`` (and returned)."""
+    from .decoding.medusa_proposer import load_heads
+    from .train.medusa import head_accuracy
+
+    acc = head_accuracy(target, load_heads(heads_dir, str(target.device), target.dtype), utterances)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return acc
+    os.makedirs(out_dir, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(range(1, len(acc) + 1), [100 * a for a in acc], marker="o")
+    ax.set_xlabel("head k (predicts the k-th token after the target's next)")
+    ax.set_ylabel("top-1 agreement with the target %")
+    ax.set_xticks(range(1, len(acc) + 1))
+    ax.set_title(f"Medusa heads on {len(utterances)} utterances", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(os.path.join(out_dir, "bench-medusa-heads.png"), dpi=120)
+    return acc
+
+
 def _plot(rows, path, title, suite) -> None:
     try:
         import matplotlib
@@ -295,6 +321,7 @@ def cmd_bench(args) -> int:
                         replace(o, speculation=replace(o.speculation, max_draft=args.max_draft))) for n, o in configs]
     elif args.suite == "medusa":
         configs = medusa_ablation(args.medusa)
+        plot_head_accuracy(target, args.medusa or zoo_path("medusa"), utts, args.output)
     else:
         configs = ssd_grid(tuple(args.tau_ctc), tuple(args.tau_slm))
     rows = run_bench((target, draft, ctc), audios, [u.text for u in utts], configs, tuple(args.batch_sizes),

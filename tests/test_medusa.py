@@ -68,3 +68,11 @@ def test_tree_paths_must_be_prefix_closed():
         check_tree([(0,), (1, 0)], 4)
     with pytest.raises(ValueError):
         check_tree([(0,), (0, 0)], 1)
+
+
+def test_head_accuracy_curve_is_one_fraction_per_head(tiny_target, samples_manifest):
+    from rayspec.manifest import read_manifest
+    from rayspec.train.medusa import head_accuracy
+
+    acc = head_accuracy(tiny_target, _heads(tiny_target), read_manifest(samples_manifest)[:3])
+    assert len(acc) == 4 and all(0.0 <= a <= 1.0 for a in acc)

@@ -77,6 +77,14 @@ def _head_loss(heads, proj, batch, lam: float):
     return loss, counts
 
 
+@torch.no_grad()
+def head_accuracy(target: WhisperASR, heads: MedusaHeads, utterances) -> list[float]:
+    """Per head, top-1 agreement with the target's own greedy token ``k`` positions ahead on ``utterances``
+    (fractions in head order; the heads' accuracy curve)."""
+    _, counts = _head_loss(heads, target.model.proj_out, _target_states(target, utterances), 1.0)
+    return [c / n if n else 0.0 for c, n in counts]
+
+
 def train_medusa(target_dir: str, manifests: list[str], out_dir: str, work_dir: str, num_heads: int = 4,
                  epochs: int = 40, lr: float = 1e-3, lam: float = 0.8, batch_utterances: int = 32, seed: int = 0,
                  threads: int = 2, dev_fraction: float = 0.08, max_utterances: Optional[int] = None) -> dict:
