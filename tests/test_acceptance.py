@@ -29,7 +29,7 @@ def _verify(contexts, drafts, argmax=None, probs=None, rule=AcceptanceRule()):
             else:
                 logits[b, a, argmax[b][a]] = 10.0
     dev = trees.to_device(EOS, np.full(len(contexts), -1), "cpu")
-    return accept_tree(trees, score_tree(logits, dev, rule))
+    return accept_tree(dev.host, score_tree(logits, dev, rule))
 
 
 def test_greedy_chain_perfect_match_and_early_mismatch():

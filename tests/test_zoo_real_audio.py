@@ -102,10 +102,10 @@ def test_medusa_equals_ar_on_real_audio(zoo, batch_size, monkeypatch):
     kept_eos = []
     accept = loop.accept_tree
 
-    def recording(trees, scores):  # does some row keep an EOS draft node (finish inside the tree)?
-        result = accept(trees, scores)
+    def recording(layout, scores):  # does some row keep an EOS draft node (finish inside the tree)?
+        result = accept(layout, scores)
         for k, path in enumerate(result.paths):
-            kept_eos.append(any(trees.tokens[trees.cu_nodes[k] + a] == target.eos_token_id for a in path))
+            kept_eos.append(any(layout["tokens"][k, a] == target.eos_token_id for a in path))
         return result
 
     monkeypatch.setattr(loop, "accept_tree", recording)

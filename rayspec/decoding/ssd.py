@@ -153,7 +153,7 @@ class SSDDecoder:
         dev = trees.to_device(eos, np.full(len(todo), p - 1), cache.device)
         logits = t.suppress(t.decode(cache, dev.tokens, dev.ancestors, dev.depths), first=dev.host["first"])
         rule = AcceptanceRule("threshold", tau=self.opt.tau_slm, exact=self.opt.exact)
-        result = accept_tree(trees, score_tree(logits, dev, rule))
+        result = accept_tree(dev.host, score_tree(logits, dev, rule))
         keep_len = []
         for k, (i, s) in enumerate(zip(todo, seqs)):
             n, j = len(s) + 1, len(result.paths[k])

@@ -21,7 +21,7 @@ One module for every method, as vLLM's one rejection sampler serves all its prop
   acoustic similarity groups) replaces it without touching the sampler.
 
 Host/device split: the per-node statistics are computed on the device and read back in ONE transfer
-(:func:`score_tree`), the path search then runs on the host over numpy arrays.
+(:func:`score_tree`), the path search then runs on the host over the trees' padded numpy layout.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from typing import Optional, Protocol
 import numpy as np
 import torch
 
-from .tree import DeviceTrees, TokenTrees
+from .tree import DeviceTrees
 
 RULES = ("greedy", "threshold", "typical")
 
@@ -58,11 +58,6 @@ class AcceptanceRule:
     def __post_init__(self):
         if self.kind not in RULES:
             raise ValueError(f"unknown acceptance rule {self.kind!r}; choose from {', '.join(RULES)}")
-
-    @property
-    def is_exact(self) -> bool:
-        """Whether the kept path is always the target's greedy continuation."""
-        return self.kind == "greedy" or (self.kind == "threshold" and self.exact)
 
 
 GREEDY = AcceptanceRule()
@@ -116,36 +111,32 @@ class AcceptedPaths:
         return np.asarray([len(p) for p in self.paths], dtype=np.int64)
 
 
-def accept_tree(trees: TokenTrees, scores: np.ndarray) -> AcceptedPaths:
+def accept_tree(layout: dict, scores: np.ndarray) -> AcceptedPaths:
     """The longest root path of passing draft nodes per row (ties: the first in node order).
 
     Args:
-        trees: the host trees; scores: int64 ``[2, B, Q]`` from :func:`score_tree`.
+        layout: the trees' padded host layout (:meth:`TokenTrees.padded`, e.g. ``DeviceTrees.host``);
+        scores: int64 ``[2, B, Q]`` from :func:`score_tree`.
     """
     ok, best = scores[0].astype(bool), scores[1]
+    parents, depths, roots, sizes = layout["parents"], layout["depths"], layout["roots"], layout["sizes"]
     b, q = ok.shape
-    lay_par = np.full((b, q), -1, dtype=np.int64)
-    depth = np.zeros((b, q), dtype=np.int64)
-    sizes = trees.sizes
-    row = np.repeat(np.arange(b), sizes)
-    col = np.arange(len(trees.tokens)) - np.repeat(trees.cu_nodes[:-1], sizes)
-    lay_par[row, col], depth[row, col] = trees.parents, trees.depths
     node = np.arange(q)[None, :]
-    draft = (node > trees.roots[:, None]) & (node < sizes[:, None])  # [B, Q] real draft nodes
+    draft = (node > roots[:, None]) & (node < sizes[:, None])  # [B, Q] real draft nodes
     good = np.zeros((b, q), dtype=bool)
     rows = np.arange(b)
     for j in range(q):  # parents come first: one pass in node order
-        p = lay_par[:, j]
-        parent_good = np.where(p >= 0, good[rows, np.maximum(p, 0)], False) | (p == trees.roots)
+        p = parents[:, j]
+        parent_good = np.where(p >= 0, good[rows, np.maximum(p, 0)], False) | (p == roots)
         good[:, j] = draft[:, j] & ok[:, j] & parent_good
-    score = np.where(good, depth, -1)
-    end = np.where(score.max(1) >= 0, score.argmax(1), trees.roots)  # [B] last node of each kept path
+    score = np.where(good, depths, -1)
+    end = np.where(score.max(1) >= 0, score.argmax(1), roots)  # [B] last node of each kept path
     paths = []
     for k in range(b):
-        path, node = [], int(end[k])
-        while node != trees.roots[k]:
-            path.append(node)
-            node = int(lay_par[k, node])
+        path, n = [], int(end[k])
+        while n != roots[k]:
+            path.append(n)
+            n = int(parents[k, n])
         paths.append(path[::-1])
     return AcceptedPaths(paths, best[rows, end])
 

@@ -170,8 +170,8 @@ class VerifyLoop:
     def _round(self, live: list[_Row], proposals: list[Proposal], cache) -> list[Feedback]:
         t = self.target
         trees = TokenTrees.build([r.seq[r.target_len :] for r in live], [p.tree for p in proposals])
-        first = np.asarray([trees.depths[trees.cu_nodes[k] + trees.roots[k]] if not r.hyp.tokens else -1
-                            for k, r in enumerate(live)], dtype=np.int64)
+        # the root's output is a row's first generated token (a root's depth is its index: contexts are chains)
+        first = np.where([not r.hyp.tokens for r in live], trees.roots, -1)
         dev = trees.to_device(self.eos, first, cache.device)
         hidden = None
         if getattr(self.proposer, "needs_hidden", False):
@@ -179,7 +179,7 @@ class VerifyLoop:
         else:
             logits = t.decode(cache, dev.tokens, dev.ancestors, dev.depths)
         logits = t.suppress(logits, first=dev.host["first"])
-        result = accept_tree(trees, score_tree(logits, dev, self.rule))
+        result = accept_tree(dev.host, score_tree(logits, dev, self.rule))
         if hidden is not None:  # the state at each row's last kept node (one gather, no device read)
             ends = np.asarray([p[-1] if p else trees.roots[k] for k, p in enumerate(result.paths)], dtype=np.int64)
             ends_t = torch.from_numpy(ends).to(cache.device, non_blocking=True)

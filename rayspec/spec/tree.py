@@ -112,7 +112,8 @@ class TokenTrees:
         - ``depths``: int64 ``[B, Q]`` (0 for padding);
         - ``parents``: int64 ``[B, Q]`` (row-local, ``-1`` for a row's first node and for padding);
         - ``ancestors``: bool ``[B, Q, Q]``, ``[b, i, j]`` True where node ``j`` is on node ``i``'s root path
-          (itself included; padding sees only itself).
+          (itself included; padding sees only itself);
+        - ``roots``, ``sizes``: int64 ``[B]``, as :attr:`roots` and :attr:`sizes`.
         """
         b, sizes = self.batch_size, self.sizes
         q = int(sizes.max()) if b else 0
@@ -128,7 +129,8 @@ class TokenTrees:
             p = parents[:, j]
             has = p >= 0
             anc[rows[has], j] |= anc[rows[has], p[has]]
-        return {"tokens": tokens, "depths": depths, "parents": parents, "ancestors": anc}
+        return {"tokens": tokens, "depths": depths, "parents": parents, "ancestors": anc, "roots": self.roots,
+                "sizes": sizes}
 
     def to_device(self, pad_token: int, first_generated: np.ndarray, device) -> "DeviceTrees":
         """The padded layout on ``device`` in two host-to-device copies (the host copy stays in ``host``, with
@@ -141,7 +143,7 @@ class TokenTrees:
         """
         lay = self.padded(pad_token)
         lay["first"] = (lay["depths"] == first_generated[:, None]) & (first_generated[:, None] >= 0)
-        lay["first"] &= np.arange(lay["tokens"].shape[1])[None, :] < self.sizes[:, None]
+        lay["first"] &= np.arange(lay["tokens"].shape[1])[None, :] < lay["sizes"][:, None]
         ints = torch.from_numpy(np.stack([lay["tokens"], lay["depths"], np.maximum(lay["parents"], 0)]))  # [3, B, Q]
         ints = ints.to(device, non_blocking=True)
         anc = torch.from_numpy(lay["ancestors"]).to(device, non_blocking=True)
