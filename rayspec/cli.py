@@ -73,6 +73,9 @@ def cmd_train(args) -> int:
         print(json.dumps({"dev_top1": summary["dev_top1"]}))
         return 0
 
+    if args.kind.startswith("tts-"):
+        return _train_tts(args)
+
     base = DRAFT_ARCH if args.kind == "draft" else TARGET_ARCH
     arch = Architecture(
         d_model=args.d_model or base.d_model, encoder_layers=args.encoder_layers or base.encoder_layers,
@@ -86,6 +89,31 @@ def cmd_train(args) -> int:
                     ctc_out=args.ctc_output, max_steps=args.max_steps, max_utterances=args.max_utterances,
                     init_dir=args.init, init_ctc=args.init_ctc)
     print(json.dumps(summary["final_dev"]))
+    return 0
+
+
+def _train_tts(args) -> int:
+    from .train.tts import TTSTrainOptions, train_tts_draft, train_tts_target
+    from .tts.synthesis import default_codec_dir
+
+    opt = TTSTrainOptions(epochs=args.epochs, batch_frames=args.batch_frames, lr=args.lr, seed=args.seed,
+                          threads=args.threads, dropout=args.dropout, warmup_steps=args.warmup_steps)
+    codec = args.codec or default_codec_dir()
+    if args.kind == "tts-target":
+        arch = {k: v for k, v in (("d_model", args.d_model), ("encoder_layers", args.encoder_layers),
+                                  ("decoder_layers", args.decoder_layers), ("heads", args.heads),
+                                  ("ffn", args.ffn)) if v}
+        summary = train_tts_target(args.manifests, args.output, args.work_dir, codec, opt, arch,
+                                   max_utterances=args.max_utterances)
+    else:
+        if not args.target:
+            print("rayspec train: error: tts-draft needs --target (the TTS target it is distilled from)",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        arch = {"d_model": args.d_model} if args.d_model else {}
+        summary = train_tts_draft(args.target, args.manifests, args.output, args.work_dir, codec, opt, arch,
+                                  max_utterances=args.max_utterances)
+    print(json.dumps(summary))
     return 0
 
 
@@ -150,13 +178,18 @@ def _train_parser(sub) -> None:
               draft   a small model with the same tokenizer, distilled from --target's greedy transcripts
               ctc     a CTC head over the frozen encoder of --target
               medusa  Medusa heads over the frozen decoder of --target, on its own greedy transcripts
+              tts-target  the speech-token TTS target (phones + durations -> Lyra codes), on aligned clips
+              tts-draft   the TTS draft, distilled from --target (a TTS target directory)
+
+            TTS kinds use --epochs, --batch-frames (20 ms codec frames, e.g. 6000), --lr (1e-3), --dropout (0.1)
+            and cache Lyra codes + forced alignments in --work-dir.
 
             example (the zoo target):
               rayspec train target ../shared/data/an4/train.jsonl ../shared/data/ljspeech/clips.jsonl \\
                   -o rayspec/zoo/target --ctc-output rayspec/zoo/ctc --work-dir runs/zoo/target --epochs 60
             """),
     )
-    p.add_argument("kind", choices=["target", "draft", "ctc", "medusa"])
+    p.add_argument("kind", choices=["target", "draft", "ctc", "medusa", "tts-target", "tts-draft"])
     p.add_argument("manifests", nargs="+", help="training manifests (JSONL/CSV/Parquet with id, audio, text)")
     p.add_argument("-o", "--output", required=True, help="model directory to write")
     p.add_argument("--work-dir", required=True, help="checkpoints, feature cache and logs (resumable)")
@@ -173,6 +206,7 @@ def _train_parser(sub) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--init", help="warm start: initialise a target/draft from this model directory (curriculum)")
     p.add_argument("--init-ctc", help="warm start: initialise the CTC head from this directory")
+    p.add_argument("--codec", help="tts kinds: Lyra v2 codec directory (default: the bundled one)")
     p.add_argument("--medusa-heads", type=int, default=4, help="medusa: number of heads K (default 4)")
     for name in ("d-model", "encoder-layers", "decoder-layers", "heads", "ffn", "frame-stack"):
         p.add_argument(f"--{name}", type=int, default=None, help="architecture override")

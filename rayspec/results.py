@@ -96,8 +96,9 @@ class ResultRow:
 assert [f.name for f in fields(ResultRow)] == SCHEMA.names
 
 
-def rows_to_table(rows: Iterable[ResultRow]) -> pa.Table:
-    return pa.Table.from_pylist([asdict(r) for r in rows], schema=SCHEMA)
+def rows_to_table(rows: Iterable, schema: pa.Schema = SCHEMA) -> pa.Table:
+    """A table of dataclass rows (:class:`ResultRow` by default) under ``schema``."""
+    return pa.Table.from_pylist([asdict(r) for r in rows], schema=schema)
 
 
 def _write_atomic(table: pa.Table, path: str) -> None:
@@ -175,20 +176,21 @@ class OutputLock:
         return True
 
 
-def read_results(path: str) -> pa.Table:
-    """Read a results file, a folder of shards, or a file plus its unmerged ``.parts`` folder.
+def read_results(path: str, schema: pa.Schema = SCHEMA) -> pa.Table:
+    """Read a results file, a folder of shards, or a file plus its unmerged ``.parts`` folder (``schema``: the
+    transcription results' by default).
 
     Raises:
         FileNotFoundError: nothing at ``path``.
     """
     tables = []
     if os.path.isdir(path):
-        tables += [pq.read_table(p, schema=SCHEMA) for p in sorted(glob.glob(os.path.join(path, "*.parquet")))]
+        tables += [pq.read_table(p, schema=schema) for p in sorted(glob.glob(os.path.join(path, "*.parquet")))]
     elif os.path.exists(path):
-        tables.append(pq.read_table(path, schema=SCHEMA))
+        tables.append(pq.read_table(path, schema=schema))
     parts = path + ".parts"
     if os.path.isdir(parts):
-        tables += [pq.read_table(p, schema=SCHEMA) for p in sorted(glob.glob(os.path.join(parts, "*.parquet")))]
+        tables += [pq.read_table(p, schema=schema) for p in sorted(glob.glob(os.path.join(parts, "*.parquet")))]
     if not tables:
         raise FileNotFoundError(f"no results at {path}")
     return pa.concat_tables(tables)
@@ -203,13 +205,15 @@ class ResultWriter:
 
     Args:
         path: the output ``.parquet`` file.
+        schema: the rows' schema (transcription results by default; synthesis rows have their own).
 
     Raises:
         OutputLockedError: another live writer holds the output.
     """
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, schema: pa.Schema = SCHEMA) -> None:
         self.path = os.path.abspath(path)
+        self.schema = schema
         self.parts = self.path + ".parts"
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         self.lock = OutputLock(self.path).acquire()
@@ -217,7 +221,7 @@ class ResultWriter:
                                                                                           "*.tmp")):
             os.remove(tmp)  # a killed writer's unfinished file: never renamed, so never read
         try:
-            table = read_results(self.path).select(["id", "error_code"]).to_pylist()
+            table = read_results(self.path, schema).select(["id", "error_code"]).to_pylist()
             self.done_ids: set[str] = {r["id"] for r in table if r["error_code"] not in RETRIED_ERROR_CODES}
         except FileNotFoundError:
             self.done_ids = set()
@@ -232,7 +236,7 @@ class ResultWriter:
         if not rows:
             return
         os.makedirs(self.parts, exist_ok=True)
-        _write_atomic(rows_to_table(rows), os.path.join(self.parts, f"part-{uuid.uuid4().hex}.parquet"))
+        _write_atomic(rows_to_table(rows, self.schema), os.path.join(self.parts, f"part-{uuid.uuid4().hex}.parquet"))
         self.done_ids.update(r.id for r in rows)
 
     def finalize(self) -> pa.Table:
@@ -245,7 +249,7 @@ class ResultWriter:
             FileNotFoundError: nothing was ever written (no rows).
         """
         try:
-            table = read_results(self.path)
+            table = read_results(self.path, self.schema)
             keep: dict[str, int] = {}
             codes = table.column("error_code").to_pylist()
             for i, uid in enumerate(table.column("id").to_pylist()):

@@ -8,7 +8,7 @@ import torch
 
 from rayspec.decoding.ar import greedy_decode
 from rayspec.decoding.speculative import speculative_decode
-from rayspec.spec.acceptance import AcceptanceRule, accept_tree, rejection_sample, score_tree
+from rayspec.spec.acceptance import AcceptanceRule, accept_tree, score_tree
 from rayspec.spec.tree import DraftTree, TokenTrees
 from tiny import random_audio
 
@@ -104,30 +104,6 @@ def test_typical_rule_accepts_likely_tokens_of_flat_distributions_only():
     rule = AcceptanceRule("typical", epsilon=0.09, delta=0.3)
     assert _verify([[1]], [DraftTree.chain([3])], probs=[[flat, flat]], rule=rule).paths == [[1]]
     assert _verify([[1]], [DraftTree.chain([3])], probs=[[peaked, peaked]], rule=rule).paths == [[]]
-
-
-def test_rejection_sampling_reproduces_the_target_distribution():
-    gen = torch.Generator().manual_seed(0)
-    n = 40000
-    p = torch.tensor([0.5, 0.2, 0.1, 0.1, 0.05, 0.05, 0.0, 0.0])
-    q = torch.tensor([0.1, 0.1, 0.4, 0.1, 0.1, 0.1, 0.05, 0.05])
-    draft = torch.multinomial(q.expand(n, -1), 1, replacement=True, generator=gen)  # [n, 1]
-    out = rejection_sample(p.expand(n, 2, -1), q.expand(n, 1, -1), draft, torch.ones(n, dtype=torch.long), gen)
-    first = torch.where(out.accepted > 0, draft[:, 0], out.next_tokens)
-    freq = torch.bincount(first, minlength=V).double() / n
-    assert 0.5 * (freq - p.double()).abs().sum() < 0.015  # total variation at n = 40,000 (sd ~ 0.003)
-    # rows without a draft token sample directly from the target
-    none = rejection_sample(p.expand(n, 2, -1), q.expand(n, 1, -1), draft, torch.zeros(n, dtype=torch.long), gen)
-    assert (none.accepted == 0).all()
-    assert 0.5 * (torch.bincount(none.next_tokens, minlength=V).double() / n - p.double()).abs().sum() < 0.015
-
-
-def test_rejection_sampling_accepts_everything_when_draft_equals_target():
-    gen = torch.Generator().manual_seed(1)
-    p = torch.softmax(torch.randn(64, 4, V, generator=gen), -1)
-    tokens = torch.multinomial(p[:, :3].reshape(-1, V), 1, generator=gen).view(64, 3)
-    out = rejection_sample(p, p[:, :3], tokens, torch.full((64,), 3), gen)
-    assert (out.accepted == 3).all()
 
 
 @contextlib.contextmanager

@@ -62,6 +62,51 @@ class DecoderCache:
     def device(self) -> torch.device:
         return self.lengths.device
 
+    def attention_layout(self, q: int, ancestors: Optional[torch.Tensor] = None,
+                         depths: Optional[torch.Tensor] = None, max_positions: Optional[int] = None):
+        """Where ``Q`` new tokens per row go and what they see (no device read).
+
+        New token ``i`` of row ``b`` sits at position ``lengths[b] + depths[i]``, is written to slot
+        ``lengths[b] + i``, and attends to the row's committed positions plus the new tokens ``j`` with
+        ``ancestors[i, j]`` (a chain by default; a token tree gives each node its root path, SpecInfer's tree
+        attention).
+
+        Args:
+            q: new tokens per row.
+            ancestors: bool ``[Q, Q]`` or ``[B, Q, Q]``; default causal.
+            depths: int64 ``[Q]`` or ``[B, Q]``; default ``arange(Q)``.
+            max_positions: clamp positions below this (the model's position table; only padding reaches it).
+
+        Returns:
+            ``(positions, slots, top, visible)``: int64 ``[B, Q]`` positions, int64 ``[B, Q]`` cache slots to write,
+            ``top`` the number of key slots to read, bool ``[B, 1, Q, top]`` key visibility for attention.
+
+        Raises:
+            ValueError: the cache has pending positions, or the new tokens would pass its capacity.
+        """
+        if self.pending:
+            raise ValueError("decoder called with pending cache positions: commit() them first")
+        b, dev = self.batch_size, self.device
+        if ancestors is None:
+            ancestors = torch.ones(q, q, dtype=torch.bool, device=dev).tril()
+        if depths is None:
+            depths = torch.arange(q, device=dev)
+        if ancestors.dim() == 2:
+            ancestors = ancestors.expand(b, q, q)
+        base = self.lengths
+        positions = base[:, None] + depths.expand(b, q)
+        if max_positions is not None:
+            positions = positions.clamp(max=max_positions - 1)
+        slots = base[:, None] + torch.arange(q, device=dev)
+        top = int(self.host_lengths.max()) + q  # from the host copy: no device read
+        if top > self.capacity:
+            raise ValueError(f"decoder positions up to {top} exceed the cache capacity {self.capacity}")
+        rel = torch.arange(top, device=dev)[None, :] - base[:, None]  # [B, K]
+        is_new = (rel >= 0) & (rel < q)
+        anc = ancestors.gather(2, rel.clamp(0, q - 1)[:, None, :].expand(b, q, top))
+        visible = (rel < 0)[:, None, :] | (is_new[:, None, :] & anc)
+        return positions, slots, top, visible[:, None]
+
     def _set_lengths(self, lengths: np.ndarray) -> None:
         self.host_lengths = np.asarray(lengths, dtype=np.int64).copy()
         self.lengths = torch.from_numpy(self.host_lengths.copy()).to(self.device, non_blocking=True)

@@ -9,21 +9,20 @@ target they were trained for (``medusa_config.target`` records which).
 
 from __future__ import annotations
 
-import json
-import os
-
 import torch
 from torch import nn
 
-from .whisper import ModelLoadError
+from .pretrained import Pretrained
 
 
-class MedusaHeads(nn.Module):
+class MedusaHeads(Pretrained, nn.Module):
     """``K`` residual heads of width ``d_model``.
 
     Args:
         d_model: the target decoder's hidden size; num_heads: ``K``; target: name of the target (recorded).
     """
+
+    kind = "Medusa heads"
 
     def __init__(self, d_model: int, num_heads: int, target: str = "") -> None:
         super().__init__()
@@ -37,28 +36,5 @@ class MedusaHeads(nn.Module):
         """Head states ``[K, ..., D]`` from hidden states ``[..., D]`` (project with the target's ``proj_out``)."""
         return torch.stack([hidden + nn.functional.silu(block(hidden)) for block in self.blocks])
 
-    def save_pretrained(self, path: str) -> None:
-        from safetensors.torch import save_file
-
-        os.makedirs(path, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, os.path.join(path, "model.safetensors"))
-        with open(os.path.join(path, "config.json"), "w") as f:
-            json.dump({"d_model": self.d_model, "num_heads": self.num_heads, "target": self.target}, f, indent=2)
-
-    @classmethod
-    def from_pretrained(cls, path: str, device="cpu", dtype: torch.dtype = torch.float32) -> "MedusaHeads":
-        """Load heads written by :meth:`save_pretrained`.
-
-        Raises:
-            ModelLoadError: a missing directory or file.
-        """
-        from safetensors.torch import load_file
-
-        files = [os.path.join(path, n) for n in ("config.json", "model.safetensors")]
-        if not all(os.path.exists(f) for f in files):
-            raise ModelLoadError(f"{path} is not a Medusa heads directory (config.json + model.safetensors)")
-        with open(files[0]) as f:
-            cfg = json.load(f)
-        heads = cls(cfg["d_model"], cfg["num_heads"], cfg.get("target", ""))
-        heads.load_state_dict(load_file(files[1]))
-        return heads.to(device=device, dtype=dtype).eval()
+    def config_dict(self) -> dict:
+        return {"d_model": self.d_model, "num_heads": self.num_heads, "target": self.target}

@@ -330,32 +330,10 @@ class WhisperASR:
         Raises:
             ValueError: the cache has pending positions, or positions beyond its capacity.
         """
-        if cache.pending:
-            raise ValueError("decode() called with pending cache positions: commit() them first")
         dec = self._half("decoder")
         b, q = tokens.shape
-        dev = tokens.device
-        if ancestors is None:
-            ancestors = torch.ones(q, q, dtype=torch.bool, device=dev).tril()
-        if depths is None:
-            depths = torch.arange(q, device=dev)
-        if ancestors.dim() == 2:
-            ancestors = ancestors.expand(b, q, q)
-        depths = depths.expand(b, q)
-        base = cache.lengths
-        positions = base[:, None] + depths
-        slots = base[:, None] + torch.arange(q, device=dev)
-        top = int(cache.host_lengths.max()) + q  # from the host copy: no device read
-        if top > cache.capacity:
-            raise ValueError(f"decoder positions up to {top} exceed the cache capacity {cache.capacity}")
         # Callers cap real tokens below max_target_positions; only padding may reach past it, and is clamped.
-        positions = positions.clamp(max=self.max_target_positions - 1)
-        # Key visibility [B, Q, K]: committed keys, plus pending keys on the query's root path.
-        rel = torch.arange(top, device=dev)[None, :] - base[:, None]  # [B, K]
-        is_new = (rel >= 0) & (rel < q)
-        anc = ancestors.gather(2, rel.clamp(0, q - 1)[:, None, :].expand(b, q, top))
-        visible = (rel < 0)[:, None, :] | (is_new[:, None, :] & anc)
-        visible = visible[:, None]  # [B, 1, Q, K]
+        positions, slots, top, visible = cache.attention_layout(q, ancestors, depths, self.max_target_positions)
 
         x = dec.embed_tokens(tokens) * dec.embed_scale + dec.embed_positions.weight[positions]
         x = F.dropout(x, p=dec.dropout, training=dec.training)

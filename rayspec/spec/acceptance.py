@@ -15,10 +15,8 @@ One module for every method, as vLLM's one rejection sampler serves all its prop
 
   In all three the emitted token after the path is the target's argmax at its last node (the "bonus" token), so
   ``greedy`` is exact and the others are lossy with a threshold.
-* Rejection sampling for sampled decoding with draft probabilities (:func:`rejection_sample`; Leviathan et al.
-  2023, Algorithm 1; Chen et al. 2023, arXiv:2302.01318): the output is distributed as the target's samples. The
-  token-level ratio is a plug-in (:class:`TokenRatio`), so a group-level rule (PCG, coarse-grained acceptance over
-  acoustic similarity groups) replaces it without touching the sampler.
+* Sampled decoding with draft probabilities (rejection sampling with token, relaxed or group-level ratios) lives in
+  :mod:`rayspec.spec.sampling`.
 
 Host/device split: the per-node statistics are computed on the device and read back in ONE transfer
 (:func:`score_tree`), the path search then runs on the host over the trees' padded numpy layout.
@@ -28,7 +26,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional, Protocol
+
 
 import numpy as np
 import torch
@@ -139,85 +137,3 @@ def accept_tree(layout: dict, scores: np.ndarray) -> AcceptedPaths:
             n = int(parents[k, n])
         paths.append(path[::-1])
     return AcceptedPaths(paths, best[rows, end])
-
-
-class AcceptanceRatio(Protocol):
-    """The acceptance test of rejection sampling, pluggable (token level by default, group level for PCG)."""
-
-    def accept_prob(self, target_probs: torch.Tensor, draft_probs: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        """Probability of keeping each draft token: float ``[B, K]`` from ``[B, K, V]`` probabilities and int64
-        ``[B, K]`` tokens."""
-        ...
-
-    def recover(self, target_probs: torch.Tensor, draft_probs: torch.Tensor,
-                generator: Optional[torch.Generator]) -> torch.Tensor:
-        """The token emitted after a rejection: int64 ``[B]`` from ``[B, V]`` probabilities at that position."""
-        ...
-
-
-class TokenRatio:
-    """Token-level rejection sampling: keep ``x`` with ``min(1, p(x) / q(x))``, after a rejection sample from
-    ``norm(max(0, p - q))`` (Leviathan et al. 2023, section 2.3). The result is distributed exactly as ``p``."""
-
-    def accept_prob(self, target_probs, draft_probs, tokens):
-        p = target_probs.gather(-1, tokens[..., None])[..., 0]
-        q = draft_probs.gather(-1, tokens[..., None])[..., 0]
-        return (p / q.clamp_min(1e-30)).clamp(max=1.0)
-
-    def recover(self, target_probs, draft_probs, generator):
-        residual = (target_probs - draft_probs).clamp_min(0)
-        mass = residual.sum(-1, keepdim=True)
-        residual = torch.where(mass > 0, residual / mass.clamp_min(1e-30), target_probs)
-        return torch.multinomial(residual, 1, generator=generator)[:, 0]
-
-
-@dataclass
-class SampledAcceptance:
-    """Outcome of :func:`rejection_sample`.
-
-    Attributes:
-        accepted: int64 ``[B]``, kept draft tokens per row (``0 .. num_draft[b]``).
-        next_tokens: int64 ``[B]``, the token after them (a recovered token, or the bonus sample after a full
-            accept).
-    """
-
-    accepted: torch.Tensor  # [B]
-    next_tokens: torch.Tensor  # [B]
-
-
-def rejection_sample(
-    target_probs: torch.Tensor,
-    draft_probs: torch.Tensor,
-    draft_tokens: torch.Tensor,
-    num_draft: torch.Tensor,
-    generator: Optional[torch.Generator] = None,
-    ratio: AcceptanceRatio = TokenRatio(),
-) -> SampledAcceptance:
-    """Speculative sampling over ragged draft chains (Leviathan et al. 2023, arXiv:2211.17192, Algorithm 1).
-
-    Args:
-        target_probs: float ``[B, K + 1, V]``, the target's distribution before each draft token and after the last.
-        draft_probs: float ``[B, K, V]``, the draft's distribution each draft token was sampled from.
-        draft_tokens: int64 ``[B, K]``; entries at or past ``num_draft[b]`` are padding.
-        num_draft: int64 ``[B]``, real draft tokens per row (``0 .. K``).
-        generator: torch RNG (fixed seed -> reproducible).
-        ratio: the acceptance test and recovery distribution (token level by default).
-
-    Returns:
-        :class:`SampledAcceptance`. Each emitted sequence (kept tokens + next token) is distributed as sampling from
-        the target token by token (for the token-level ratio).
-    """
-    b, k = draft_tokens.shape
-    dev = target_probs.device
-    u = torch.rand((b, k), generator=generator, device=dev)
-    keep = u < ratio.accept_prob(target_probs[:, :k], draft_probs, draft_tokens)  # [B, K]
-    keep &= torch.arange(k, device=dev)[None, :] < num_draft[:, None]
-    accepted = torch.cumprod(keep.long(), dim=1).sum(1)  # [B] leading kept tokens
-    rows = torch.arange(b, device=dev)
-    p_at = target_probs[rows, accepted]  # [B, V] target at the first rejected (or the bonus) position
-    full = accepted >= num_draft
-    q_at = torch.where(full[:, None], torch.zeros_like(p_at), draft_probs[rows, accepted.clamp(max=max(k - 1, 0))]
-                       if k else torch.zeros_like(p_at))
-    recovered = ratio.recover(p_at, q_at, generator)
-    bonus = torch.multinomial(p_at, 1, generator=generator)[:, 0]
-    return SampledAcceptance(accepted, torch.where(full, bonus, recovered))

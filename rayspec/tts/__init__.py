@@ -1,0 +1,1 @@
+"""Speech synthesis: phones, the Lyra codec, forced alignment and speculative speech-token decoding."""

@@ -1,0 +1,206 @@
+"""Speech synthesis: acceptance rules on synthetic distributions, the batched loop, text handling, the job."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+import soundfile as sf
+import torch
+
+from rayspec.models.speech_lm import SpeechDraft, SpeechLM, frame_layout
+from rayspec.spec.rng import DRAFT, CounterRNG, sample, uniforms
+from rayspec.spec.sampling import GroupRatio, RelaxedRatio, TokenRatio, rejection_sample, similarity_groups
+from rayspec.tts.phones import SIL, TextError, text_to_phones
+from rayspec.tts.speculative import SamplingOptions, generate
+from rayspec.tts.synthesis import Synthesizer, read_texts, run_synthesis
+
+N = 40000
+P = torch.tensor([0.30, 0.05, 0.05, 0.20, 0.10, 0.10, 0.15, 0.05])
+Q = torch.tensor([0.05, 0.30, 0.10, 0.05, 0.20, 0.05, 0.05, 0.20])
+
+
+def _one_step(ratio, p=P, q=Q, n=N):
+    """First emitted token of ``n`` rows drafting one token from ``q``, verified against ``p``."""
+    rng = CounterRNG(torch.arange(n), torch.zeros(n, dtype=torch.long))
+    draft = sample(q.expand(n, -1), rng.uniform(DRAFT, 1)[:, 0])[:, None]
+    out = rejection_sample(p.expand(n, 2, -1), q.expand(n, 1, -1), draft, torch.ones(n, dtype=torch.long), rng,
+                           ratio)
+    return torch.where(out.accepted > 0, draft[:, 0], out.next_tokens), out
+
+
+def _tv(tokens, dist):
+    freq = torch.bincount(tokens, minlength=len(dist)).double() / len(tokens)
+    return 0.5 * (freq - dist.double()).abs().sum().item()
+
+
+def test_sd_reproduces_the_target_distribution():
+    first, out = _one_step(TokenRatio())
+    assert _tv(first, P) < 0.015  # total variation at n = 40,000 (sd ~ 0.003)
+    assert 0.2 < out.accepted.double().mean() < 0.6  # sum min(p, q) = 0.40
+
+
+def test_sd_rows_without_draft_sample_the_target_and_equal_draft_accepts_all():
+    rng = CounterRNG(torch.arange(N), torch.zeros(N, dtype=torch.long))
+    out = rejection_sample(P.expand(N, 2, -1), Q.expand(N, 1, -1), torch.zeros(N, 1, dtype=torch.long),
+                           torch.zeros(N, dtype=torch.long), rng)
+    assert (out.accepted == 0).all() and _tv(out.next_tokens, P) < 0.015
+    p = torch.softmax(torch.randn(64, 4, 8, generator=torch.Generator().manual_seed(1)), -1)
+    rng = CounterRNG(torch.arange(64), torch.zeros(64, dtype=torch.long))
+    tokens = sample(p[:, :3], rng.uniform(DRAFT, 3))
+    assert (rejection_sample(p, p[:, :3], tokens, torch.full((64,), 3), rng).accepted == 3).all()
+
+
+def test_pcg_preserves_the_group_distribution_and_accepts_more():
+    groups = torch.zeros(3, 8, dtype=torch.bool)  # a partition: a token's group is known from the token
+    groups[0, [0, 1, 2]] = groups[1, [3, 4, 5]] = groups[2, [6, 7]] = True
+    first, out = _one_step(GroupRatio(groups))
+    group_of = groups.float().argmax(0)
+    assert _tv(group_of[first], groups.float() @ P) < 0.015
+    _, sd = _one_step(TokenRatio())
+    assert out.accepted.double().mean() > sd.accepted.double().mean() + 0.1
+
+
+def test_pcg_with_singleton_groups_is_sd_and_overlapping_groups_are_built_by_threshold():
+    singletons = similarity_groups(torch.randn(8, 4), theta=1.01)
+    assert singletons.shape == (8, 8) and (singletons.sum(1) == 1).all()
+    first, _ = _one_step(GroupRatio(singletons))
+    assert _tv(first, P) < 0.015
+    emb = torch.tensor([[1.0, 0.0], [0.9, 0.1], [0.0, 1.0], [0.1, 0.9]])
+    g = similarity_groups(emb, theta=0.9)
+    assert g.shape == (2, 4) and g.sum(1).tolist() == [2, 2]
+
+
+def test_ssd_relaxation_accepts_more_and_beta_zero_is_sd():
+    sd_tokens, sd = _one_step(TokenRatio())
+    zero_tokens, _ = _one_step(RelaxedRatio(0.0))
+    assert torch.equal(sd_tokens, zero_tokens)
+    _, relaxed = _one_step(RelaxedRatio(0.3))
+    assert relaxed.accepted.double().mean() > sd.accepted.double().mean() + 0.1
+
+
+def test_counter_rng_is_batch_invariant():
+    a = uniforms(torch.tensor([7, 8, 9])[:, None], torch.arange(5)[None], 2)
+    b = uniforms(torch.tensor([8])[:, None], torch.arange(5)[None], 2)
+    assert torch.equal(a[1], b[0]) and not torch.equal(a[0], a[1])
+
+
+# -- the batched loop on tiny random models ---------------------------------------------------------------------------
+def _tiny(n_coarse=256, seed=0):
+    torch.manual_seed(seed)
+    target = SpeechLM(d_model=32, heads=2, ffn=64, encoder_layers=1, decoder_layers=2, n_coarse=n_coarse,
+                      max_frames=200, dropout=0.0).eval()
+    with torch.no_grad():  # a peaked, input-dependent target
+        target.head.weight.mul_(20)
+        target.coarse_in.weight.mul_(3)
+    draft = SpeechDraft(d_model=16, hidden=32, n_coarse=n_coarse).eval()
+    return target, draft
+
+
+def _rows(n=3, seed=0):
+    rng = np.random.default_rng(seed)
+    phones = [rng.integers(2, 41, size=k) for k in rng.integers(3, 10, size=n)]
+    return phones, [rng.integers(0, 6, size=len(p)) + 1 for p in phones]
+
+
+@pytest.mark.parametrize("method", ["target", "sd", "ssd", "pcg"])
+def test_generate_is_batch_invariant_and_counts_passes(method):
+    target, draft = _tiny()
+    phones, durs = _rows(4)
+    opts = SamplingOptions(method=method, theta=0.3)
+    batch = generate(target, draft, phones, durs, [11, 12, 13, 14], opts)
+    for i in (0, 3):
+        solo = generate(target, draft, phones[i:i + 1], durs[i:i + 1], [11 + i], opts)[0]
+        assert np.array_equal(solo.codes, batch[i].codes)
+    for out, d in zip(batch, durs):
+        assert out.codes.shape == (d.sum(), 16) and out.codes.max() < 16
+        if method == "target":
+            assert out.target_passes == d.sum() and out.draft_proposed == 0
+        else:
+            assert out.target_passes == d.sum() - out.draft_accepted
+
+
+def test_generate_sd_samples_the_targets_distribution():
+    """Speculative sampling (sd) and target-only sampling give the same distribution of the first two tokens."""
+    target, draft = _tiny(n_coarse=4)
+    n = 3000
+    phones, durs = [np.array([5, 6])] * n, [np.array([1, 2])] * n
+    seeds = list(range(n))
+    cells = []
+    for method in ("target", "sd"):
+        out = generate(target, draft, phones, durs, seeds if method == "sd" else [s + n for s in seeds],
+                       SamplingOptions(method=method, lookahead=2, temperature=1.0))
+        coarse = np.stack([o.codes[:2, 0] * 16 + o.codes[:2, 1] for o in out])
+        cells.append(torch.from_numpy(coarse[:, 0] * 4 + coarse[:, 1]))
+    freq = [torch.bincount(c, minlength=16).double() / n for c in cells]
+    assert 0.5 * (freq[0] - freq[1]).abs().sum() < 0.06  # two samples of n = 3000 over 16 cells: sd ~ 0.02
+
+
+def test_frame_layout():
+    index, since, to_end = frame_layout(np.array([2, 0, 3]))
+    assert index.tolist() == [0, 0, 2, 2, 2] and since.tolist() == [0, 1, 0, 1, 2] and to_end.tolist() == [1, 0, 2, 1, 0]
+
+
+# -- text and the job -------------------------------------------------------------------------------------------------
+def test_text_to_phones_pauses_and_errors():
+    seq = text_to_phones("Hello, world 1850.")
+    assert seq.phones[0] == SIL and seq.phones[-1] == SIL and seq.phones.count(SIL) == 3
+    assert "HH" in seq.phones and len(seq.ids) == len(seq.phones)
+    for bad, code in (("", "empty_text"), ("   ", "empty_text"), ("x" * 5000, "text_too_long"),
+                      ("@@@ ### ...", "unpronounceable")):
+        with pytest.raises(TextError) as e:
+            text_to_phones(bad)
+        assert e.value.code == code
+
+
+def test_read_texts_turns_bad_lines_into_error_items(tmp_path):
+    txt = tmp_path / "in.txt"
+    txt.write_bytes(b"Hello there.\n\xff\xfe bad bytes\n\nSecond line.\n")
+    items = read_texts(str(txt))
+    assert [i.id for i in items] == ["line-00001", "line-00002", "line-00004"]
+    assert items[1].error_code == "not_utf8" and items[2].text == "Second line."
+    jl = tmp_path / "in.jsonl"
+    jl.write_text(json.dumps({"id": "a", "text": "Hi."}) + "\n{not json\n")
+    items = read_texts(str(jl))
+    assert items[0].id == "a" and items[1].error_code == "bad_row"
+
+
+@pytest.fixture(scope="module")
+def tiny_synth(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tts")
+    target, draft = _tiny()
+    target.save_pretrained(str(root / "target"))
+    draft.save_pretrained(str(root / "draft"))
+    return Synthesizer(str(root / "target"), str(root / "draft"))
+
+
+def test_synthesize_job_writes_audio_and_error_rows_and_resumes(tiny_synth, tmp_path):
+    import pyarrow.parquet as pq
+
+    src = tmp_path / "texts.jsonl"
+    rows = [{"id": "ok1", "text": "Printing is an art. It differs from most."}, {"id": "empty", "text": ""},
+            {"id": "long", "text": "word " * 2000}, {"id": "symbols", "text": "@@@ ###"},
+            {"id": "ok2", "text": "Hello world"}]
+    src.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "out"
+    opts = SamplingOptions(method="pcg", theta=0.3)
+    s = run_synthesis(read_texts(str(src)), tiny_synth, str(out), opts, fmt="wav", batch_size=2, chunk=3)
+    assert (s.done, s.failed) == (2, 3)
+    table = pq.read_table(out / "results.parquet").to_pylist()
+    by_id = {r["id"]: r for r in table}
+    assert sorted(by_id) == sorted(r["id"] for r in rows)
+    assert by_id["empty"]["error_code"] == "empty_text" and by_id["long"]["error_code"] == "text_too_long"
+    assert by_id["symbols"]["error_code"] == "unpronounceable"
+    audio, sr = sf.read(out / by_id["ok1"]["audio"])
+    assert sr == 16000 and abs(len(audio) / sr - by_id["ok1"]["duration_s"]) < 0.01
+    assert by_id["ok1"]["sentences"] == 2 and by_id["ok1"]["groups_accepted"] == by_id["ok1"]["draft_tokens_accepted"]
+    again = run_synthesis(read_texts(str(src)), tiny_synth, str(out), opts, fmt="wav")
+    assert again.skipped == 5 and again.done == 0
+    assert len(pq.read_table(out / "results.parquet")) == 5 and not os.path.exists(str(out / "results.parquet.parts"))
+
+
+def test_same_seed_same_audio_whatever_the_batch(tiny_synth):
+    opts = SamplingOptions(method="sd")
+    a = tiny_synth.synthesize(["One sentence.", "Another one here."], opts, seed=3, keys=["x", "y"])
+    b = tiny_synth.synthesize(["Another one here."], opts, seed=3, keys=["y"])
+    assert np.array_equal(a[1].audio, b[0].audio)
