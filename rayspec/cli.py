@@ -1,4 +1,4 @@
-"""The ``rayspec`` command line: transcribe, score, train, bench."""
+"""The ``rayspec`` command line: transcribe, synthesize, score, train, serve, bench."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ EPILOG = textwrap.dedent(
       rayspec transcribe ../shared/data/an4/test.jsonl -o an4-spec.parquet --method draft
       rayspec transcribe ../shared/data/an4/test.jsonl -o an4-medusa.parquet --method medusa
       rayspec score an4.parquet                                                 # WER/CER per corpus
+      rayspec synthesize texts.txt -o tts-out --method pcg                      # speculative TTS
       rayspec train target --help                                               # the zoo's recipes
       rayspec bench --help                                                      # speculative decoding benchmark
     """
@@ -45,6 +46,44 @@ def cmd_transcribe(args) -> int:
         summary = run_corpus(utts, transcriber, args.output, budget_from_args(args), progress=bar.update)
     print_summary(summary, args.output)
     return EXIT_SOME_FAILED if summary.failed else 0
+
+
+def cmd_synthesize(args) -> int:
+    from tqdm import tqdm
+
+    from .tts.synthesis import Synthesizer, read_texts, run_synthesis, sampling_from_args
+
+    items = read_texts(args.input)
+    opts = sampling_from_args(args)
+    synth = Synthesizer(args.tts_target, args.tts_draft, args.codec, threads=args.threads)
+    with tqdm(total=len(items), desc="synthesize", unit="text", disable=args.quiet) as bar:
+        s = run_synthesis(items, synth, args.output, opts, args.seed, args.format, args.speed, args.batch_size,
+                          progress=bar.update)
+    print(f"{s.done} texts synthesised ({s.skipped} already done), {s.failed} failed, {s.audio_s:.1f} s of audio "
+          f"in {s.wall_s:.1f} s (RTFx {s.audio_s / max(s.wall_s, 1e-9):.2f}) -> {args.output}")
+    return EXIT_SOME_FAILED if s.failed else 0
+
+
+def _synthesize_parser(sub) -> None:
+    from .tts.synthesis import AUDIO_FORMATS, add_synthesis_args
+
+    p = sub.add_parser(
+        "synthesize", help="text -> speech with speculative speech-token sampling (in-process; see jobs.synthesize "
+                           "for Ray)",
+        description="Synthesise every text of a .txt (one per line), .jsonl / .csv / .parquet (columns text[, id]) "
+                    "into <output>/audio/<id>.<format> and one <output>/results.parquet (NFE, draft tokens "
+                    "proposed/accepted, groups accepted, decode time per row). Sentences are batched across texts. "
+                    "Re-running resumes; a bad text (empty, over 4096 characters, nothing pronounceable, not UTF-8) "
+                    f"is an error row and the exit status is {EXIT_SOME_FAILED}.",
+        epilog="example:\n  rayspec synthesize texts.txt -o tts-out --method pcg --format flac",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("input", help="texts file (.txt, .jsonl, .csv, .parquet)")
+    p.add_argument("-o", "--output", required=True, help="output folder")
+    p.add_argument("--format", choices=sorted(AUDIO_FORMATS), default="flac", help="audio file format")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
+    add_synthesis_args(p)
+    p.set_defaults(func=cmd_synthesize)
 
 
 def cmd_score(args) -> int:
@@ -218,8 +257,8 @@ def _train_parser(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rayspec",
-        description="Batch speech recognition with exact, batched speculative decoding. Models load from local "
-                    "directories only (a Whisper checkpoint directory, or the bundled zoo).",
+        description="Batch speech recognition and synthesis with batched speculative decoding. Models load from "
+                    "local directories only (a Whisper checkpoint directory, or the bundled zoo).",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EPILOG,
     )
@@ -247,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON object (wer, cer, n, errors, ...) instead")
     p.set_defaults(func=cmd_score)
 
+    _synthesize_parser(sub)
     _train_parser(sub)
     _serve_parser(sub)
     from .bench import add_bench_parser

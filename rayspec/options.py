@@ -140,8 +140,9 @@ def user_errors() -> tuple:
     from .manifest import ManifestError
     from .models.whisper import ModelLoadError
     from .results import OutputLockedError
+    from .tts.codec import CodecError
 
-    return ManifestError, ModelLoadError, OutputLockedError, FileNotFoundError
+    return ManifestError, ModelLoadError, OutputLockedError, FileNotFoundError, CodecError
 
 
 def run_command(func, args, prog: str = "rayspec") -> int:

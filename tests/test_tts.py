@@ -204,3 +204,32 @@ def test_same_seed_same_audio_whatever_the_batch(tiny_synth):
     a = tiny_synth.synthesize(["One sentence.", "Another one here."], opts, seed=3, keys=["x", "y"])
     b = tiny_synth.synthesize(["Another one here."], opts, seed=3, keys=["y"])
     assert np.array_equal(a[1].audio, b[0].audio)
+
+
+def test_ray_synthesize_job_matches_in_process_and_resumes(tiny_synth, tmp_path, capsys):
+    import pyarrow.parquet as pq
+    import ray
+
+    from jobs.synthesize import main as job_main
+    from rayspec.cli import main
+
+    src = tmp_path / "texts.txt"
+    src.write_text("First text here.\n\nA second one, with a pause.\n\n\nThird.\n")
+    models = ["--tts-target", tiny_synth.target_dir, "--tts-draft", tiny_synth.draft_dir]
+    out = tmp_path / "ray"
+    try:
+        code = job_main([str(src), "-o", str(out), *models, "--num-cpus", "2", "--actors", "2", "--actor-cpus", "0.5",
+                         "--chunk", "1", "--format", "wav", "--method", "sd"])
+    finally:
+        ray.shutdown()
+    assert code == 0
+    local = tmp_path / "local"
+    assert main(["synthesize", str(src), "-o", str(local), *models, "--format", "wav", "--method", "sd", "-q"]) == 0
+    ray_rows = {r["id"]: r for r in pq.read_table(out / "results.parquet").to_pylist()}
+    assert len(ray_rows) == 3
+    for r in pq.read_table(local / "results.parquet").to_pylist():
+        a, _ = sf.read(out / ray_rows[r["id"]]["audio"])
+        b, _ = sf.read(local / r["audio"])
+        assert np.array_equal(a, b) and r["target_forward_passes"] == ray_rows[r["id"]]["target_forward_passes"]
+    assert main(["synthesize", str(src), "-o", str(local), *models, "--format", "wav", "--method", "sd", "-q"]) == 0
+    assert "3 already done" in capsys.readouterr().out

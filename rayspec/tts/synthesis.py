@@ -22,6 +22,7 @@ import pyarrow as pa
 import soundfile as sf
 import torch
 
+from ..manifest import ManifestError
 from ..models.speech_lm import SpeechDraft, SpeechLM
 from ..results import ResultWriter
 from .codec import SAMPLE_RATE, LyraCodec
@@ -222,6 +223,33 @@ class Synthesizer:
         return out
 
 
+def add_synthesis_args(p) -> None:
+    """The synthesis flags shared by ``rayspec synthesize``, ``jobs.synthesize`` and ``rayspec serve-tts``."""
+    g = p.add_argument_group("models")
+    g.add_argument("--tts-target", help="TTS target directory (default: the bundled zoo tts-target)")
+    g.add_argument("--tts-draft", help="TTS draft directory (default: the bundled zoo tts-draft)")
+    g.add_argument("--codec", help="Lyra v2 codec directory (default: the bundled one)")
+    s = p.add_argument_group("sampling")
+    s.add_argument("--method", choices=["target", "sd", "ssd", "pcg"], default="pcg",
+                   help="target: target-only sampling (the baseline); sd: speculative sampling, exact in "
+                        "distribution; ssd: relaxed by --beta (lossy); pcg: group-level acceptance over acoustic "
+                        "similarity groups at --theta (exact per group; default)")
+    s.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
+    s.add_argument("--lookahead", type=int, default=3, help="draft tokens per round (default 3)")
+    s.add_argument("--beta", type=float, default=0.3, help="ssd: acceptance relaxation (default 0.3)")
+    s.add_argument("--theta", type=float, default=SamplingOptions.theta,
+                   help=f"pcg: cosine threshold of the groups (default {SamplingOptions.theta})")
+    s.add_argument("--seed", type=int, default=0, help="base seed; with the row id it fixes each row's audio")
+    s.add_argument("--speed", type=float, default=1.0, help="speaking rate 0.25..4 (default 1)")
+    s.add_argument("--batch-size", type=int, default=16, help="sentences per target batch (default 16)")
+    s.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+
+
+def sampling_from_args(args) -> SamplingOptions:
+    return SamplingOptions(method=args.method, temperature=args.temperature, lookahead=args.lookahead,
+                           beta=args.beta, theta=args.theta)
+
+
 # -- the synthesize job -----------------------------------------------------------------------------------------------
 SYNTH_SCHEMA = pa.schema([
     pa.field("id", pa.string(), nullable=False), pa.field("text", pa.string()), pa.field("audio", pa.string()),
@@ -276,7 +304,7 @@ def read_texts(path: str) -> list[TextItem]:
     (columns ``text`` and optional ``id``). A line that is not UTF-8 or not JSON becomes an error item.
 
     Raises:
-        FileNotFoundError: no such file; ValueError: an unknown extension or no ``text`` column.
+        FileNotFoundError: no such file; ManifestError: an unknown extension or no ``text`` column.
     """
     if not os.path.isfile(path):
         raise FileNotFoundError(f"no such input file: {path}")
@@ -309,11 +337,11 @@ def read_texts(path: str) -> list[TextItem]:
 
         table = pq.read_table(path) if ext == ".parquet" else pacsv.read_csv(path)
         if "text" not in table.column_names:
-            raise ValueError(f"{path} has no 'text' column (columns: {', '.join(table.column_names)})")
+            raise ManifestError(f"{path} has no 'text' column (columns: {', '.join(table.column_names)})")
         ids = table.column("id").to_pylist() if "id" in table.column_names else None
         return [TextItem(str(ids[i]) if ids else f"row-{i + 1:05d}", "" if t is None else str(t))
                 for i, t in enumerate(table.column("text").to_pylist())]
-    raise ValueError(f"unknown input type {ext!r}: use .txt, .jsonl, .csv or .parquet")
+    raise ManifestError(f"unknown input type {ext!r}: use .txt, .jsonl, .csv or .parquet")
 
 
 def _write_file_atomic(path: str, data: bytes) -> None:
@@ -334,53 +362,86 @@ class SynthesisSummary:
     wall_s: float = 0.0
 
 
+def synthesize_chunk(synth: Synthesizer, items: list[TextItem], opts: SamplingOptions, seed: int = 0,
+                     fmt: str = "flac", speed: float = 1.0, batch_size: int = 16
+                     ) -> list[tuple[SynthesisRow, Optional[bytes]]]:
+    """Synthesise a chunk of items: per item its result row and encoded audio (None for an error row). A text that
+    cannot be synthesised becomes an error row; the others are batched together."""
+    common = dict(method=opts.method, route=opts.method, seed=seed, model=synth.target_dir,
+                  draft_model=synth.draft_dir if opts.method != "target" else "")
+    out: dict[str, tuple[SynthesisRow, Optional[bytes]]] = {}
+    good = []
+    for it in items:
+        if it.error is None:
+            try:
+                synth.sentences(it.text)
+                good.append(it)
+                continue
+            except TextError as e:
+                it = TextItem(it.id, it.text, str(e), e.code)
+        out[it.id] = (SynthesisRow(it.id, it.text, error=it.error, error_code=it.error_code, **common), None)
+    results = synth.synthesize([it.text for it in good], opts, seed, [it.id for it in good], speed,
+                               batch_size) if good else []
+    for it, res in zip(good, results):
+        row = SynthesisRow(it.id, it.text, os.path.join("audio", f"{it.id}.{fmt}"), round(res.duration_s, 3),
+                           SAMPLE_RATE, res.frames, res.sentences, res.target_passes, res.draft_proposed,
+                           res.draft_accepted, res.draft_accepted if opts.method == "pcg" else None,
+                           decode_s=round(res.decode_s, 4), **common)
+        out[it.id] = (row, encode_audio(res.audio, fmt))
+    return [out[it.id] for it in items]
+
+
+class SynthesisOutput:
+    """``out_dir/audio/<id>.<fmt>`` files + ``out_dir/results.parquet``, resumable (see
+    :class:`~rayspec.results.ResultWriter`): audio files are written atomically before their rows' shard."""
+
+    def __init__(self, out_dir: str) -> None:
+        self.out_dir = out_dir
+        os.makedirs(os.path.join(out_dir, "audio"), exist_ok=True)
+        self.writer = ResultWriter(os.path.join(out_dir, "results.parquet"), SYNTH_SCHEMA)
+
+    def pending(self, items: list[TextItem]) -> list[TextItem]:
+        """Items whose id has no row yet."""
+        return [it for it in items if it.id not in self.writer.done_ids]
+
+    def write(self, results: list[tuple[SynthesisRow, Optional[bytes]]], summary: "SynthesisSummary") -> None:
+        for row, audio in results:
+            if audio is not None:
+                _write_file_atomic(os.path.join(self.out_dir, row.audio), audio)
+                summary.audio_s += row.duration_s or 0.0
+                summary.done += 1
+            else:
+                summary.failed += 1
+        self.writer.write([row for row, _ in results])
+
+    def finalize(self) -> None:
+        self.writer.finalize()
+
+    def close(self) -> None:
+        self.writer.close()
+
+
 def run_synthesis(items: list[TextItem], synth: Synthesizer, out_dir: str, opts: SamplingOptions, seed: int = 0,
                   fmt: str = "flac", speed: float = 1.0, batch_size: int = 16, chunk: int = 64,
                   progress: Optional[Callable[[int], None]] = None) -> SynthesisSummary:
-    """Synthesise ``items`` into ``out_dir/audio/<id>.<fmt>`` and one ``out_dir/results.parquet``.
+    """Synthesise ``items`` in process into ``out_dir`` (see :class:`SynthesisOutput`), ``chunk`` rows at a time.
 
-    Resumable: ids already in the results are skipped; each chunk of rows is written atomically (audio files first,
-    then the rows' shard). A bad text becomes an error row; nothing else in its chunk is lost.
+    Resumable: ids already in the results are skipped. A bad text becomes an error row; nothing else is lost.
     """
     t_start = time.perf_counter()
-    os.makedirs(os.path.join(out_dir, "audio"), exist_ok=True)
-    writer = ResultWriter(os.path.join(out_dir, "results.parquet"), SYNTH_SCHEMA)
+    output = SynthesisOutput(out_dir)
     summary = SynthesisSummary()
-    common = dict(method=opts.method, route=opts.method, seed=seed, model=synth.target_dir,
-                  draft_model=synth.draft_dir if opts.method != "target" else "")
     try:
-        todo = [it for it in items if it.id not in writer.done_ids]
+        todo = output.pending(items)
         summary.skipped = len(items) - len(todo)
         for start in range(0, len(todo), chunk):
-            rows, good = [], []
-            for it in todo[start:start + chunk]:
-                if it.error is None:
-                    try:
-                        synth.sentences(it.text)
-                        good.append(it)
-                        continue
-                    except TextError as e:
-                        it = TextItem(it.id, it.text, str(e), e.code)
-                rows.append(SynthesisRow(it.id, it.text, error=it.error, error_code=it.error_code, **common))
-            results = synth.synthesize([it.text for it in good], opts, seed, [it.id for it in good], speed,
-                                       batch_size) if good else []
-            for it, res in zip(good, results):
-                name = f"{it.id}.{fmt}"
-                _write_file_atomic(os.path.join(out_dir, "audio", name), encode_audio(res.audio, fmt))
-                rows.append(SynthesisRow(
-                    it.id, it.text, os.path.join("audio", name), round(res.duration_s, 3), SAMPLE_RATE, res.frames,
-                    res.sentences, res.target_passes, res.draft_proposed, res.draft_accepted,
-                    res.draft_accepted if opts.method == "pcg" else None, decode_s=round(res.decode_s, 4),
-                    **common))
-                summary.audio_s += res.duration_s
-            writer.write(rows)
-            summary.done += len(good)
-            summary.failed += len(rows) - len(good)
+            part = todo[start:start + chunk]
+            output.write(synthesize_chunk(synth, part, opts, seed, fmt, speed, batch_size), summary)
             if progress:
-                progress(len(rows))
-        writer.finalize()
+                progress(len(part))
+        output.finalize()
     finally:
-        writer.close()
+        output.close()
     summary.wall_s = time.perf_counter() - t_start
     return summary
 
