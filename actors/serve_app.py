@@ -1,7 +1,10 @@
 """Ray Serve online endpoint, compatible with OpenAI's audio transcription API.
 
 ``POST /v1/audio/transcriptions`` (multipart: ``file``, optional ``model``, ``response_format`` = json | text |
-verbose_json), ``GET /v1/models`` and ``GET /health``. Requests are batched dynamically with ``@serve.batch`` into
+verbose_json), ``GET /v1/models`` and ``GET /health``; with ``tts`` on, also OpenAI's ``POST /v1/audio/speech``
+(JSON: ``model``, ``input`` <= 4096 characters, ``voice``, ``response_format`` = mp3 | opus | flac | wav | pcm,
+``speed`` 0.25..4, ``stream_format`` = audio | sse for sentence-level streaming; the body is the audio) and
+``GET /v1/audio/voices``, served by ``actors/speech_app.py``. Requests are batched dynamically with ``@serve.batch`` into
 the configured decoder (AR, draft speculation or SSD), so concurrent requests share target passes; decoding runs off
 the event loop, so health checks and refusals stay fast while a batch decodes.
 
@@ -32,7 +35,8 @@ from typing import Optional
 
 from fastapi import FastAPI, File, Form, UploadFile
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from pydantic import BaseModel
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -174,6 +178,19 @@ async def _unexpected(request, exc: Exception) -> JSONResponse:
     return _error(500, f"{type(exc).__name__}: {exc}")
 
 
+class SpeechRequest(BaseModel):
+    """OpenAI's ``POST /v1/audio/speech`` body (``instructions`` is accepted and ignored: one voice, no styles)."""
+
+    model: str = "rayspec-tts"
+    input: str
+    voice: str = "lj"
+    response_format: str = "mp3"
+    speed: float = 1.0
+    stream_format: Optional[str] = None
+    instructions: Optional[str] = None
+    seed: int = 0
+
+
 @serve.deployment(max_ongoing_requests=272)
 @serve.ingress(api)
 class TranscriptionService:
@@ -191,7 +208,7 @@ class TranscriptionService:
 
     def __init__(self, transcriber: dict, max_batch_size: int = 16, batch_wait_timeout_s: float = 0.02,
                  max_upload_bytes: int = DEFAULT_MAX_BYTES, threads: int = 0, max_queued: int = 256,
-                 body_timeout_s: float = 30.0) -> None:
+                 body_timeout_s: float = 30.0, speech=None) -> None:
         import torch
 
         from rayspec.pipeline import Transcriber
@@ -204,6 +221,7 @@ class TranscriptionService:
         self.models = {self.transcriber.target.name, *MODEL_ALIASES}
         self._decode.set_max_batch_size(max_batch_size)
         self._decode.set_batch_wait_timeout_s(batch_wait_timeout_s)
+        self.speech = speech  # a handle to actors.speech_app.SpeechService, or None (synthesis not served)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.02)
     async def _decode(self, requests: list) -> list:
@@ -258,8 +276,54 @@ class TranscriptionService:
                 "batch_size": batch_size}
 
 
+    @api.get("/v1/audio/voices")
+    async def voices(self):
+        from actors.speech_app import OPENAI_VOICES, VOICES
+
+        if self.speech is None:
+            return _error(404, "speech synthesis is not served here (start with rayspec serve --tts)")
+        return {"object": "list", "data": [{"id": v, "object": "voice", "sample_rate": 16000} for v in VOICES],
+                "aliases": {v: VOICES[0] for v in OPENAI_VOICES}}
+
+    @api.post("/v1/audio/speech")
+    async def speech(self, req: SpeechRequest):
+        from actors.speech_app import MEDIA_TYPES, MODEL_NAMES, OPENAI_VOICES, STREAMABLE, VOICES
+        from rayspec.tts.phones import MAX_TEXT_CHARS, TextError, check_text
+
+        if self.speech is None:
+            return _error(404, "speech synthesis is not served here (start with rayspec serve --tts)")
+        if req.model not in MODEL_NAMES:
+            return _error(404, f"model {req.model!r} is not served here (served: {', '.join(MODEL_NAMES)})")
+        if req.voice not in VOICES + OPENAI_VOICES:
+            return _error(400, f"unknown voice {req.voice!r}; GET /v1/audio/voices lists them")
+        if req.response_format not in MEDIA_TYPES:
+            return _error(400, f"response_format must be one of {', '.join(MEDIA_TYPES)}")
+        if not 0.25 <= req.speed <= 4.0:
+            return _error(400, f"speed must be within 0.25..4.0, got {req.speed}")
+        if req.stream_format not in (None, "audio", "sse"):
+            return _error(400, "stream_format must be 'audio' or 'sse'")
+        if req.stream_format == "audio" and req.response_format not in STREAMABLE:
+            return _error(400, f"stream_format=audio streams {', '.join(STREAMABLE)}; "
+                               f"{req.response_format} comes whole (omit stream_format)")
+        try:
+            check_text(req.input, MAX_TEXT_CHARS)
+        except TextError as exc:
+            return _error(400, str(exc), exc.code)
+        media = MEDIA_TYPES[req.response_format]
+        if req.stream_format:
+            gen = self.speech.options(stream=True).stream.remote(req.input, req.speed, req.response_format,
+                                                                 req.stream_format == "sse", req.seed)
+            return StreamingResponse(gen, media_type="text/event-stream" if req.stream_format == "sse" else media)
+        audio, stats = await self.speech.synthesize.remote(req.input, req.speed, req.response_format, req.seed)
+        headers = {f"x-rayspec-{k.replace('_', '-')}": str(v) for k, v in stats.items()}
+        return Response(audio, media_type=media, headers=headers)
+
+
 SERVING_OPTIONS = {"target", "draft", "ctc", "device", "dtype", "max_batch_size", "threads", "num_replicas",
-                   "num_cpus", "num_gpus", "max_upload_bytes", "max_queued", "body_timeout_s", "batch_wait_timeout_s"}
+                   "num_cpus", "num_gpus", "max_upload_bytes", "max_queued", "body_timeout_s", "batch_wait_timeout_s",
+                   "tts", "tts_target", "tts_draft", "codec", "tts_method", "tts_theta", "tts_beta",
+                   "tts_temperature", "tts_lookahead", "tts_cpus"}
+TRUE = ("1", "true", "yes", "on")
 
 
 def build_app(args: Optional[dict] = None):
@@ -291,9 +355,19 @@ def build_app(args: Optional[dict] = None):
         max_ongoing_requests=max_queued + max_batch, max_queued_requests=4 * max_queued,
         ray_actor_options={"num_cpus": float(args.get("num_cpus", 1)), "num_gpus": float(args.get("num_gpus", 0))},
     )
+    speech = None
+    if str(args.get("tts", "")).lower() in TRUE:
+        from actors.speech_app import SpeechService
+
+        sampling = {k: conv(args[f"tts_{k}"]) for k, conv in (("method", str), ("theta", float), ("beta", float),
+                                                              ("temperature", float), ("lookahead", int))
+                    if args.get(f"tts_{k}") is not None}
+        speech = SpeechService.options(ray_actor_options={"num_cpus": float(args.get("tts_cpus", 1))}).bind(
+            {"target": args.get("tts_target"), "draft": args.get("tts_draft"), "codec": args.get("codec")},
+            sampling, max_batch, int(args.get("threads", 0)))
     return deployment.bind(transcriber, max_batch, float(args.get("batch_wait_timeout_s", 0.02)),
                            int(args.get("max_upload_bytes", DEFAULT_MAX_BYTES)), int(args.get("threads", 0)),
-                           max_queued, float(args.get("body_timeout_s", 30.0)))
+                           max_queued, float(args.get("body_timeout_s", 30.0)), speech)
 
 
 def serve_forever(options: dict, host: str, port: int, request_timeout_s: float, address: Optional[str]) -> int:

@@ -169,7 +169,9 @@ def cmd_serve(args) -> int:
     return serve_forever({**decoding, "target": args.target, "draft": args.draft, "dtype": args.dtype,
                           "max_batch_size": args.max_batch_size, "num_replicas": args.replicas,
                           "num_cpus": args.replica_cpus, "num_gpus": args.replica_gpus, "threads": args.threads,
-                          "device": args.device, "max_queued": args.max_queued, "body_timeout_s": args.body_timeout},
+                          "device": args.device, "max_queued": args.max_queued, "body_timeout_s": args.body_timeout,
+                          "tts": args.tts, "tts_target": args.tts_target, "tts_draft": args.tts_draft,
+                          "tts_method": args.tts_method, "tts_theta": args.tts_theta, "tts_cpus": args.tts_cpus},
                          args.host, args.port, args.request_timeout, args.address)
 
 
@@ -196,6 +198,13 @@ def _serve_parser(sub) -> None:
                    help="requests admitted per replica (decoding or waiting); 503 beyond (default 256)")
     p.add_argument("--body-timeout", type=float, default=30.0,
                    help="seconds an upload may take to arrive; 408 after (default 30)")
+    t = p.add_argument_group("speech synthesis (POST /v1/audio/speech, GET /v1/audio/voices)")
+    t.add_argument("--tts", action="store_true", help="also serve speech synthesis (a separate Serve deployment)")
+    t.add_argument("--tts-target", help="TTS target directory (default: the bundled zoo tts-target)")
+    t.add_argument("--tts-draft", help="TTS draft directory (default: the bundled zoo tts-draft)")
+    t.add_argument("--tts-method", choices=["target", "sd", "ssd", "pcg"], default="pcg", help="sampling method")
+    t.add_argument("--tts-theta", type=float, default=None, help="pcg group threshold (default: the zoo's)")
+    t.add_argument("--tts-cpus", type=float, default=1.0, help="CPUs of the synthesis replica")
     p.add_argument("--request-timeout", type=float, default=300.0,
                    help="seconds a request may take end to end (Serve's request_timeout_s; default 300)")
     add_model_args(p)

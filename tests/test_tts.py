@@ -233,3 +233,51 @@ def test_ray_synthesize_job_matches_in_process_and_resumes(tiny_synth, tmp_path,
         assert np.array_equal(a, b) and r["target_forward_passes"] == ray_rows[r["id"]]["target_forward_passes"]
     assert main(["synthesize", str(src), "-o", str(local), *models, "--format", "wav", "--method", "sd", "-q"]) == 0
     assert "3 already done" in capsys.readouterr().out
+
+
+def test_speech_endpoint_formats_streaming_and_errors(tiny_synth):
+    import io
+
+    import ray
+    import requests
+    from ray import serve
+
+    from actors.serve_app import build_app
+
+    port = 8767
+    ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
+    try:
+        serve.start(http_options={"host": "127.0.0.1", "port": port})
+        serve.run(build_app({"target": None, "num_cpus": 0.5, "tts": "true", "tts_cpus": 0.5,
+                             "tts_target": tiny_synth.target_dir, "tts_draft": tiny_synth.draft_dir}),
+                  name="rayspec", route_prefix="/")
+        url = f"http://127.0.0.1:{port}/v1/audio/speech"
+        text = "The first sentence. And a second one."
+        assert requests.get(f"http://127.0.0.1:{port}/v1/audio/voices", timeout=30).json()["data"][0]["id"] == "lj"
+        for fmt in ("wav", "flac", "mp3", "opus"):
+            r = requests.post(url, json={"model": "tts-1", "input": text, "voice": "alloy", "response_format": fmt},
+                              timeout=120)
+            assert r.status_code == 200, r.text
+            audio, sr = sf.read(io.BytesIO(r.content))
+            assert sr == 16000 and len(audio) > 1000, fmt
+        pcm = requests.post(url, json={"input": text, "response_format": "pcm"}, timeout=120)
+        assert pcm.status_code == 200 and len(pcm.content) % 2 == 0 and len(pcm.content) > 2000
+        with requests.post(url, json={"input": text, "response_format": "pcm", "stream_format": "audio"},
+                           stream=True, timeout=120) as r:
+            chunks = [c for c in r.iter_content(chunk_size=None) if c]
+        assert r.status_code == 200 and len(chunks) >= 2
+        with requests.post(url, json={"input": text, "stream_format": "sse"}, stream=True, timeout=120) as r:
+            events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith(b"data: ")]
+        assert [e["type"] for e in events][-1] == "speech.audio.done" and len(events) >= 3
+        for body, status in (({"input": ""}, 400), ({"input": "x" * 5000}, 400), ({"voice": "nobody", "input": "Hi."}, 400),
+                             ({"input": "Hi.", "response_format": "aac"}, 400), ({"input": "Hi.", "speed": 9}, 400),
+                             ({"input": "Hi.", "model": "nope"}, 404), ({"voice": "lj"}, 400),
+                             ({"input": "Hi.", "response_format": "flac", "stream_format": "audio"}, 400)):
+            r = requests.post(url, json=body, timeout=60)
+            assert r.status_code == status, (body, r.status_code, r.text)
+            assert set(r.json()["error"]) == {"message", "type", "code"}
+        r = requests.post(url, data=b"{not json", headers={"content-type": "application/json"}, timeout=60)
+        assert r.status_code == 400 and "error" in r.json()
+    finally:
+        serve.shutdown()
+        ray.shutdown()

@@ -1,0 +1,115 @@
+"""The speech-synthesis Serve deployment behind ``POST /v1/audio/speech`` (OpenAI-compatible).
+
+The HTTP routes live on the transcription ingress (``actors/serve_app.py``), which validates a request and calls this
+deployment through a handle (Serve model composition), so synthesis scales with its own replicas and resources.
+Whole-text requests are batched across concurrent callers with ``@serve.batch`` (their sentences share target
+passes); streamed requests synthesise sentence by sentence and yield each sentence's audio as soon as its frames
+are accepted and decoded (time to first audio = the first sentence, not the whole text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import struct
+from typing import AsyncIterator
+
+import numpy as np
+from ray import serve
+
+VOICES = ("lj",)  # the bundled zoo's one voice (LJSpeech's reader)
+OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse")
+MODEL_NAMES = ("rayspec-tts", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
+STREAMABLE = ("pcm", "wav", "mp3")  # formats whose chunks concatenate into one playable stream
+MEDIA_TYPES = {"wav": "audio/wav", "flac": "audio/flac", "mp3": "audio/mpeg", "opus": "audio/ogg",
+               "pcm": "audio/pcm"}
+
+
+def streaming_wav_header(sample_rate: int) -> bytes:
+    """A 16-bit mono WAV header with unknown length (0xFFFFFFFF sizes), as streaming servers send before PCM."""
+    return (b"RIFF" + struct.pack("<I", 0xFFFFFFFF) + b"WAVEfmt " + struct.pack("<IHHIIHH", 16, 1, 1, sample_rate,
+                                                                                2 * sample_rate, 2, 16)
+            + b"data" + struct.pack("<I", 0xFFFFFFFF))
+
+
+def sse_event(kind: str, payload: dict) -> bytes:
+    """One server-sent event ``data: {"type": kind, ...}``."""
+    return f"data: {json.dumps({'type': kind, **payload})}\n\n".encode()
+
+
+@serve.deployment(max_ongoing_requests=64)
+class SpeechService:
+    """A replica hosting one :class:`rayspec.tts.synthesis.Synthesizer`.
+
+    Args:
+        models: ``{"target", "draft", "codec"}`` directories (None: the bundled zoo); sampling: keyword arguments of
+            :class:`rayspec.tts.speculative.SamplingOptions`; max_batch_size: texts synthesised together;
+            threads: torch CPU threads (0 = default).
+    """
+
+    def __init__(self, models: dict, sampling: dict, max_batch_size: int = 8, threads: int = 0) -> None:
+        from rayspec.tts.speculative import SamplingOptions
+        from rayspec.tts.synthesis import Synthesizer
+
+        self.synth = Synthesizer(models.get("target"), models.get("draft"), models.get("codec"),
+                                 threads=threads or None)
+        self.opts = SamplingOptions(**sampling)
+        self._batched.set_max_batch_size(max_batch_size)
+
+    def info(self) -> dict:
+        return {"method": self.opts.method, "model": self.synth.target_dir, "sample_rate": 16000}
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.02)
+    async def _batched(self, requests: list) -> list:
+        """``(text, speed, seed)`` per request -> ``(audio, stats)``; texts with the same speed share batches. A
+        request's draws depend on its seed only (not on its batch-mates)."""
+        out: list = [None] * len(requests)
+        for speed in {r[1] for r in requests}:
+            idx = [i for i, r in enumerate(requests) if r[1] == speed]
+            results = await asyncio.to_thread(self.synth.synthesize, [requests[i][0] for i in idx], self.opts,
+                                              0, [str(requests[i][2]) for i in idx], speed)
+            for i, res in zip(idx, results):
+                out[i] = (res.audio, _stats(res, len(idx)))
+        return out
+
+    async def synthesize(self, text: str, speed: float, fmt: str, seed: int = 0) -> tuple[bytes, dict]:
+        """The whole text's audio as ``fmt`` bytes, and its counts."""
+        from rayspec.tts.synthesis import encode_audio
+
+        audio, stats = await self._batched((text, speed, seed))
+        return encode_audio(audio, fmt), stats
+
+    async def stream(self, text: str, speed: float, fmt: str, sse: bool, seed: int = 0) -> AsyncIterator[bytes]:
+        """Audio sentence by sentence: ``fmt`` chunks (a streaming WAV header first), or server-sent events
+        ``speech.audio.delta`` {audio: base64 16-bit PCM} then ``speech.audio.done`` {usage}."""
+        from rayspec.tts.phones import split_sentences
+        from rayspec.tts.synthesis import encode_audio
+
+        if fmt == "wav" and not sse:
+            yield streaming_wav_header(16000)
+        sentences = split_sentences(text)
+        frames = passes = 0
+        for i, sentence in enumerate(sentences):
+            res = (await asyncio.to_thread(self.synth.synthesize, [sentence], self.opts, 0, [f"{seed}:{i}"],
+                                           speed))[0]
+            frames += res.frames
+            passes += res.target_passes
+            pcm = encode_audio(res.audio, "pcm")
+            if sse:
+                yield sse_event("speech.audio.delta", {"audio": base64.b64encode(pcm).decode()})
+            else:
+                yield pcm if fmt in ("pcm", "wav") else encode_audio(res.audio, fmt)
+            if i + 1 < len(sentences):  # the pause between sentences
+                pause = np.zeros(int(0.15 * 16000), dtype=np.float32)
+                yield (sse_event("speech.audio.delta", {"audio": base64.b64encode(encode_audio(pause, "pcm")).decode()})
+                       if sse else encode_audio(pause, fmt if fmt == "mp3" else "pcm"))
+        if sse:
+            yield sse_event("speech.audio.done", {"usage": {"input_characters": len(text), "audio_frames": frames,
+                                                            "target_forward_passes": passes}})
+
+
+def _stats(res, batch_size: int) -> dict:
+    return {"duration_s": round(res.duration_s, 3), "frames": res.frames, "target_forward_passes": res.target_passes,
+            "draft_tokens_proposed": res.draft_proposed, "draft_tokens_accepted": res.draft_accepted,
+            "batch_size": batch_size}
