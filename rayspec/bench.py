@@ -299,6 +299,10 @@ def _plot(rows, path, title, suite) -> None:
 
 
 def cmd_bench(args) -> int:
+    if args.suite == "tts":
+        from .bench_tts import cmd_bench_tts
+
+        return cmd_bench_tts(args)
     from .audio import load_audio
     from .manifest import read_manifest
     from .models.ctc import CTCHead
@@ -343,10 +347,12 @@ def add_bench_parser(sub) -> None:
                     "machine noise; wall-clock ratios are measured in the same run. Suites: spec (draft-model "
                     "speculation ablation, plus transformers' assisted generation at batch 1), ssd (CTC gating / "
                     "verification / fallback over a tau grid, WER-vs-RTFx Pareto plot), medusa (heads, tree shapes, "
-                    "acceptance rules, beside AR and the draft method).",
+                    "acceptance rules, beside AR and the draft method), tts (speculative speech synthesis: "
+                    "target-only, sd, ssd beta sweep, pcg theta sweep; intelligibility by pocketsphinx, MCD, "
+                    "acceptance, speed-up; floors of real and Lyra-resynthesised speech; offline acceptance).",
     )
     p.add_argument("manifests", nargs="+", help="manifests (with references for WER) or folders of audio")
-    p.add_argument("--suite", choices=["spec", "ssd", "medusa"], default="spec")
+    p.add_argument("--suite", choices=["spec", "ssd", "medusa", "tts"], default="spec")
     p.add_argument("-o", "--output", default="bench", help="output folder (default: bench)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     p.add_argument("--limit", type=int, default=0, help="use only the first N utterances")
@@ -356,5 +362,18 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--tau-slm", type=float, nargs="+", default=[0.01, 0.1, 0.2], help="ssd: verification thresholds")
     p.add_argument("--ctc", help="ssd: CTC head directory; default: the bundled zoo CTC head")
     p.add_argument("--medusa", help="medusa: heads directory; default: the bundled zoo heads")
+    t = p.add_argument_group("tts suite (manifests: LJSpeech-style rows with text and audio)")
+    t.add_argument("--tts-target", help="TTS target directory (default: the bundled zoo tts-target)")
+    t.add_argument("--tts-draft", help="TTS draft directory (default: the bundled zoo tts-draft)")
+    t.add_argument("--codec", help="Lyra v2 codec directory (default: the bundled one)")
+    t.add_argument("--tts-ids", default="dev",
+                   help="'dev' (the zoo's 30 held-out LJSpeech clips, default), 'all', or comma-separated ids")
+    t.add_argument("--betas", type=float, nargs="+", default=[0.1, 0.3, 0.5], help="ssd betas")
+    t.add_argument("--thetas", type=float, nargs="+", default=[0.98, 0.95, 0.9], help="pcg thetas")
+    t.add_argument("--groups", choices=["codec", "target"], default="codec", help="pcg group vectors")
+    t.add_argument("--temperature", type=float, default=0.8)
+    t.add_argument("--lookahead", type=int, default=3)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--no-asr", action="store_true", help="skip the zoo-ASR WER column")
     add_model_args(p)
     p.set_defaults(func=cmd_bench)

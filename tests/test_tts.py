@@ -107,7 +107,7 @@ def _rows(n=3, seed=0):
 def test_generate_is_batch_invariant_and_counts_passes(method):
     target, draft = _tiny()
     phones, durs = _rows(4)
-    opts = SamplingOptions(method=method, theta=0.3)
+    opts = SamplingOptions(method=method, theta=0.3, groups="target")
     batch = generate(target, draft, phones, durs, [11, 12, 13, 14], opts)
     for i in (0, 3):
         solo = generate(target, draft, phones[i:i + 1], durs[i:i + 1], [11 + i], opts)[0]

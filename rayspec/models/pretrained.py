@@ -20,12 +20,15 @@ class Pretrained:
     def config_dict(self) -> dict:
         raise NotImplementedError
 
-    def save_pretrained(self, path: str) -> None:
-        """Write ``config.json`` + ``model.safetensors`` into ``path`` (created if needed)."""
+    def save_pretrained(self, path: str, dtype: torch.dtype | None = None) -> None:
+        """Write ``config.json`` + ``model.safetensors`` into ``path`` (created if needed); ``dtype`` (e.g.
+        float16) halves the storage of float tensors, :meth:`from_pretrained` loads them in its own dtype."""
         from safetensors.torch import save_file
 
         os.makedirs(path, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, os.path.join(path, "model.safetensors"))
+        tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous()
+                   for k, v in self.state_dict().items()}
+        save_file(tensors, os.path.join(path, "model.safetensors"))
         with open(os.path.join(path, "config.json"), "w") as f:
             json.dump(self.config_dict(), f, indent=2)
 

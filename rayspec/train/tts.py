@@ -105,7 +105,8 @@ def _schedule(step: int, total: int, warmup: int) -> float:
 
 def _fit(kind: str, model, loss_fn, train, dev, out_dir: str, work_dir: str, opt: TTSTrainOptions,
          collate_fn) -> dict:
-    """Shared epoch loop: AdamW + warmup/cosine, resumable checkpoint, JSONL log, final dev metrics."""
+    """Shared epoch loop: AdamW + warmup/cosine, resumable checkpoint, JSONL log. The model of the epoch with the
+    lowest dev loss is what ``out_dir`` gets (25 minutes of speech overfit before the schedule ends)."""
     torch.set_num_threads(opt.threads)
     rng = random.Random(opt.seed)
     torch.manual_seed(opt.seed)
@@ -122,6 +123,8 @@ def _fit(kind: str, model, loss_fn, train, dev, out_dir: str, work_dir: str, opt
         sched.load_state_dict(state["sched"])
         rng.setstate(state["rng"])
         start = state["epoch"]
+    best_path = os.path.join(work_dir, f"{kind}-best.pt")
+    best = torch.load(best_path, weights_only=False) if os.path.exists(best_path) else {"loss": float("inf")}
     dev_batches = [collate_fn(bb) for bb in batches(dev, opt.batch_frames)]
 
     def evaluate() -> dict:
@@ -145,6 +148,10 @@ def _fit(kind: str, model, loss_fn, train, dev, out_dir: str, work_dir: str, opt
             losses.append(float(out["loss"].detach()))
         row = {"epoch": epoch + 1, "train_loss": round(float(np.mean(losses)), 4), "dev": evaluate(),
                "seconds": round(time.time() - t0, 1)}
+        if row["dev"]["loss"] < best["loss"]:
+            best = {"loss": row["dev"]["loss"], "epoch": epoch + 1, "model": model.state_dict()}
+            torch.save(best, best_path + ".tmp")
+            os.replace(best_path + ".tmp", best_path)
         with open(log_path, "a") as f:
             f.write(json.dumps(row) + "\n")
         print(json.dumps(row), flush=True)
@@ -152,9 +159,11 @@ def _fit(kind: str, model, loss_fn, train, dev, out_dir: str, work_dir: str, opt
         torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "sched": sched.state_dict(),
                     "rng": rng.getstate(), "epoch": epoch + 1}, tmp)
         os.replace(tmp, ckpt)
+    if "model" in best:
+        model.load_state_dict(best["model"])
     model.eval()
     model.save_pretrained(out_dir)
-    return {"dev": evaluate(), "train_clips": len(train), "dev_clips": len(dev)}
+    return {"dev": evaluate(), "best_epoch": best.get("epoch"), "train_clips": len(train), "dev_clips": len(dev)}
 
 
 def train_tts_target(manifests: list[str], out_dir: str, work_dir: str, codec_dir: str, opt: TTSTrainOptions,

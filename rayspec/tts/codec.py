@@ -85,6 +85,17 @@ class LyraCodec:
             codes[t] = quantize(input_frames=latent, num_quantizers=n)["output_0"][:self.num_codebooks, 0, 0]
         return codes
 
+    def coarse_vectors(self) -> np.ndarray:
+        """float32 ``[256, 64]``: the latent each coarse token stands for (codebook-1 vector + codebook-2 vector),
+        read through the quantizer's decoder. PCG's acoustic similarity groups can be built from these."""
+        dequantize = self._runner("quantizer", "decode")
+        index = np.full((MAX_CODEBOOKS, 1, 1), -1, dtype=np.int32)
+        out = np.zeros((CODES_PER_BOOK ** 2, 64), dtype=np.float32)
+        for t in range(len(out)):
+            index[0, 0, 0], index[1, 0, 0] = divmod(t, CODES_PER_BOOK)
+            out[t] = dequantize(encoding_indices=index)["output_0"][0, 0]
+        return out
+
     def decode(self, codes: np.ndarray) -> np.ndarray:
         """16 kHz float32 audio ``[T * 320]`` from int ``[T, Q]`` codes (``Q <= 46``; missing codebooks unused)."""
         dequantize = self._runner("quantizer", "decode")

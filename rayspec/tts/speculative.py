@@ -8,8 +8,10 @@ One round for a batch of ragged rows (each row is one sentence with its own numb
    giving its distribution before each draft token and after the last.
 3. Accept: :func:`~rayspec.spec.sampling.rejection_sample` with the chosen ratio (``sd`` token level, ``ssd``
    relaxed, ``pcg`` group level) keeps a prefix and emits one more token.
-4. Commit: the KV cache keeps the accepted frames; the depth head turns each accepted frame's hidden state and coarse
-   token into its 14 fine codes.
+4. Commit: the KV cache keeps the accepted frames; their coarse tokens and hidden states are stored.
+
+When every row is done the depth head turns each frame's hidden state and coarse token into its 14 fine codes, for
+the whole batch at once (fine codes never feed back into the coarse stream).
 
 With no draft (``method="target"``) every round is one frame sampled from the target: the baseline every speed-up is
 measured against. Draws are counter-based per (row seed, frame), so a row's audio does not depend on its batch.
@@ -17,7 +19,7 @@ measured against. Draws are counter-based per (row seed, frame), so a row's audi
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
@@ -41,13 +43,16 @@ class SamplingOptions:
         lookahead: draft tokens per round (the paper's gamma; PCG paper: 3).
         beta: ``ssd``'s additive relaxation.
         theta: ``pcg``'s cosine threshold for the groups (> 1 makes every group one token: ``sd``).
+        groups: ``pcg``'s token vectors: "codec" (the Lyra latent each coarse token stands for) or "target" (the
+            target's input embeddings, as the PCG paper).
     """
 
     method: str = "pcg"
     temperature: float = 0.8
     lookahead: int = 3
     beta: float = 0.3
-    theta: float = 0.6
+    theta: float = 0.95
+    groups: str = "codec"
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -56,6 +61,8 @@ class SamplingOptions:
             raise ValueError("temperature must be > 0")
         if self.lookahead < 0 or (self.method != "target" and self.lookahead == 0):
             raise ValueError("lookahead must be >= 1 for speculative methods")
+        if self.groups not in ("codec", "target"):
+            raise ValueError("groups must be 'codec' or 'target'")
 
 
 @dataclass
@@ -75,22 +82,33 @@ class SpeechTokens:
 
 
 @dataclass
-class _Batch:
-    seeds: torch.Tensor  # [B] int64
-    frames: np.ndarray  # [B] T_b
-    done: np.ndarray  # [B] n_b frames emitted
-    cond: torch.Tensor  # [B, Tmax, D]
-    window: torch.Tensor  # [B, Tmax, 3]
-    since: torch.Tensor  # [B, Tmax]
-    to_end: torch.Tensor  # [B, Tmax]
-    seq: torch.Tensor  # [B, context + Tmax + lookahead] coarse tokens, BOS-padded on the left
-    rows: list[int] = field(default_factory=list)  # original row index of each live row
+class _Live:
+    """The rows still generating (the cache holds only these); ``rows`` index the batch's full-size tensors."""
+
+    rows: np.ndarray  # [L] original row index
+    rows_dev: torch.Tensor  # [L] the same on the device
+    seeds: torch.Tensor  # [L] int64
+    frames: np.ndarray  # [L] T_b
+    done: np.ndarray  # [L] frames emitted
 
 
-def ratio_for(target: SpeechLM, opts: SamplingOptions) -> AcceptanceRatio:
-    """The acceptance ratio of ``opts.method`` (groups from the target's coarse input embeddings for PCG)."""
+def group_vectors(target: SpeechLM, opts: SamplingOptions, codec=None) -> torch.Tensor:
+    """float ``[n_coarse, D]`` token vectors PCG groups are built from (see :attr:`SamplingOptions.groups`).
+
+    Raises:
+        ValueError: codec groups without a codec.
+    """
+    if opts.groups == "target":
+        return target.coarse_in.weight[:target.n_coarse].detach()
+    if codec is None:
+        raise ValueError("pcg with codec groups needs the codec (or groups='target')")
+    return torch.from_numpy(codec.coarse_vectors())
+
+
+def ratio_for(target: SpeechLM, opts: SamplingOptions, codec=None) -> AcceptanceRatio:
+    """The acceptance ratio of ``opts.method`` (for PCG, groups at ``opts.theta`` over :func:`group_vectors`)."""
     if opts.method == "pcg":
-        return GroupRatio(similarity_groups(target.coarse_in.weight[:target.n_coarse].detach(), opts.theta))
+        return GroupRatio(similarity_groups(group_vectors(target, opts, codec), opts.theta))
     if opts.method == "ssd":
         return RelaxedRatio(opts.beta)
     return TokenRatio()
@@ -136,62 +154,64 @@ def generate(target: SpeechLM, draft: Optional[SpeechDraft], phones: Sequence[np
     pm = _pad([np.ones(len(p)) for p in phones], max(len(p) for p in phones)).bool().to(dev)
     enc = target.encode_phones(_pad(phones, pm.shape[1]).to(dev), pm)
     index, since, to_end = (_pad([lay[i] for lay in layouts], tmax).to(dev) for i in range(3))
-    window = _pad([phone_windows(p, lay[0]) for p, lay in zip(phones, layouts)], tmax).to(dev)
-    seq = torch.full((bsz, context + tmax + look), target.bos, dtype=torch.long, device=dev)
-    st = _Batch(torch.as_tensor(list(seeds), dtype=torch.long, device=dev), frames, np.zeros(bsz, dtype=np.int64),
-                target.condition(enc, index, since, to_end), window, since, to_end, seq, list(range(bsz)))
+    cond = target.condition(enc, index, since, to_end)  # [B, Tmax, D]
+    window = _pad([phone_windows(p, lay[0]) for p, lay in zip(phones, layouts)], tmax).to(dev)  # [B, Tmax, 3]
+    seq = torch.full((bsz, context + tmax + look), target.bos, dtype=torch.long, device=dev)  # coarse, BOS-padded
+    hidden_all = torch.zeros((bsz, tmax, cond.shape[-1]), dtype=cond.dtype, device=dev)  # accepted frames' states
+    passes, proposed, kept = (np.zeros(bsz, dtype=np.int64) for _ in range(3))
+    st = _Live(np.arange(bsz), torch.arange(bsz, device=dev), torch.as_tensor(list(seeds), dtype=torch.long,
+                                                                             device=dev),
+               frames, np.zeros(bsz, dtype=np.int64))
     cache = target.new_cache(bsz, tmax + look + 1, dev, enc.dtype)
-    results = [SpeechTokens(np.zeros((f, 2 + target.n_fine), dtype=np.int64)) for f in frames]
-    while st.rows:
-        k = np.minimum(look, st.frames - st.done - 1)  # [B] draft tokens per live row
+    offsets = torch.arange(look + 1, device=dev)
+    window_offsets = torch.arange(context, device=dev)
+    while len(st.rows):
+        k = np.minimum(look, st.frames - st.done - 1)  # [L] draft tokens per live row
         kmax = int(k.max())
         n_dev = torch.from_numpy(st.done).to(dev)
         rng = CounterRNG(st.seeds, n_dev)
-        b = len(st.rows)
-        rows_dev = torch.arange(b, device=dev)
+        r = st.rows_dev
+        steps = n_dev[:, None] + offsets[:kmax + 1]  # [L, K + 1] frames of this round
+        at = steps.clamp(max=tmax - 1)
         # 1. propose
-        draft_tokens = torch.zeros((b, kmax), dtype=torch.long, device=dev)
-        draft_probs = torch.zeros((b, kmax, target.n_coarse), device=dev)
+        draft_tokens = torch.zeros((len(r), kmax), dtype=torch.long, device=dev)
+        draft_probs = torch.zeros((len(r), kmax, target.n_coarse), device=dev)
         u_draft = rng.uniform(DRAFT, kmax)
-        steps = n_dev[:, None] + torch.arange(kmax + 1, device=dev)  # [B, K + 1] frames of this round
         for j in range(kmax):
-            t = steps[:, j].clamp(max=tmax - 1)
-            hist = st.seq[rows_dev[:, None], steps[:, j:j + 1] + torch.arange(context, device=dev)]
-            q = (draft(st.window[rows_dev, t], st.since[rows_dev, t], st.to_end[rows_dev, t], hist)
+            hist = seq[r[:, None], steps[:, j:j + 1] + window_offsets]  # [L, context] the tokens before frame
+            q = (draft(window[r, at[:, j]], since[r, at[:, j]], to_end[r, at[:, j]], hist)
                  / opts.temperature).softmax(-1)
             draft_probs[:, j], draft_tokens[:, j] = q, sample(q, u_draft[:, j])
-            st.seq[rows_dev, context + steps[:, j]] = draft_tokens[:, j]
+            seq[r, context + steps[:, j]] = draft_tokens[:, j]
         # 2. verify: frames n .. n + K, each fed the previous frame's token
-        prev = torch.cat([st.seq[rows_dev, context + n_dev - 1][:, None], draft_tokens], 1)
-        logits, hidden = target.step(cache, st.cond[rows_dev[:, None], steps.clamp(max=tmax - 1)], prev)
+        prev = torch.cat([seq[r, context + n_dev - 1][:, None], draft_tokens], 1)
+        logits, hidden = target.step(cache, cond[r[:, None], at], prev)
         probs = (logits.float() / opts.temperature).softmax(-1)
         # 3. accept
         out = rejection_sample(probs, draft_probs, draft_tokens, torch.from_numpy(k).to(dev), rng, ratio)
-        accepted = out.accepted.cpu().numpy()  # the round's one device-to-host read (+ the codes below)
-        # 4. commit
+        accepted = out.accepted.cpu().numpy()  # the round's one device-to-host read
+        # 4. commit: the cache keeps the accepted frames; their tokens and states are stored for the depth head
         counts = accepted + 1
-        cache.commit(np.broadcast_to(np.arange(kmax + 1), (b, kmax + 1)), counts)
-        emitted = torch.cat([draft_tokens, draft_tokens.new_zeros((b, 1))], 1)  # [B, K + 1]
-        emitted[rows_dev, out.accepted] = out.next_tokens
-        st.seq[rows_dev[:, None], context + steps] = emitted  # past the accepted ones: redrafted before read
-        keep = torch.arange(kmax + 1, device=dev)[None] <= out.accepted[:, None]  # [B, K + 1]
-        fine = target.fine_codes(hidden[keep], emitted[keep]).cpu().numpy()
-        coarse = emitted[keep].cpu().numpy()
-        pos = 0
-        for i, r in enumerate(st.rows):
-            res, c = results[r], int(counts[i])
-            res.codes[st.done[i]:st.done[i] + c, 0] = coarse[pos:pos + c] // 16
-            res.codes[st.done[i]:st.done[i] + c, 1] = coarse[pos:pos + c] % 16
-            res.codes[st.done[i]:st.done[i] + c, 2:] = fine[pos:pos + c]
-            res.target_passes += 1
-            res.draft_proposed += int(k[i])
-            res.draft_accepted += int(accepted[i])
-            pos += c
+        cache.commit(np.broadcast_to(np.arange(kmax + 1), (len(r), kmax + 1)), counts)
+        emitted = torch.cat([draft_tokens, draft_tokens.new_zeros((len(r), 1))], 1)  # [L, K + 1]
+        emitted[torch.arange(len(r), device=dev), out.accepted] = out.next_tokens
+        seq[r[:, None], context + steps] = emitted  # past the accepted ones: redrafted before they are read
+        keep = offsets[None, :kmax + 1] <= out.accepted[:, None]  # [L, K + 1]
+        hidden_all[r[:, None].expand_as(steps)[keep], steps[keep]] = hidden[keep]
+        passes[st.rows] += 1
+        proposed[st.rows] += k
+        kept[st.rows] += accepted
         st.done = st.done + counts
         live = np.flatnonzero(st.done < st.frames)
-        if len(live) < b:
-            idx = torch.from_numpy(live).to(dev)
+        if len(live) < len(st.rows):
             cache = cache.select(live)
-            st = _Batch(st.seeds[idx], st.frames[live], st.done[live], st.cond[idx], st.window[idx], st.since[idx],
-                        st.to_end[idx], st.seq[idx], [st.rows[i] for i in live])
-    return results
+            idx = torch.from_numpy(live).to(dev)
+            st = _Live(st.rows[live], st.rows_dev[idx], st.seeds[idx], st.frames[live], st.done[live])
+    # 5. fine codebooks of every frame at once (they do not feed back into the coarse stream)
+    mask = torch.arange(tmax, device=dev)[None] < torch.from_numpy(frames).to(dev)[:, None]  # [B, Tmax]
+    coarse = seq[:, context:context + tmax][mask]
+    codes = torch.cat([torch.stack([coarse // 16, coarse % 16], -1), target.fine_codes(hidden_all[mask], coarse)],
+                      -1).cpu().numpy()
+    bounds = np.concatenate([[0], np.cumsum(frames)])
+    return [SpeechTokens(codes[bounds[i]:bounds[i + 1]], int(passes[i]), int(proposed[i]), int(kept[i]))
+            for i in range(bsz)]

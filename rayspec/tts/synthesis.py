@@ -147,9 +147,9 @@ class Synthesizer:
         return out
 
     def _ratio(self, opts: SamplingOptions):
-        key = (opts.method, opts.theta, opts.beta)
+        key = (opts.method, opts.theta, opts.beta, opts.groups)
         if key not in self._ratios:
-            self._ratios[key] = ratio_for(self.target, opts)
+            self._ratios[key] = ratio_for(self.target, opts, self.codec)
         return self._ratios[key]
 
     def sentences(self, text: str) -> list[np.ndarray]:
@@ -239,6 +239,8 @@ def add_synthesis_args(p) -> None:
     s.add_argument("--beta", type=float, default=0.3, help="ssd: acceptance relaxation (default 0.3)")
     s.add_argument("--theta", type=float, default=SamplingOptions.theta,
                    help=f"pcg: cosine threshold of the groups (default {SamplingOptions.theta})")
+    s.add_argument("--groups", choices=["codec", "target"], default="codec",
+                   help="pcg: group tokens by the Lyra latents they stand for (default) or the target's embeddings")
     s.add_argument("--seed", type=int, default=0, help="base seed; with the row id it fixes each row's audio")
     s.add_argument("--speed", type=float, default=1.0, help="speaking rate 0.25..4 (default 1)")
     s.add_argument("--batch-size", type=int, default=16, help="sentences per target batch (default 16)")
@@ -247,7 +249,7 @@ def add_synthesis_args(p) -> None:
 
 def sampling_from_args(args) -> SamplingOptions:
     return SamplingOptions(method=args.method, temperature=args.temperature, lookahead=args.lookahead,
-                           beta=args.beta, theta=args.theta)
+                           beta=args.beta, theta=args.theta, groups=args.groups)
 
 
 # -- the synthesize job -----------------------------------------------------------------------------------------------

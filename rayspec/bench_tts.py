@@ -1,0 +1,239 @@
+"""``rayspec bench --suite tts``: speculative speech synthesis side by side with target-only sampling.
+
+Every configuration synthesises the same sentences in one run, at each batch size, with the same threads:
+target-only sampling, ``sd`` (exact), ``ssd`` over a beta sweep and ``pcg`` over a theta sweep (the PCG paper's
+Figure 3). Per row: intelligibility (WER/CER by pocketsphinx, an independent recogniser; WER by rayspec's zoo ASR),
+MCD against the real recordings, acceptance rate, tokens per target pass, target passes per second of audio, RTFx
+and the wall-clock speed-up over target-only at each batch size. Floors: the real recordings and their Lyra
+16-codebook resynthesis, judged the same way. A second table estimates acceptance offline from teacher-forced
+distributions on the real token sequences. Sampling draws are per row, so the audio (and WER) of a configuration
+does not depend on the batch size; only the time does.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from .metrics import error_rates
+from .tts.speculative import SamplingOptions
+
+
+@dataclass
+class TTSBenchRow:
+    name: str
+    method: str
+    param: str = ""
+    wer: float = float("nan")
+    cer: float = float("nan")
+    asr_wer: float = float("nan")
+    mcd: float = float("nan")
+    acceptance: float = float("nan")
+    tokens_per_pass: float = float("nan")
+    passes_per_audio_s: float = float("nan")
+    rtfx: dict = field(default_factory=dict)  # batch size -> audio seconds / wall seconds
+    speedup: dict = field(default_factory=dict)  # batch size -> target-only wall / this wall
+
+
+def configs(betas=(0.1, 0.3, 0.5), thetas=(0.98, 0.95, 0.9), temperature=0.8, lookahead=3, groups="codec"):
+    """``(name, SamplingOptions)`` of the suite, target-only first."""
+    out = [("target-only", SamplingOptions("target", temperature, lookahead)),
+           ("sd", SamplingOptions("sd", temperature, lookahead))]
+    out += [(f"ssd beta={b:g}", SamplingOptions("ssd", temperature, lookahead, beta=b)) for b in betas]
+    out += [(f"pcg theta={t:g}", SamplingOptions("pcg", temperature, lookahead, theta=t, groups=groups))
+            for t in thetas]
+    return out
+
+
+def _judge(judge, asr, audios, texts):
+    hyps = [judge.transcribe(a) for a in audios]
+    rates = error_rates(texts, hyps)
+    asr_wer = float("nan")
+    if asr is not None:
+        from .manifest import Utterance
+
+        rows = asr.transcribe([Utterance(f"u{i}", "") for i in range(len(audios))], list(audios))
+        asr_wer = error_rates(texts, [r.text for r in rows]).wer
+    return rates.wer, rates.cer, asr_wer
+
+
+def offline_acceptance(synth, examples, thetas, temperature: float, lookahead: int, groups="codec") -> list[dict]:
+    """Teacher-forced acceptance estimates on real token sequences (see :mod:`rayspec.tts.evaluate`)."""
+    from .spec.sampling import GroupRatio, similarity_groups
+    from .train.tts import collate
+    from .tts.speculative import group_vectors
+    from .tts.evaluate import acceptance_rates, expected_tokens_per_pass
+
+    target, draft = synth.target, synth.draft
+    with torch.no_grad():
+        b = collate(examples, target.bos, draft.context)
+        enc = target.encode_phones(b["phones"], b["phone_mask"])
+        hidden = target(target.condition(enc, b["index"], b["since"], b["to_end"]), b["prev"])
+        m = b["frame_mask"]
+        p = (target.head(hidden)[m] / temperature).softmax(-1)
+        q = (draft(b["window"][m], b["since"][m], b["to_end"][m], b["history"][m]) / temperature).softmax(-1)
+    rows = []
+    emb = group_vectors(target, SamplingOptions(groups=groups), synth.codec)
+    for name, ratio in [("sd", None)] + [(f"pcg theta={t:g}", GroupRatio(similarity_groups(emb, t))) for t in thetas]:
+        a = float(acceptance_rates(p, q, ratio).mean())
+        groups = "" if ratio is None else int(ratio.groups.shape[0])
+        rows.append({"rule": name, "groups": groups, "acceptance": a,
+                     "tokens_per_pass": expected_tokens_per_pass(a, lookahead)})
+    return rows
+
+
+def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16), betas=(0.1, 0.3, 0.5),
+                  thetas=(0.98, 0.95, 0.9), temperature=0.8, lookahead=3, seed=0, asr=None, groups="codec"):
+    """Rows for the floors and every configuration (see the module docstring)."""
+    from .tts.evaluate import PocketsphinxJudge, mcd
+
+    judge = PocketsphinxJudge()
+    rows = []
+    have_real = [a for a in real_audio if a is not None]
+    if len(have_real) == len(texts):
+        for name, audios in (("real recordings", real_audio),
+                             ("Lyra 16-codebook resynthesis", [synth.codec.decode(synth.codec.encode(a))
+                                                               for a in real_audio])):
+            wer, cer, asr_wer = _judge(judge, asr, audios, texts)
+            rows.append(TTSBenchRow(name, "floor", wer=wer, cer=cer, asr_wer=asr_wer,
+                                    mcd=float(np.mean([mcd(a, r) for a, r in zip(audios, real_audio)]))))
+    synth.synthesize(texts[:2], SamplingOptions("sd"), seed)  # warm-up
+    base: dict[int, float] = {}
+    for name, opts in tqdm(configs(betas, thetas, temperature, lookahead, groups), desc="tts configs"):
+        row = TTSBenchRow(name, opts.method, {"ssd": f"beta={opts.beta:g}", "pcg": f"theta={opts.theta:g}"}.get(
+            opts.method, ""))
+        for bs in batch_sizes:
+            t0 = time.perf_counter()
+            results = synth.synthesize(texts, opts, seed, batch_size=bs)
+            wall = time.perf_counter() - t0
+            audio_s = sum(r.duration_s for r in results)
+            row.rtfx[bs] = audio_s / wall
+            base.setdefault(bs, wall)
+            row.speedup[bs] = base[bs] / wall
+        frames = sum(r.frames for r in results)
+        passes = sum(r.target_passes for r in results)
+        proposed = sum(r.draft_proposed for r in results)
+        row.acceptance = sum(r.draft_accepted for r in results) / proposed if proposed else float("nan")
+        row.tokens_per_pass = frames / passes
+        row.passes_per_audio_s = passes / audio_s
+        audios = [r.audio for r in results]
+        row.wer, row.cer, row.asr_wer = _judge(judge, asr, audios, texts)
+        if len(have_real) == len(texts):
+            row.mcd = float(np.mean([mcd(a, r) for a, r in zip(audios, real_audio)]))
+        rows.append(row)
+    return rows
+
+
+def _fmt(x, spec="{:.1f}"):
+    return "" if x is None or (isinstance(x, float) and np.isnan(x)) else spec.format(x)
+
+
+def write_tts_outputs(rows, offline, out_dir: str, title: str, batch_sizes) -> str:
+    """``bench-tts.md`` / ``.csv`` / ``.png`` (speed-up vs WER) in ``out_dir``; returns the Markdown."""
+    os.makedirs(out_dir, exist_ok=True)
+    header = (["config", "WER % (pocketsphinx)", "CER %", "WER % (zoo ASR)", "MCD dB", "acceptance %",
+               "tokens / target pass", "target passes / audio s"]
+              + [f"RTFx bs{b}" for b in batch_sizes] + [f"speed-up bs{b}" for b in batch_sizes])
+    body = []
+    for r in rows:
+        body.append([r.name, _fmt(100 * r.wer), _fmt(100 * r.cer), _fmt(100 * r.asr_wer), _fmt(r.mcd, "{:.2f}"),
+                     _fmt(100 * r.acceptance), _fmt(r.tokens_per_pass, "{:.2f}"),
+                     _fmt(r.passes_per_audio_s, "{:.1f}")]
+                    + [_fmt(r.rtfx.get(b), "{:.2f}") for b in batch_sizes]
+                    + [_fmt(r.speedup.get(b), "{:.2f}x") for b in batch_sizes])
+    md = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    md += ["| " + " | ".join(c) + " |" for c in body]
+    md += ["", "Offline acceptance (teacher-forced on the real token sequences of the same sentences):", "",
+           "| rule | groups | acceptance % | expected tokens / target pass |", "|---|---|---|---|"]
+    md += [f"| {o['rule']} | {o['groups']} | {100 * o['acceptance']:.1f} | {o['tokens_per_pass']:.2f} |"
+           for o in offline]
+    text = "\n".join(md) + "\n"
+    stem = os.path.join(out_dir, "bench-tts")
+    with open(stem + ".md", "w") as f:
+        f.write(text)
+    with open(stem + ".csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(header)
+        w.writerows(body)
+    _plot(rows, stem + ".png", title, batch_sizes)
+    return text
+
+
+def _plot(rows, path, title, batch_sizes) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(batch_sizes), figsize=(5.5 * len(batch_sizes), 4.2), squeeze=False)
+    for ax, bs in zip(axes[0], batch_sizes):
+        for method, style in (("ssd", "s--"), ("pcg", "o-")):
+            pts = [(100 * r.wer, r.speedup[bs], r.param) for r in rows if r.method == method]
+            if pts:
+                ax.plot([p[0] for p in pts], [p[1] for p in pts], style, label=method)
+                for x, y, lab in pts:
+                    ax.annotate(lab, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+        for r in rows:
+            if r.method in ("target", "sd"):
+                ax.plot(100 * r.wer, r.speedup[bs], "k^" if r.method == "sd" else "kx", label=r.name)
+            elif r.method == "floor":
+                ax.axvline(100 * r.wer, color="gray", lw=0.8, ls=":")
+                ax.annotate(r.name, (100 * r.wer, ax.get_ylim()[0]), fontsize=6, rotation=90, color="gray")
+        ax.set_xlabel("WER % (pocketsphinx)")
+        ax.set_ylabel(f"wall-clock speed-up over target-only (batch {bs})")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def cmd_bench_tts(args) -> int:
+    """The ``tts`` suite of ``rayspec bench`` (manifests with ``text`` and, for floors and MCD, ``audio``)."""
+    from .audio import load_audio
+    from .manifest import read_manifest
+    from .train.tts_data import DEV_IDS, prepare
+    from .tts.synthesis import Synthesizer
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    synth = Synthesizer(args.tts_target, args.tts_draft, args.codec)
+    utts = [u for m in args.manifests for u in read_manifest(m)]
+    if args.tts_ids != "all":
+        keep = set(DEV_IDS) if args.tts_ids == "dev" else set(args.tts_ids.split(","))
+        utts = [u for u in utts if u.id in keep]
+    utts = utts[: args.limit or None]
+    texts = [u.text for u in utts]
+    real = [load_audio(u.audio, 16000) if u.audio and os.path.exists(u.audio) else None for u in utts]
+    asr = None
+    if not args.no_asr:
+        from .pipeline import Transcriber
+
+        asr = Transcriber(args.target)
+    rows = run_tts_bench(synth, texts, real, tuple(args.batch_sizes), tuple(args.betas), tuple(args.thetas),
+                         args.temperature, args.lookahead, args.seed, asr, args.groups)
+    offline = []
+    if all(a is not None for a in real):
+        with tempfile.TemporaryDirectory() as tmp:
+            manifest = os.path.join(tmp, "m.jsonl")
+            with open(manifest, "w") as f:
+                for u in utts:
+                    f.write(json.dumps({"id": u.id, "audio": u.audio, "text": u.text}) + "\n")
+            examples, _ = prepare([manifest], tmp, synth.codec.path)
+        offline = offline_acceptance(synth, examples, tuple(args.thetas), args.temperature, args.lookahead,
+                                     args.groups)
+    audio_s = sum(len(a) for a in real if a is not None) / 16000
+    title = (f"tts: {os.path.basename(synth.target_dir)} + {os.path.basename(synth.draft_dir)}, {len(texts)} "
+             f"sentences ({audio_s:.0f} s of real speech), temperature {args.temperature:g}, lookahead "
+             f"{args.lookahead}, pcg groups from {args.groups} vectors, {torch.get_num_threads()} threads, "
+             f"seed {args.seed}")
+    print(write_tts_outputs(rows, offline, args.output, title, tuple(args.batch_sizes)))
+    return 0
