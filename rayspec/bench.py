@@ -223,17 +223,23 @@ def write_outputs(rows: list[BenchRow], out_dir: str, title: str, suite: str) ->
     for r in rows:
         ar = next(x for x in rows if x.batch_size == r.batch_size and x.config == "ar")
         cells.append(_cells(r, suite, ar.wer))
+    stem = os.path.join(out_dir, f"bench-{suite}")
+    text = write_table(stem, title, header, cells)
+    _plot(rows, stem + ".png", title, suite)
+    return text
+
+
+def write_table(stem: str, title: str, header: list[str], cells: list[list], notes: str = "") -> str:
+    """Write ``<stem>.md`` (title, table, then ``notes``) and ``<stem>.csv``; returns the Markdown."""
     md = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     md += ["| " + " | ".join(str(c) for c in row) + " |" for row in cells]
-    text = "\n".join(md) + "\n"
-    stem = os.path.join(out_dir, f"bench-{suite}")
+    text = "\n".join(md) + "\n" + notes
     with open(stem + ".md", "w") as f:
         f.write(text)
     with open(stem + ".csv", "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(header)
         w.writerows(cells)
-    _plot(rows, stem + ".png", title, suite)
     return text
 
 

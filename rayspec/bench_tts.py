@@ -12,7 +12,6 @@ does not depend on the batch size; only the time does.
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import tempfile
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from .bench import write_table
 from .metrics import error_rates
 from .tts.speculative import SamplingOptions
 
@@ -149,20 +149,12 @@ def write_tts_outputs(rows, offline, out_dir: str, title: str, batch_sizes) -> s
                      _fmt(r.passes_per_audio_s, "{:.1f}")]
                     + [_fmt(r.rtfx.get(b), "{:.2f}") for b in batch_sizes]
                     + [_fmt(r.speedup.get(b), "{:.2f}x") for b in batch_sizes])
-    md = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    md += ["| " + " | ".join(c) + " |" for c in body]
-    md += ["", "Offline acceptance (teacher-forced on the real token sequences of the same sentences):", "",
-           "| rule | groups | acceptance % | expected tokens / target pass |", "|---|---|---|---|"]
-    md += [f"| {o['rule']} | {o['groups']} | {100 * o['acceptance']:.1f} | {o['tokens_per_pass']:.2f} |"
-           for o in offline]
-    text = "\n".join(md) + "\n"
+    notes = ["", "Offline acceptance (teacher-forced on the real token sequences of the same sentences):", "",
+             "| rule | groups | acceptance % | expected tokens / target pass |", "|---|---|---|---|"]
+    notes += [f"| {o['rule']} | {o['groups']} | {100 * o['acceptance']:.1f} | {o['tokens_per_pass']:.2f} |"
+              for o in offline]
     stem = os.path.join(out_dir, "bench-tts")
-    with open(stem + ".md", "w") as f:
-        f.write(text)
-    with open(stem + ".csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(body)
+    text = write_table(stem, title, header, body, "\n".join(notes) + "\n")
     _plot(rows, stem + ".png", title, batch_sizes)
     return text
 
