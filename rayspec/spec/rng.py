@@ -16,6 +16,7 @@ _M2 = 0x94D049BB133111EB - (1 << 64)
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 
 DRAFT, ACCEPT, RECOVER, GROUP = 0, 1, 2, 3  # streams; PCG's thinning uses GROUP + 1 + 3 * try (+1, +2) and above
+NUM_STREAMS = 20
 
 
 def _shr(x: torch.Tensor, n: int) -> torch.Tensor:
@@ -29,32 +30,39 @@ def _mix(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
-def uniforms(seeds: torch.Tensor, positions: torch.Tensor, stream: int) -> torch.Tensor:
-    """float64 uniforms in ``[0, 1)`` of the broadcast shape of int64 ``seeds`` and ``positions``."""
+def uniforms(seeds: torch.Tensor, positions: torch.Tensor, stream) -> torch.Tensor:
+    """float64 uniforms in ``[0, 1)`` of the broadcast shape of int64 ``seeds``, ``positions`` and ``stream`` (an
+    int or an int64 tensor)."""
     x = _mix(seeds * _GOLDEN + stream)
     x = _mix(x + positions * _GOLDEN)
     return _shr(x, 11).double() * (1.0 / (1 << 53))
 
 
 class CounterRNG:
-    """Uniforms for ``B`` rows at per-row base positions.
+    """Uniforms for ``B`` rows at per-row base positions, all streams of a round hashed in one call.
 
     Args:
         seeds: int64 ``[B]``, one seed per row (e.g. the job seed mixed with the row's id).
         positions: int64 ``[B]``, each row's current position (the first frame of the round).
+        width: positions per row the round may draw at (``positions[b] + 0 .. width - 1``).
     """
 
-    def __init__(self, seeds: torch.Tensor, positions: torch.Tensor) -> None:
-        self.seeds, self.positions = seeds, positions
+    def __init__(self, seeds: torch.Tensor, positions: torch.Tensor, width: int = 8) -> None:
+        self.seeds, self.positions, self.width = seeds, positions, width
+        pos = positions[:, None, None] + torch.arange(width, device=positions.device)
+        streams = torch.arange(NUM_STREAMS, device=positions.device)[None, :, None]
+        self._block = uniforms(seeds[:, None, None], pos, streams)  # [B, streams, width]
 
     def uniform(self, stream: int, width: int) -> torch.Tensor:
         """float64 ``[B, width]``: the draws of ``stream`` at positions ``positions[b] + 0 .. width - 1``."""
-        pos = self.positions[:, None] + torch.arange(width, device=self.positions.device)
-        return uniforms(self.seeds[:, None], pos, stream)
+        if width > self.width:
+            raise ValueError(f"width {width} over the {self.width} positions this round drew")
+        return self._block[:, stream, :width]
 
     def at(self, stream: int, offsets: torch.Tensor) -> torch.Tensor:
         """float64 ``[B]``: the draw of ``stream`` at position ``positions[b] + offsets[b]``."""
-        return uniforms(self.seeds, self.positions + offsets, stream)
+        rows = torch.arange(len(offsets), device=offsets.device)
+        return self._block[rows, stream, offsets]
 
 
 def sample(probs: torch.Tensor, u: torch.Tensor) -> torch.Tensor:

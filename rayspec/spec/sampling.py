@@ -30,7 +30,7 @@ import torch
 
 from .rng import ACCEPT, GROUP, RECOVER, CounterRNG, sample
 
-THINNING_TRIES = 4  # vectorised thinning rounds (expected tries 1 / TV); rows still open then sample the residual
+THINNING_TRIES = 4  # vectorised thinning rounds (expected tries 1 / TV); rows still open sample the residual
 
 
 class AcceptanceRatio(Protocol):

@@ -169,7 +169,7 @@ def generate(target: SpeechLM, draft: Optional[SpeechDraft], phones: Sequence[np
         k = np.minimum(look, st.frames - st.done - 1)  # [L] draft tokens per live row
         kmax = int(k.max())
         n_dev = torch.from_numpy(st.done).to(dev)
-        rng = CounterRNG(st.seeds, n_dev)
+        rng = CounterRNG(st.seeds, n_dev, kmax + 1)  # every draw of the round, hashed in one call
         r = st.rows_dev
         steps = n_dev[:, None] + offsets[:kmax + 1]  # [L, K + 1] frames of this round
         at = steps.clamp(max=tmax - 1)
