@@ -84,7 +84,7 @@ class SpeechService:
         """Audio sentence by sentence: ``fmt`` chunks (a streaming WAV header first), or server-sent events
         ``speech.audio.delta`` {audio: base64 16-bit PCM} then ``speech.audio.done`` {usage}."""
         from rayspec.tts.phones import split_sentences
-        from rayspec.tts.synthesis import encode_audio
+        from rayspec.tts.synthesis import SENTENCE_PAUSE_S, encode_audio
 
         if fmt == "wav" and not sse:
             yield streaming_wav_header(16000)
@@ -101,7 +101,7 @@ class SpeechService:
             else:
                 yield pcm if fmt in ("pcm", "wav") else encode_audio(res.audio, fmt)
             if i + 1 < len(sentences):  # the pause between sentences
-                pause = np.zeros(int(0.15 * 16000), dtype=np.float32)
+                pause = np.zeros(int(SENTENCE_PAUSE_S * 16000), dtype=np.float32)
                 yield (sse_event("speech.audio.delta", {"audio": base64.b64encode(encode_audio(pause, "pcm")).decode()})
                        if sse else encode_audio(pause, fmt if fmt == "mp3" else "pcm"))
         if sse:
