@@ -309,6 +309,12 @@ def cmd_bench(args) -> int:
         from .bench_tts import cmd_bench_tts
 
         return cmd_bench_tts(args)
+    if args.suite == "voicechat":
+        from .bench_voicechat import cmd_bench_voicechat
+
+        return cmd_bench_voicechat(args)
+    if not args.manifests:
+        raise ValueError(f"--suite {args.suite} needs at least one manifest")
     from .audio import load_audio
     from .manifest import read_manifest
     from .models.ctc import CTCHead
@@ -355,10 +361,14 @@ def add_bench_parser(sub) -> None:
                     "verification / fallback over a tau grid, WER-vs-RTFx Pareto plot), medusa (heads, tree shapes, "
                     "acceptance rules, beside AR and the draft method), tts (speculative speech synthesis: "
                     "target-only, sd, ssd beta sweep, pcg theta sweep; intelligibility by pocketsphinx, MCD, "
-                    "acceptance, speed-up; floors of real and Lyra-resynthesised speech; offline acceptance).",
+                    "acceptance, speed-up; floors of real and Lyra-resynthesised speech; offline acceptance), "
+                    "voicechat (PredGen greedy / top-k against the plain cascade: typed prompts streamed at 600 "
+                    "characters per minute, and spoken prompts from the first manifest transcribed as they stream "
+                    "in; TTFS, LLM passes to first sentence, audio latency CDF, wasted work).",
     )
-    p.add_argument("manifests", nargs="+", help="manifests (with references for WER) or folders of audio")
-    p.add_argument("--suite", choices=["spec", "ssd", "medusa", "tts"], default="spec")
+    p.add_argument("manifests", nargs="*", help="manifests (with references for WER) or folders of audio; "
+                                                "voicechat: optional, recordings whose speech serves as prompts")
+    p.add_argument("--suite", choices=["spec", "ssd", "medusa", "tts", "voicechat"], default="spec")
     p.add_argument("-o", "--output", default="bench", help="output folder (default: bench)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     p.add_argument("--limit", type=int, default=0, help="use only the first N utterances")
@@ -381,5 +391,12 @@ def add_bench_parser(sub) -> None:
     t.add_argument("--lookahead", type=int, default=3)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--no-asr", action="store_true", help="skip the zoo-ASR WER column")
+    v = p.add_argument_group("voicechat suite")
+    v.add_argument("--voices", default="espeak,rayspec", help="TTS backends, comma-separated (default both)")
+    v.add_argument("--audio-limit", type=int, default=20, help="spoken prompts: first N recordings (default 20)")
+    v.add_argument("--chunk-s", type=float, default=0.5, help="spoken prompts: seconds between partial transcripts")
+    from .chat.commands import add_predgen_args
+
+    add_predgen_args(v, tts=False)
     add_model_args(p)
     p.set_defaults(func=cmd_bench)

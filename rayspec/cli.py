@@ -28,6 +28,7 @@ EPILOG = textwrap.dedent(
       rayspec transcribe ../shared/data/an4/test.jsonl -o an4-medusa.parquet --method medusa
       rayspec score an4.parquet                                                 # WER/CER per corpus
       rayspec synthesize texts.txt -o tts-out --method pcg                      # speculative TTS
+      rayspec chat --text "Once upon a time, there was a little dog named Max."  # voice chat (PredGen)
       rayspec train target --help                                               # the zoo's recipes
       rayspec bench --help                                                      # speculative decoding benchmark
     """
@@ -299,6 +300,9 @@ def build_parser() -> argparse.ArgumentParser:
     _train_parser(sub)
     _serve_parser(sub)
     from .bench import add_bench_parser
+    from .chat.commands import add_chat_parsers
+
+    add_chat_parsers(sub)
 
     add_bench_parser(sub)
     return parser

@@ -1,0 +1,245 @@
+"""Input-time speculation for cascade voice chat (PredGen: "Accelerated Inference of Large Language Models through
+Input-Time Speculation for Real-Time Speech Interaction", ../shared/seeds/predgen.txt, Algorithm 1 and section 3.1).
+
+While the user is still speaking, every partial prompt ``P_i`` (1) verifies the previous candidate reply ``R_{i-1}``
+in one forward pass over ``P_i + R_{i-1}`` with the KV cache cut to the shared prompt prefix, (2) keeps the longest
+accepted prefix plus the target's own next token (the bonus), (3) extends it to a candidate that covers the first
+sentence, and (4) pre-synthesises that sentence. At the end of the input one last verification decides: the first
+sentence fully accepted -> its audio plays at once (one LLM pass to first sentence); otherwise generation resumes
+from the accepted prefix. With the ``greedy`` verifier the reply equals the plain cascade's greedy reply token for
+token (lossless); ``topk`` accepts a candidate token while it is among the target's top k (lossy, faster).
+
+Time is simulated the way the paper's evaluation does: partial prompts arrive on a schedule (e.g. 600 characters per
+minute) and every computation is timed for real; work on a partial that is still running when the next partials
+arrive makes the engine skip to the newest one. Latencies are measured from the arrival of the final input.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+import numpy as np
+import torch
+
+from .lm import CausalLM, ends_sentence
+
+VERIFIERS = ("greedy", "topk")
+
+
+@dataclass
+class PredGenOptions:
+    """Options of one voice-chat turn.
+
+    Attributes:
+        speculate: False = the baseline cascade (wait for the whole input, then LLM, then TTS).
+        verifier: "greedy" (lossless) or "topk" (accept a candidate token while it is in the target's top ``top_k``).
+        top_k: k of the top-k verifier.
+        candidate_tokens: a candidate reply is extended to at least this many tokens (and through its first
+            sentence) at every partial prompt.
+        max_reply_tokens: reply length cap (tokens).
+        max_wasted_tokens: cap on speculative LLM tokens thrown away per turn (rejected candidate tokens); once
+            reached, the turn stops speculating and waits for the end of the input like the baseline.
+        presynthesize: synthesise the candidate's first sentence while the user speaks.
+    """
+
+    speculate: bool = True
+    verifier: str = "greedy"
+    top_k: int = 3
+    candidate_tokens: int = 24
+    max_reply_tokens: int = 80
+    max_wasted_tokens: int = 400
+    presynthesize: bool = True
+
+    def __post_init__(self) -> None:
+        if self.verifier not in VERIFIERS:
+            raise ValueError(f"unknown verifier {self.verifier!r} ({', '.join(VERIFIERS)})")
+        if self.top_k < 1 or self.candidate_tokens < 1 or self.max_reply_tokens < 1:
+            raise ValueError("top_k, candidate_tokens and max_reply_tokens must be >= 1")
+
+    @property
+    def label(self) -> str:
+        if not self.speculate:
+            return "cascade"
+        return "predgen-greedy" if self.verifier == "greedy" else f"predgen-top{self.top_k}"
+
+
+@dataclass
+class TurnResult:
+    """One voice-chat turn. Times in seconds from the arrival of the final input.
+
+    Attributes:
+        reply_ids / reply: the LLM's reply (token ids without the stop token / text).
+        first_sentence: the reply's first sentence (the TTS unit that audio latency waits for).
+        first_audio: float32 ``[S]`` audio of the first sentence at ``sample_rate`` Hz.
+        ttfs_s: time to first sentence (text) after the final input.
+        audio_latency_s: final input -> first audio sample ready.
+        nfe_to_first_sentence: LLM forward passes after the final input until the first sentence is known
+            (1 = the pre-generated first sentence was accepted at once).
+        outcome: final verification "accept" (first sentence accepted), "partial", "reject", or "none" (no
+            candidate: baseline or speculation stopped).
+        partials_used / partials_skipped: partial prompts processed / skipped because the engine was busy.
+        accepted_tokens: candidate tokens accepted by the final verification.
+        wasted_tokens: speculative LLM tokens generated and later rejected (the turn's extra LLM work).
+        wasted_tts_s: seconds of pre-synthesised audio never played.
+        llm_s / tts_s: compute after the final input spent in the LLM / TTS.
+        speculative_s: compute spent while the user was speaking.
+    """
+
+    reply_ids: list[int]
+    reply: str
+    first_sentence: str
+    first_audio: np.ndarray
+    sample_rate: int
+    ttfs_s: float
+    audio_latency_s: float
+    nfe_to_first_sentence: int
+    outcome: str
+    partials_used: int = 0
+    partials_skipped: int = 0
+    accepted_tokens: int = 0
+    wasted_tokens: int = 0
+    wasted_tts_s: float = 0.0
+    llm_s: float = 0.0
+    tts_s: float = 0.0
+    speculative_s: float = 0.0
+    events: list = field(default_factory=list)
+
+
+def first_sentence_length(lm: CausalLM, ids: list[int]) -> Optional[int]:
+    """Tokens of ``ids`` up to and including the end of its first sentence; None if no sentence ends in ``ids``."""
+    for n in range(1, len(ids) + 1):
+        if ends_sentence(lm.tokenizer.decode(ids[:n])):
+            return n
+    return None
+
+
+def verify(lm: CausalLM, prompt: list[int], candidate: list[int], opts: PredGenOptions) -> tuple[int, list[int]]:
+    """Verify ``candidate`` as the reply to ``prompt`` in one forward pass (section 3.1.1).
+
+    Returns:
+        ``(k, kept)``: ``k`` accepted candidate tokens and ``kept = candidate[:k] + [bonus]``, the bonus being the
+        target's argmax after the accepted prefix (absent when it is a stop token).
+    """
+    logits = lm.next_logits(prompt + candidate, since=len(prompt))  # [len(candidate) + 1, V]
+    best = logits.argmax(-1).tolist()
+    if opts.verifier == "greedy":
+        ok = [best[j] == candidate[j] for j in range(len(candidate))]
+    else:
+        top = logits[:-1].topk(opts.top_k, dim=-1).indices
+        ok = (top == torch.tensor(candidate, dtype=torch.long)[:, None]).any(-1).tolist()
+    k = next((j for j, good in enumerate(ok) if not good), len(candidate))
+    bonus = best[k]
+    return k, candidate[:k] + ([] if bonus in lm.stop_ids else [bonus])
+
+
+def _extend(lm: CausalLM, prompt: list[int], reply: list[int], target_len: int, cap: int) -> tuple[list[int], bool]:
+    """Greedy-extend ``reply`` until it has ``target_len`` tokens and a complete first sentence, a stop token, or
+    ``cap`` tokens. Returns (reply, stopped)."""
+    reply = list(reply)
+    while len(reply) < cap:
+        if len(reply) >= target_len and first_sentence_length(lm, reply) is not None:
+            return reply, False
+        tok = int(lm.next_logits(prompt + reply, since=len(prompt) + len(reply))[-1].argmax())
+        if tok in lm.stop_ids:
+            return reply, True
+        reply.append(tok)
+    return reply, True
+
+
+def run_turn(lm: CausalLM, voice, partials: list[tuple[float, str]], opts: PredGenOptions,
+             clock: Callable[[], float] = time.perf_counter) -> TurnResult:
+    """One voice-chat turn over a stream of partial user inputs.
+
+    Args:
+        lm: the LLM engine (its cache is reset at the start of the turn).
+        voice: a TTS backend (``synthesize(text) -> float32 [S]``, ``sample_rate``).
+        partials: ``(arrival_s, text)`` in arrival order; the last one is the final input.
+        opts: see :class:`PredGenOptions`.
+
+    Returns:
+        :class:`TurnResult`; ``reply`` is the full reply (generation continues after the first sentence).
+
+    Raises:
+        ValueError: no partials.
+    """
+    if not partials:
+        raise ValueError("a turn needs at least the final input")
+    lm.reset()
+    res = TurnResult([], "", "", np.zeros(0, np.float32), voice.sample_rate, 0.0, 0.0, 0, "none")
+    now = 0.0
+    cand: list[int] = []
+    audio, audio_text = None, None
+    speculating = opts.speculate
+    i, last = 0, len(partials) - 1
+    while speculating and i < last:
+        now = max(now, partials[i][0])
+        j = max(k for k in range(i, last) if partials[k][0] <= now)  # newest partial that has arrived
+        res.partials_skipped += j - i
+        t0 = clock()
+        prompt = lm.prompt_ids(partials[j][1])
+        if cand:
+            k, kept = verify(lm, prompt, cand, opts)
+            res.wasted_tokens += len(cand) - k
+            cand = kept
+        cand, _ = _extend(lm, prompt, cand, opts.candidate_tokens, opts.max_reply_tokens)
+        n = first_sentence_length(lm, cand)
+        if opts.presynthesize and n is not None:
+            text = lm.decode(cand[:n]).strip()
+            if text != audio_text:
+                if audio is not None:
+                    res.wasted_tts_s += len(audio) / voice.sample_rate
+                audio, audio_text = voice.synthesize(text), text
+        now += clock() - t0
+        res.speculative_s += clock() - t0
+        res.partials_used += 1
+        res.events.append((round(now, 4), "candidate", partials[j][1], lm.decode(cand)))
+        i = j + 1
+        if res.wasted_tokens >= opts.max_wasted_tokens:
+            speculating = False
+    t_final = max(now, partials[last][0])
+    final_prompt = lm.prompt_ids(partials[last][1])
+    passes0 = lm.forward_passes
+    t0 = clock()
+    reply: list[int] = []
+    if cand:
+        k, reply = verify(lm, final_prompt, cand, opts)
+        res.accepted_tokens = k
+        res.wasted_tokens += len(cand) - k
+        n_cand = first_sentence_length(lm, cand)
+        res.outcome = "accept" if n_cand is not None and k >= n_cand else ("partial" if k else "reject")
+    n = first_sentence_length(lm, reply)
+    stopped = False
+    if n is None:  # resume from the accepted prefix until the first sentence is complete
+        reply, stopped = _extend(lm, final_prompt, reply, 1, opts.max_reply_tokens)
+        n = first_sentence_length(lm, reply) or len(reply)
+    t_text = clock()
+    res.llm_s = t_text - t0
+    res.ttfs_s = t_text - t0 + (t_final - partials[last][0])
+    res.nfe_to_first_sentence = lm.forward_passes - passes0
+    first = lm.decode(reply[:n]).strip()
+    if audio is not None and first == audio_text and res.outcome == "accept":
+        first_audio = audio
+    else:
+        if audio is not None:
+            res.wasted_tts_s += len(audio) / voice.sample_rate
+        first_audio = voice.synthesize(first) if first else np.zeros(0, np.float32)
+    t_audio = clock()
+    res.tts_s = t_audio - t_text
+    res.audio_latency_s = t_audio - t0 + (t_final - partials[last][0])
+    if not stopped:  # the rest of the reply (streamed after the first audio)
+        reply = _complete(lm, final_prompt, reply, opts.max_reply_tokens)
+    res.reply_ids, res.reply = reply, lm.decode(reply)
+    res.first_sentence, res.first_audio = first, first_audio
+    return res
+
+
+def _complete(lm: CausalLM, prompt: list[int], reply: list[int], cap: int) -> list[int]:
+    """Greedy-continue ``reply`` to a stop token or ``cap`` tokens."""
+    while len(reply) < cap:
+        tok = int(lm.next_logits(prompt + reply, since=len(prompt) + len(reply))[-1].argmax())
+        if tok in lm.stop_ids:
+            break
+        reply = reply + [tok]
+    return reply

@@ -1,0 +1,142 @@
+"""PredGen input-time speculation on the bundled stories260K LM: lossless greedy verification, the verifier on
+hand-made candidates, the wasted-work cap, streaming input, espeak-ng speech, the chat command."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from rayspec.chat.commands import zoo_lm
+from rayspec.chat.lm import CausalLM, PromptTemplate, ends_sentence
+from rayspec.chat.predgen import PredGenOptions, first_sentence_length, run_turn, verify
+from rayspec.chat.streaming import text_partials
+from rayspec.cli import main
+
+PROMPTS = ["Once upon a time, there was a little dog named Max.", "Lily wanted to play with her red ball in the park.",
+           "Tom was sad because he lost his favorite toy.", "Mia saw a cat sitting on the fence."]
+
+
+class SilentVoice:
+    """A stand-in TTS: 0.1 s of silence per character (keeps these tests about the LLM side)."""
+
+    sample_rate = 16000
+
+    def synthesize(self, text):
+        return np.zeros(len(text) * 1600, np.float32)
+
+
+@pytest.fixture(scope="module")
+def lm():
+    torch.set_num_threads(1)
+    return CausalLM.from_pretrained(zoo_lm())
+
+
+def greedy_reply(lm, text, n):
+    ids = lm.prompt_ids(text)
+    lm.reset()
+    return lm.generate(ids, n)
+
+
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_predgen_reply_equals_cascade(lm, prompt):
+    """Lossless: the greedy verifier's reply is the plain greedy reply to the final input, token for token."""
+    opts = PredGenOptions(max_reply_tokens=40)
+    turn = run_turn(lm, SilentVoice(), text_partials(prompt), opts)
+    assert turn.reply_ids == greedy_reply(lm, prompt, 40)
+    base = run_turn(lm, SilentVoice(), text_partials(prompt), PredGenOptions(speculate=False, max_reply_tokens=40))
+    assert base.reply_ids == turn.reply_ids and base.outcome == "none"
+    assert turn.first_sentence == base.first_sentence and ends_sentence(turn.first_sentence)
+    assert turn.partials_used >= 1 and turn.outcome in ("accept", "partial", "reject")
+    if turn.outcome == "accept":
+        assert turn.nfe_to_first_sentence == 1
+
+
+def test_verify_accepts_the_greedy_prefix(lm):
+    prompt = lm.prompt_ids(PROMPTS[0])
+    lm.reset()
+    greedy = lm.generate(prompt, 12)
+    wrong = greedy[:5] + [(greedy[5] + 1) % 512] + greedy[6:]
+    greedy_opts = PredGenOptions()
+    assert verify(lm, prompt, greedy, greedy_opts) == (12, greedy + [greedy_reply(lm, PROMPTS[0], 13)[12]])
+    k, kept = verify(lm, prompt, wrong, greedy_opts)
+    assert (k, kept) == (5, greedy[:6])  # 5 accepted + the target's own token (the bonus)
+    logits = lm.next_logits(prompt + wrong, since=len(prompt))
+    in_top3 = wrong[5] in logits[5].topk(3).indices.tolist()
+    k3, _ = verify(lm, prompt, wrong, PredGenOptions(verifier="topk", top_k=3))
+    assert (k3 > 5) == in_top3
+
+
+def test_kv_cache_cut_to_shared_prefix_matches_fresh_run(lm):
+    """Logits after cutting the cache to a shared prefix equal a run from nothing (one pass, fewer tokens)."""
+    a, b = lm.prompt_ids("Tom had a red"), lm.prompt_ids("Tom had a blue car.")
+    lm.reset()
+    lm.next_logits(a, since=len(a))
+    run0 = lm.tokens_run
+    cut = lm.next_logits(b, since=2)
+    assert lm.tokens_run - run0 < len(b)
+    lm.reset()
+    fresh = lm.next_logits(b, since=2)
+    assert torch.allclose(cut, fresh, atol=1e-4)
+
+
+def test_wasted_tokens_cap_stops_speculation(lm):
+    parts = text_partials(PROMPTS[1])
+    free = run_turn(lm, SilentVoice(), parts, PredGenOptions())
+    capped = run_turn(lm, SilentVoice(), parts, PredGenOptions(max_wasted_tokens=1))
+    assert free.wasted_tokens > 1
+    assert capped.partials_used < free.partials_used
+    assert capped.reply_ids == free.reply_ids
+
+
+def test_text_partials_rate():
+    parts = text_partials("ab cd efg", chars_per_minute=600)
+    assert [p for _, p in parts] == ["ab", "ab cd", "ab cd efg"]
+    assert [round(t, 3) for t, _ in parts] == [0.2, 0.5, 0.9]
+    with pytest.raises(ValueError):
+        text_partials("  ")
+
+
+def test_prompt_template_and_sentences(lm):
+    tok = lm.tokenizer
+    assert PromptTemplate().render(tok, "a  dog ran") == "a dog ran.\n"
+    assert PromptTemplate().render(tok, "Is it?") == "Is it?\n"
+    ids = tok("He ran. She sat.", add_special_tokens=False).input_ids
+    assert tok.decode(ids[: first_sentence_length(lm, ids)]) == "He ran."
+    assert first_sentence_length(lm, tok("no end", add_special_tokens=False).input_ids) is None
+    with pytest.raises(ValueError, match="verifier"):
+        PredGenOptions(verifier="beam")
+
+
+def test_espeak_voice():
+    from rayspec.chat.voices import EspeakVoice
+    from rayspec.tts.phones import TextError
+
+    v = EspeakVoice()
+    audio = v.synthesize("Max saw a big box.")
+    assert v.sample_rate == 22050 and audio.dtype == np.float32 and 0.5 < audio.size / v.sample_rate < 4
+    assert np.abs(audio).max() > 0.05
+    with pytest.raises(TextError):
+        v.synthesize("  ")
+
+
+def test_chat_command_text(tmp_path, capsys):
+    out = tmp_path / "reply.wav"
+    assert main(["chat", "--text", PROMPTS[3], "-o", str(out), "--json", "--max-reply-tokens", "30"]) == 0
+    rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert rec["same_as_cascade"] and rec["reply"]
+    assert rec["predgen-greedy"]["nfe_to_first_sentence"] >= 1 and rec["cascade"]["outcome"] == "none"
+    import soundfile as sf
+
+    audio, sr = sf.read(str(out))
+    assert sr == 22050 and audio.size > sr
+
+
+def test_chat_command_audio(capsys):
+    import glob
+    import os
+
+    clip = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "rayspec", "samples", "an4", "*.flac")))[0]
+    assert main(["chat", "--audio", clip, "--max-reply-tokens", "20"]) == 0
+    text = capsys.readouterr().out
+    assert "user:" in text and "ASR" in text and "predgen-greedy" in text and "cascade" in text
