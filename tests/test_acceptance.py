@@ -106,6 +106,17 @@ def test_typical_rule_accepts_likely_tokens_of_flat_distributions_only():
     assert _verify([[1]], [DraftTree.chain([3])], probs=[[peaked, peaked]], rule=rule).paths == [[]]
 
 
+def test_topk_rule_accepts_tokens_in_the_targets_top_k():
+    """PredGen's top-k verifier: a chain is kept while each token is among the target's k most likely at its parent;
+    the emitted token after it is still the argmax."""
+    p = np.linspace(1.0, 2.0, V)  # ranks: token V-1 first, V-2 second, ...
+    p /= p.sum()
+    chain = DraftTree.chain([V - 2, V - 3, V - 5])  # ranks 2, 3, 5
+    out = _verify([[1]], [chain], probs=[[p] * 4], rule=AcceptanceRule("topk", top_k=3))
+    assert out.paths == [[1, 2]] and out.next_tokens.tolist() == [V - 1]
+    assert _verify([[1]], [chain], probs=[[p] * 4], rule=AcceptanceRule("topk", top_k=1)).paths == [[]]
+
+
 @contextlib.contextmanager
 def _count_device_reads():
     """Count reads of device values on the host (what stalls a GPU pipeline): tolist, item, bool, int, float, cpu,

@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Optional
 
 import numpy as np
-import torch
 
+from ..spec.acceptance import AcceptanceRule, accept_tree, score_tree
+from ..spec.tree import DraftTree, TokenTrees
 from .lm import CausalLM, ends_sentence
 
 VERIFIERS = ("greedy", "topk")
@@ -57,6 +58,11 @@ class PredGenOptions:
             raise ValueError(f"unknown verifier {self.verifier!r} ({', '.join(VERIFIERS)})")
         if self.top_k < 1 or self.candidate_tokens < 1 or self.max_reply_tokens < 1:
             raise ValueError("top_k, candidate_tokens and max_reply_tokens must be >= 1")
+
+    @property
+    def rule(self) -> AcceptanceRule:
+        """The speculative core's acceptance rule of the verifier."""
+        return AcceptanceRule("greedy") if self.verifier == "greedy" else AcceptanceRule("topk", top_k=self.top_k)
 
     @property
     def label(self) -> str:
@@ -116,21 +122,19 @@ def first_sentence_length(lm: CausalLM, ids: list[int]) -> Optional[int]:
 
 
 def verify(lm: CausalLM, prompt: list[int], candidate: list[int], opts: PredGenOptions) -> tuple[int, list[int]]:
-    """Verify ``candidate`` as the reply to ``prompt`` in one forward pass (section 3.1.1).
+    """Verify ``candidate`` as the reply to ``prompt`` in one forward pass (section 3.1.1), with the speculative
+    core's acceptance rules: the candidate is a one-chain token tree rooted at the prompt's last token, scored by
+    ``greedy`` or ``topk`` (:mod:`rayspec.spec.acceptance`).
 
     Returns:
         ``(k, kept)``: ``k`` accepted candidate tokens and ``kept = candidate[:k] + [bonus]``, the bonus being the
         target's argmax after the accepted prefix (absent when it is a stop token).
     """
-    logits = lm.next_logits(prompt + candidate, since=len(prompt))  # [len(candidate) + 1, V]
-    best = logits.argmax(-1).tolist()
-    if opts.verifier == "greedy":
-        ok = [best[j] == candidate[j] for j in range(len(candidate))]
-    else:
-        top = logits[:-1].topk(opts.top_k, dim=-1).indices
-        ok = (top == torch.tensor(candidate, dtype=torch.long)[:, None]).any(-1).tolist()
-    k = next((j for j, good in enumerate(ok) if not good), len(candidate))
-    bonus = best[k]
+    logits = lm.next_logits(prompt + candidate, since=len(prompt))  # [1 + len(candidate), V]: root, then drafts
+    trees = TokenTrees.build([[prompt[-1]]], [DraftTree.chain(candidate)])
+    dev = trees.to_device(0, np.array([-1]), logits.device)
+    paths = accept_tree(dev.host, score_tree(logits[None], dev, opts.rule))
+    k, bonus = int(paths.accepted[0]), int(paths.next_tokens[0])
     return k, candidate[:k] + ([] if bonus in lm.stop_ids else [bonus])
 
 

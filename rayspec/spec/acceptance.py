@@ -12,8 +12,10 @@ One module for every method, as vLLM's one rejection sampler serves all its prop
   - ``typical``: kept if its probability exceeds ``min(epsilon, delta * exp(-H))`` with ``H`` the entropy of the
     target's distribution at the parent (Medusa's typical acceptance, Cai et al. 2024, arXiv:2401.10774, section
     2.3.1; Whisper-Medusa uses it). The longest kept path wins.
+  - ``topk``: kept if its token is among the target's ``top_k`` most likely at the parent (PredGen's top-k
+    verifier, ../shared/seeds/predgen.txt, section 3.1.1).
 
-  In all three the emitted token after the path is the target's argmax at its last node (the "bonus" token), so
+  In all four the emitted token after the path is the target's argmax at its last node (the "bonus" token), so
   ``greedy`` is exact and the others are lossy with a threshold.
 * Sampled decoding with draft probabilities (rejection sampling with token, relaxed or group-level ratios) lives in
   :mod:`rayspec.spec.sampling`.
@@ -33,7 +35,7 @@ import torch
 
 from .tree import DeviceTrees
 
-RULES = ("greedy", "threshold", "typical")
+RULES = ("greedy", "threshold", "typical", "topk")
 
 
 @dataclass(frozen=True)
@@ -41,10 +43,11 @@ class AcceptanceRule:
     """Which draft tokens a tree verification keeps (see the module docstring).
 
     Attributes:
-        kind: "greedy", "threshold" or "typical".
+        kind: "greedy", "threshold", "typical" or "topk".
         tau: ``threshold``: keep tokens whose target probability is above this (SSD eq. 5).
         exact: ``threshold``: also require the target's argmax.
         epsilon, delta: ``typical``: keep tokens with probability above ``min(epsilon, delta * exp(-H))``.
+        top_k: ``topk``: keep tokens among the target's ``top_k`` most likely.
     """
 
     kind: str = "greedy"
@@ -52,6 +55,7 @@ class AcceptanceRule:
     exact: bool = True
     epsilon: float = 0.09
     delta: float = 0.3
+    top_k: int = 3
 
     def __post_init__(self):
         if self.kind not in RULES:
@@ -76,6 +80,10 @@ def score_tree(logits: torch.Tensor, trees: DeviceTrees, rule: AcceptanceRule) -
     at_parent = best.gather(1, trees.parents)  # [B, Q]
     if rule.kind == "greedy":
         ok = trees.tokens == at_parent
+    elif rule.kind == "topk":
+        top = logits.topk(rule.top_k, dim=-1).indices  # [B, Q, k]
+        top_parent = top.gather(1, trees.parents[..., None].expand(-1, -1, rule.top_k))  # [B, Q, k]
+        ok = (top_parent == trees.tokens[..., None]).any(-1)
     else:
         logp = torch.log_softmax(logits.float(), dim=-1)  # [B, Q, V]
         lp_parent = logp.gather(1, trees.parents[..., None].expand(-1, -1, logp.shape[-1]))  # [B, Q, V]
