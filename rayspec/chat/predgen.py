@@ -17,7 +17,7 @@ arrive makes the engine skip to the newest one. Latencies are measured from the 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
@@ -110,7 +110,6 @@ class TurnResult:
     llm_s: float = 0.0
     tts_s: float = 0.0
     speculative_s: float = 0.0
-    events: list = field(default_factory=list)
 
 
 def first_sentence_length(lm: CausalLM, ids: list[int]) -> Optional[int]:
@@ -152,9 +151,87 @@ def _extend(lm: CausalLM, prompt: list[int], reply: list[int], target_len: int, 
     return reply, True
 
 
+@dataclass
+class FirstSentence:
+    """What the final verification decides (see :meth:`PredGenEngine.finish`).
+
+    Attributes:
+        text: the reply's first sentence.
+        outcome: "accept" (the candidate's whole first sentence accepted), "partial", "reject" or "none".
+        accepted_tokens: candidate tokens accepted by the final verification.
+        nfe: LLM forward passes after the final input until the first sentence was known.
+    """
+
+    text: str
+    outcome: str
+    accepted_tokens: int
+    nfe: int
+
+
+class PredGenEngine:
+    """The LLM side of one turn of PredGen (Algorithm 1): candidate replies from partial inputs, their verification,
+    and the reply after the final input. Speech is the caller's: it synthesises :meth:`speculate`'s first sentence
+    ahead and plays it if :meth:`finish` accepts that same sentence.
+
+    Attributes:
+        wasted_tokens: candidate tokens generated and then rejected so far this turn.
+        speculating: False once the wasted-token cap is reached (or for the baseline cascade).
+    """
+
+    def __init__(self, lm: CausalLM, opts: PredGenOptions) -> None:
+        self.lm, self.opts = lm, opts
+        self.candidate: list[int] = []
+        self.wasted_tokens = 0
+        self.speculating = opts.speculate
+        self._prompt: list[int] = []
+        self._reply: list[int] = []
+        self._stopped = False
+
+    def speculate(self, text: str) -> Optional[str]:
+        """A new partial input: verify the candidate under it, keep the accepted prefix + bonus, extend (Algorithm 1
+        lines 12-14). Returns the candidate's first sentence (None if it has none yet or speculation is off)."""
+        if not self.speculating:
+            return None
+        prompt = self.lm.prompt_ids(text)
+        if self.candidate:
+            k, kept = verify(self.lm, prompt, self.candidate, self.opts)
+            self.wasted_tokens += len(self.candidate) - k
+            self.candidate = kept
+        self.candidate, _ = _extend(self.lm, prompt, self.candidate, self.opts.candidate_tokens,
+                                    self.opts.max_reply_tokens)
+        if self.wasted_tokens >= self.opts.max_wasted_tokens:
+            self.speculating = False
+        n = first_sentence_length(self.lm, self.candidate)
+        return None if n is None else self.lm.decode(self.candidate[:n]).strip()
+
+    def finish(self, text: str) -> FirstSentence:
+        """The final input: verify the candidate once more and, unless its first sentence was accepted whole,
+        generate from the accepted prefix to the end of the first sentence (lines 17-25)."""
+        self._prompt = self.lm.prompt_ids(text)
+        passes0 = self.lm.forward_passes
+        outcome, k = "none", 0
+        if self.candidate:
+            k, self._reply = verify(self.lm, self._prompt, self.candidate, self.opts)
+            self.wasted_tokens += len(self.candidate) - k
+            n_cand = first_sentence_length(self.lm, self.candidate)
+            outcome = "accept" if n_cand is not None and k >= n_cand else ("partial" if k else "reject")
+        n = first_sentence_length(self.lm, self._reply)
+        if n is None:  # resume from the accepted prefix until the first sentence is complete
+            self._reply, self._stopped = _extend(self.lm, self._prompt, self._reply, 1, self.opts.max_reply_tokens)
+            n = first_sentence_length(self.lm, self._reply) or len(self._reply)
+        return FirstSentence(self.lm.decode(self._reply[:n]).strip(), outcome, k, self.lm.forward_passes - passes0)
+
+    def complete(self) -> list[int]:
+        """The whole reply after :meth:`finish` (greedy to a stop token or ``max_reply_tokens``)."""
+        if not self._stopped:
+            self._reply = _complete(self.lm, self._prompt, self._reply, self.opts.max_reply_tokens)
+            self._stopped = True
+        return self._reply
+
+
 def run_turn(lm: CausalLM, voice, partials: list[tuple[float, str]], opts: PredGenOptions,
              clock: Callable[[], float] = time.perf_counter) -> TurnResult:
-    """One voice-chat turn over a stream of partial user inputs.
+    """One voice-chat turn over a stream of partial user inputs, on a simulated clock (module docstring).
 
     Args:
         lm: the LLM engine (its cache is reset at the start of the turn).
@@ -171,71 +248,44 @@ def run_turn(lm: CausalLM, voice, partials: list[tuple[float, str]], opts: PredG
     if not partials:
         raise ValueError("a turn needs at least the final input")
     lm.reset()
+    engine = PredGenEngine(lm, opts)
     res = TurnResult([], "", "", np.zeros(0, np.float32), voice.sample_rate, 0.0, 0.0, 0, "none")
     now = 0.0
-    cand: list[int] = []
     audio, audio_text = None, None
-    speculating = opts.speculate
     i, last = 0, len(partials) - 1
-    while speculating and i < last:
+    while engine.speculating and i < last:
         now = max(now, partials[i][0])
         j = max(k for k in range(i, last) if partials[k][0] <= now)  # newest partial that has arrived
         res.partials_skipped += j - i
         t0 = clock()
-        prompt = lm.prompt_ids(partials[j][1])
-        if cand:
-            k, kept = verify(lm, prompt, cand, opts)
-            res.wasted_tokens += len(cand) - k
-            cand = kept
-        cand, _ = _extend(lm, prompt, cand, opts.candidate_tokens, opts.max_reply_tokens)
-        n = first_sentence_length(lm, cand)
-        if opts.presynthesize and n is not None:
-            text = lm.decode(cand[:n]).strip()
-            if text != audio_text:
-                if audio is not None:
-                    res.wasted_tts_s += len(audio) / voice.sample_rate
-                audio, audio_text = voice.synthesize(text), text
-        now += clock() - t0
-        res.speculative_s += clock() - t0
+        first = engine.speculate(partials[j][1])
+        if opts.presynthesize and first is not None and first != audio_text:
+            if audio is not None:
+                res.wasted_tts_s += len(audio) / voice.sample_rate
+            audio, audio_text = voice.synthesize(first), first
+        spent = clock() - t0
+        now += spent
+        res.speculative_s += spent
         res.partials_used += 1
-        res.events.append((round(now, 4), "candidate", partials[j][1], lm.decode(cand)))
         i = j + 1
-        if res.wasted_tokens >= opts.max_wasted_tokens:
-            speculating = False
-    t_final = max(now, partials[last][0])
-    final_prompt = lm.prompt_ids(partials[last][1])
-    passes0 = lm.forward_passes
+    late = max(now, partials[last][0]) - partials[last][0]  # still busy with a partial when the input ended
     t0 = clock()
-    reply: list[int] = []
-    if cand:
-        k, reply = verify(lm, final_prompt, cand, opts)
-        res.accepted_tokens = k
-        res.wasted_tokens += len(cand) - k
-        n_cand = first_sentence_length(lm, cand)
-        res.outcome = "accept" if n_cand is not None and k >= n_cand else ("partial" if k else "reject")
-    n = first_sentence_length(lm, reply)
-    stopped = False
-    if n is None:  # resume from the accepted prefix until the first sentence is complete
-        reply, stopped = _extend(lm, final_prompt, reply, 1, opts.max_reply_tokens)
-        n = first_sentence_length(lm, reply) or len(reply)
+    first = engine.finish(partials[last][1])
     t_text = clock()
-    res.llm_s = t_text - t0
-    res.ttfs_s = t_text - t0 + (t_final - partials[last][0])
-    res.nfe_to_first_sentence = lm.forward_passes - passes0
-    first = lm.decode(reply[:n]).strip()
-    if audio is not None and first == audio_text and res.outcome == "accept":
+    if audio is not None and first.outcome == "accept" and first.text == audio_text:
         first_audio = audio
     else:
         if audio is not None:
             res.wasted_tts_s += len(audio) / voice.sample_rate
-        first_audio = voice.synthesize(first) if first else np.zeros(0, np.float32)
+        first_audio = voice.synthesize(first.text) if first.text else np.zeros(0, np.float32)
     t_audio = clock()
-    res.tts_s = t_audio - t_text
-    res.audio_latency_s = t_audio - t0 + (t_final - partials[last][0])
-    if not stopped:  # the rest of the reply (streamed after the first audio)
-        reply = _complete(lm, final_prompt, reply, opts.max_reply_tokens)
-    res.reply_ids, res.reply = reply, lm.decode(reply)
-    res.first_sentence, res.first_audio = first, first_audio
+    res.llm_s, res.tts_s = t_text - t0, t_audio - t_text
+    res.ttfs_s, res.audio_latency_s = late + t_text - t0, late + t_audio - t0
+    res.reply_ids = engine.complete()
+    res.reply = lm.decode(res.reply_ids)
+    res.first_sentence, res.first_audio = first.text, first_audio
+    res.outcome, res.accepted_tokens, res.nfe_to_first_sentence = first.outcome, first.accepted_tokens, first.nfe
+    res.wasted_tokens = engine.wasted_tokens
     return res
 
 
