@@ -33,7 +33,7 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from fastapi import FastAPI, File, Form, UploadFile
+from fastapi import FastAPI, File, Form, UploadFile, WebSocket
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel
@@ -208,7 +208,7 @@ class TranscriptionService:
 
     def __init__(self, transcriber: dict, max_batch_size: int = 16, batch_wait_timeout_s: float = 0.02,
                  max_upload_bytes: int = DEFAULT_MAX_BYTES, threads: int = 0, max_queued: int = 256,
-                 body_timeout_s: float = 30.0, speech=None) -> None:
+                 body_timeout_s: float = 30.0, speech=None, chat: Optional[dict] = None) -> None:
         import torch
 
         from rayspec.pipeline import Transcriber
@@ -222,6 +222,7 @@ class TranscriptionService:
         self._decode.set_max_batch_size(max_batch_size)
         self._decode.set_batch_wait_timeout_s(batch_wait_timeout_s)
         self.speech = speech  # a handle to actors.speech_app.SpeechService, or None (synthesis not served)
+        self.chat = chat  # {"llm", "voice"} handles (actors.voicechat_app), or None (voice chat not served)
 
     @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.02)
     async def _decode(self, requests: list) -> list:
@@ -231,6 +232,23 @@ class TranscriptionService:
         audios = [audio for _, audio in requests]
         rows = await asyncio.to_thread(self.transcriber.transcribe, utts, audios)
         return [(row, len(requests)) for row in rows]
+
+    async def _transcribe_text(self, audio) -> str:
+        """Text of one waveform, through the same dynamic batches as ``/v1/audio/transcriptions``."""
+        row, _ = await self._decode(("realtime", audio))
+        return row.text or ""
+
+    @api.websocket("/v1/realtime")
+    async def realtime(self, ws: WebSocket) -> None:
+        """A voice-chat session (``actors/voicechat_app.py``: events, PredGen input-time speculation)."""
+        from actors.voicechat_app import RealtimeSession, error_event
+
+        await ws.accept()
+        if self.chat is None:
+            await ws.send_text(error_event("not_served", "voice chat is off here (rayspec serve --chat)"))
+            await ws.close()
+            return
+        await RealtimeSession(ws, self.chat["llm"], self.chat["voice"], self._transcribe_text).run()
 
     @api.get("/health")
     async def health(self) -> dict:
@@ -322,7 +340,7 @@ class TranscriptionService:
 SERVING_OPTIONS = {"target", "draft", "ctc", "device", "dtype", "max_batch_size", "threads", "num_replicas",
                    "num_cpus", "num_gpus", "max_upload_bytes", "max_queued", "body_timeout_s", "batch_wait_timeout_s",
                    "tts", "tts_target", "tts_draft", "codec", "tts_method", "tts_theta", "tts_beta",
-                   "tts_temperature", "tts_lookahead", "tts_cpus"}
+                   "tts_temperature", "tts_lookahead", "tts_cpus", "chat", "chat_lm", "chat_tts", "chat_cpus"}
 TRUE = ("1", "true", "yes", "on")
 
 
@@ -365,9 +383,16 @@ def build_app(args: Optional[dict] = None):
         speech = SpeechService.options(ray_actor_options={"num_cpus": float(args.get("tts_cpus", 1))}).bind(
             {"target": args.get("tts_target"), "draft": args.get("tts_draft"), "codec": args.get("codec")},
             sampling, max_batch, int(args.get("threads", 0)))
+    chat = None
+    if str(args.get("chat", "")).lower() in TRUE:
+        from actors.voicechat_app import ChatLLM, ChatVoice
+
+        cpus = {"num_cpus": float(args.get("chat_cpus", 0.5))}
+        chat = {"llm": ChatLLM.options(ray_actor_options=cpus).bind(args.get("chat_lm")),
+                "voice": ChatVoice.options(ray_actor_options=cpus).bind(args.get("chat_tts") or "espeak")}
     return deployment.bind(transcriber, max_batch, float(args.get("batch_wait_timeout_s", 0.02)),
                            int(args.get("max_upload_bytes", DEFAULT_MAX_BYTES)), int(args.get("threads", 0)),
-                           max_queued, float(args.get("body_timeout_s", 30.0)), speech)
+                           max_queued, float(args.get("body_timeout_s", 30.0)), speech, chat)
 
 
 def serve_forever(options: dict, host: str, port: int, request_timeout_s: float, address: Optional[str]) -> int:

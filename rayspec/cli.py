@@ -172,7 +172,9 @@ def cmd_serve(args) -> int:
                           "num_cpus": args.replica_cpus, "num_gpus": args.replica_gpus, "threads": args.threads,
                           "device": args.device, "max_queued": args.max_queued, "body_timeout_s": args.body_timeout,
                           "tts": args.tts, "tts_target": args.tts_target, "tts_draft": args.tts_draft,
-                          "tts_method": args.tts_method, "tts_theta": args.tts_theta, "tts_cpus": args.tts_cpus},
+                          "tts_method": args.tts_method, "tts_theta": args.tts_theta, "tts_cpus": args.tts_cpus,
+                          "chat": args.chat, "chat_lm": args.chat_lm, "chat_tts": args.chat_tts,
+                          "chat_cpus": args.chat_cpus},
                          args.host, args.port, args.request_timeout, args.address)
 
 
@@ -206,6 +208,12 @@ def _serve_parser(sub) -> None:
     t.add_argument("--tts-method", choices=["target", "sd", "ssd", "pcg"], default="pcg", help="sampling method")
     t.add_argument("--tts-theta", type=float, default=None, help="pcg group threshold (default: the zoo's)")
     t.add_argument("--tts-cpus", type=float, default=1.0, help="CPUs of the synthesis replica")
+    c = p.add_argument_group("voice chat (WebSocket /v1/realtime: streamed text or audio in, reply text and audio out, "
+                             "with input-time speculation; see actors/voicechat_app.py for the events)")
+    c.add_argument("--chat", action="store_true", help="also serve voice chat (LLM and TTS deployments)")
+    c.add_argument("--chat-lm", help="causal LM directory (default: the bundled stories260K)")
+    c.add_argument("--chat-tts", choices=["espeak", "rayspec"], default="espeak", help="reply voice (default espeak)")
+    c.add_argument("--chat-cpus", type=float, default=0.5, help="CPUs of each voice-chat replica (default 0.5)")
     p.add_argument("--request-timeout", type=float, default=300.0,
                    help="seconds a request may take end to end (Serve's request_timeout_s; default 300)")
     add_model_args(p)
