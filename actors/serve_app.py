@@ -408,7 +408,12 @@ def serve_forever(options: dict, host: str, port: int, request_timeout_s: float,
         ray.init(include_dashboard=False, _node_ip_address="127.0.0.1")
     serve.start(http_options={"host": host, "port": port, "request_timeout_s": request_timeout_s})
     serve.run(build_app(options), name="rayspec", route_prefix="/")
-    print(f"serving POST http://{host}:{port}/v1/audio/transcriptions (Ctrl-C to stop)", flush=True)
+    routes = [f"POST http://{host}:{port}/v1/audio/transcriptions"]
+    if str(options.get("tts", "")).lower() in TRUE:
+        routes.append(f"POST http://{host}:{port}/v1/audio/speech")
+    if str(options.get("chat", "")).lower() in TRUE:
+        routes.append(f"WebSocket ws://{host}:{port}/v1/realtime")
+    print(f"serving {', '.join(routes)} (Ctrl-C to stop)", flush=True)
     try:
         while True:
             time.sleep(3600)

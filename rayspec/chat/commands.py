@@ -57,6 +57,10 @@ def load_lm(path: str | None):
 
 
 def cmd_chat(args) -> int:
+    if args.server:
+        from .client import chat_over_websocket
+
+        return chat_over_websocket(args)
     import soundfile as sf
     import torch
 
@@ -138,12 +142,16 @@ def add_chat_parsers(sub) -> None:
                     "LLM pass as the input grows, and their first sentence is synthesised ahead. The plain cascade "
                     "runs on the same input for comparison; the latency breakdown of both is printed.",
         epilog="examples:\n  rayspec chat --text \"Once upon a time, there was a little dog named Max.\" -o reply.wav\n"
-               "  rayspec chat --audio rayspec/samples/an4-1.flac --tts rayspec\n",
+               "  rayspec chat --audio rayspec/samples/an4/an391-mjwl-b.flac --tts rayspec\n"
+               "  rayspec serve --chat &  rayspec chat --server ws://127.0.0.1:8000/v1/realtime --text \"Tom was sad.\"\n",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="the user's turn as text (streamed at --chars-per-minute)")
     src.add_argument("--audio", help="the user's turn as an audio file (transcribed as it streams in)")
     p.add_argument("--chunk-s", type=float, default=0.5, help="--audio: seconds between partial transcripts")
+    p.add_argument("--server", help="talk to a voice-chat endpoint instead of running in-process, e.g. "
+                                    "ws://127.0.0.1:8000/v1/realtime (rayspec serve --chat); input is streamed in "
+                                    "real time")
     p.add_argument("-o", "--output", help="write the spoken reply here (.wav/.flac)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     add_predgen_args(p)
