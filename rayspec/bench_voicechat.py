@@ -138,7 +138,7 @@ def cmd_bench_voicechat(args) -> int:
     from .chat.voices import load_voice
 
     torch.set_num_threads(args.threads or 1)
-    lm = load_lm(args.lm)
+    lm = load_lm(args.lm, args.llm_backend, args.vllm_python)
     prompts = default_prompts()[: args.limit or None]
     inputs = {"text": [text_partials(p, args.chars_per_minute) for p in prompts]}
     notes = []
@@ -159,8 +159,19 @@ def cmd_bench_voicechat(args) -> int:
     voices = {name: load_voice(name) for name in args.voices.split(",")}
     opts = methods(args.top_k, options_from_args(args))
     rows = run_voicechat_bench(lm, voices, inputs, opts)
+    if args.llm_backend != "transformers":  # the backend's greedy replies against transformers' own
+        ref = load_lm(args.lm)
+        cascade = [r for r in rows if r.method == "cascade"]
+        same = total = 0
+        for row in cascade:
+            for turn, parts in zip(row.turns, inputs[row.source]):
+                ref.reset()
+                want = ref.generate(ref.prompt_ids(parts[-1][1]), opts[0].max_reply_tokens)
+                same, total = same + (turn.reply_ids == want), total + 1
+        notes.append(f"- {args.llm_backend} backend: cascade replies equal to transformers' greedy replies in "
+                     f"{same}/{total} turns.")
     lm_name = os.path.basename(os.path.normpath(args.lm)) if args.lm else "stories260K"
-    title = (f"voicechat: {lm_name}, {len(prompts)} typed prompts at {args.chars_per_minute:g} chars/min"
+    title = (f"voicechat: {lm_name} ({args.llm_backend}), {len(prompts)} typed prompts at {args.chars_per_minute:g} chars/min"
              + (f" + {len(inputs['audio'])} spoken" if "audio" in inputs else "")
              + f", TTS {args.voices}, {torch.get_num_threads()} thread(s)")
     print(write_voicechat_outputs(rows, args.output, title, "\n".join(notes) + "\n"))

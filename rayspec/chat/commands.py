@@ -10,6 +10,7 @@ from importlib import resources
 import numpy as np
 
 DEFAULT_LM = "stories260K"
+DEFAULT_VLLM_PYTHON = ".venv-vllm/bin/python"
 
 
 def zoo_lm() -> str:
@@ -24,6 +25,10 @@ def add_predgen_args(p, tts: bool = True) -> None:
     d = PredGenOptions()
     p.add_argument("--lm", help="causal LM directory (any local Llama-family model; default: the bundled "
                                 "stories260K)")
+    p.add_argument("--llm-backend", choices=["transformers", "vllm"], default="transformers",
+                   help="transformers (in-process, default) or vLLM (its own environment: scripts/setup-vllm.sh)")
+    p.add_argument("--vllm-python", default=os.environ.get("RAYSPEC_VLLM_PYTHON", DEFAULT_VLLM_PYTHON),
+                   help=f"the vLLM environment's interpreter (default $RAYSPEC_VLLM_PYTHON or {DEFAULT_VLLM_PYTHON})")
     if tts:
         p.add_argument("--tts", choices=["espeak", "rayspec"], default="espeak",
                        help="speech backend: espeak-ng (lightweight, default) or rayspec's speculative TTS")
@@ -50,10 +55,19 @@ def options_from_args(args, speculate: bool = True, verifier: str | None = None)
                           max_wasted_tokens=args.max_wasted_tokens)
 
 
-def load_lm(path: str | None):
-    from .lm import CausalLM
+def load_lm(path: str | None, backend: str = "transformers", vllm_python: str = DEFAULT_VLLM_PYTHON):
+    """The chat LLM engine: ``transformers`` in-process or ``vllm`` in its own environment.
 
-    return CausalLM.from_pretrained(path or zoo_lm())
+    Raises:
+        ValueError: an unknown backend; ModelLoadError / OSError: see the engines.
+    """
+    from .lm import CausalLM, VLLMCausalLM
+
+    if backend == "transformers":
+        return CausalLM.from_pretrained(path or zoo_lm())
+    if backend == "vllm":
+        return VLLMCausalLM(path or zoo_lm(), vllm_python)
+    raise ValueError(f"unknown LLM backend {backend!r} (transformers or vllm)")
 
 
 def cmd_chat(args) -> int:
@@ -71,7 +85,7 @@ def cmd_chat(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    lm, voice = load_lm(args.lm), load_voice(args.tts)
+    lm, voice = load_lm(args.lm, args.llm_backend, args.vllm_python), load_voice(args.tts)
     if args.audio:
         from ..audio import load_audio
         from ..options import build_transcriber

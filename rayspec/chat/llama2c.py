@@ -10,11 +10,8 @@ hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size (negative: separate classi
   a dummy-prefix space, with byte fallback: a ``tokenizers`` BPE whose merge ranks follow the piece scores, with the
   ``Prepend("▁")`` normalizer and byte fallback of transformers' ``LlamaConverter``.
 
-``pad_head_dim`` re-parameterizes the model to a wider head (vLLM's CPU attention accepts 32, 64, ... only; stories260K
-has 8) with identical outputs: each real head dimension moves to the slot whose RoPE frequency equals its own, the
-other slots have zero query/key/value rows (so they add nothing to any dot product or output), and queries are scaled
-by ``sqrt(new / old)`` to cancel the wider ``1 / sqrt(head_dim)`` attention scale (a power of two for 8 -> 32: exact in
-floating point).
+``pad_head_dim`` widens the heads with identical outputs (:mod:`rayspec.chat.heads`; vLLM's CPU attention accepts
+head sizes 32, 64, ... only, stories260K has 8).
 """
 
 from __future__ import annotations
@@ -27,6 +24,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+
+from .heads import widen_heads
 
 HEADER = struct.Struct("7i")
 
@@ -120,32 +119,6 @@ def _rope_permutation(head_dim: int) -> np.ndarray:
     return np.concatenate([np.arange(half) * 2, np.arange(half) * 2 + 1])
 
 
-def _heads_rows(w: np.ndarray, n_heads: int, head_dim: int, order: np.ndarray, width: int, scale: float = 1.0):
-    """Reorder (``order``: new slot -> old row, ``-1`` = zero row) the rows of each head of a ``[n_heads * head_dim,
-    D]`` projection into ``width`` rows per head."""
-    w = w.reshape(n_heads, head_dim, -1)
-    out = np.zeros((n_heads, width, w.shape[-1]), dtype=np.float32)
-    for slot, old in enumerate(order):
-        if old >= 0:
-            out[:, slot] = w[:, old] * scale
-    return out.reshape(n_heads * width, -1)
-
-
-def _slots(head_dim: int, width: int) -> tuple[np.ndarray, np.ndarray]:
-    """For a head widened from ``head_dim`` to ``width``: (order for query/key rows after the RoPE permutation, order
-    for value rows). Half-split dimension ``i`` of the narrow head (frequency ``theta^(-2i/head_dim)``) goes to the
-    wide slot ``i * width / head_dim`` with the same frequency ``theta^(-2 j / width)``."""
-    half, wide_half, step = head_dim // 2, width // 2, width // head_dim
-    qk = np.full(width, -1)
-    rope = _rope_permutation(head_dim)
-    for i in range(half):
-        qk[i * step] = rope[i]
-        qk[wide_half + i * step] = rope[half + i]
-    v = np.full(width, -1)
-    v[:head_dim] = np.arange(head_dim)
-    return qk, v
-
-
 def convert(checkpoint: str, tokenizer: str, out_dir: str, pad_head_dim: int | None = None) -> str:
     """Write a llama2.c checkpoint + tokenizer as a ``from_pretrained``-loadable ``LlamaForCausalLM`` directory
     (safetensors, ``config.json``, ``generation_config.json``, ``tokenizer.json``).
@@ -170,12 +143,11 @@ def convert(checkpoint: str, tokenizer: str, out_dir: str, pad_head_dim: int | N
     width = pad_head_dim or hd
     if width % hd or width < hd:
         raise Llama2cError(f"--pad-head-dim {width} is not a multiple of the head size {hd}")
-    qk_order, v_order = _slots(hd, width)
-    q_scale = math.sqrt(width / hd)
+    rope = _rope_permutation(hd)
     config = LlamaConfig(
         vocab_size=cfg.vocab_size, hidden_size=cfg.dim, intermediate_size=cfg.hidden_dim,
         num_hidden_layers=cfg.n_layers, num_attention_heads=cfg.n_heads, num_key_value_heads=cfg.n_kv_heads,
-        head_dim=width, max_position_embeddings=cfg.seq_len, rms_norm_eps=1e-5, rope_theta=10000.0,
+        head_dim=hd, max_position_embeddings=cfg.seq_len, rms_norm_eps=1e-5, rope_theta=10000.0,
         tie_word_embeddings=cfg.shared_classifier, bos_token_id=1, eos_token_id=2, pad_token_id=0,
         attention_bias=False, mlp_bias=False, hidden_act="silu",
     )
@@ -187,11 +159,10 @@ def convert(checkpoint: str, tokenizer: str, out_dir: str, pad_head_dim: int | N
         p = f"model.layers.{i}."
         state[p + "input_layernorm.weight"] = w["rms_att"][i]
         state[p + "post_attention_layernorm.weight"] = w["rms_ffn"][i]
-        state[p + "self_attn.q_proj.weight"] = _heads_rows(w["wq"][i], cfg.n_heads, hd, qk_order, width, q_scale)
-        state[p + "self_attn.k_proj.weight"] = _heads_rows(w["wk"][i], cfg.n_kv_heads, hd, qk_order, width)
-        state[p + "self_attn.v_proj.weight"] = _heads_rows(w["wv"][i], cfg.n_kv_heads, hd, v_order, width)
-        wo = _heads_rows(np.ascontiguousarray(w["wo"][i].T), cfg.n_heads, hd, v_order, width)
-        state[p + "self_attn.o_proj.weight"] = np.ascontiguousarray(wo.T)
+        state[p + "self_attn.q_proj.weight"] = w["wq"][i].reshape(cfg.n_heads, hd, -1)[:, rope].reshape(cfg.dim, -1)
+        state[p + "self_attn.k_proj.weight"] = w["wk"][i].reshape(cfg.n_kv_heads, hd, -1)[:, rope].reshape(-1, cfg.dim)
+        state[p + "self_attn.v_proj.weight"] = w["wv"][i]
+        state[p + "self_attn.o_proj.weight"] = w["wo"][i]
         state[p + "mlp.gate_proj.weight"] = w["w1"][i]
         state[p + "mlp.down_proj.weight"] = w["w2"][i]
         state[p + "mlp.up_proj.weight"] = w["w3"][i]
@@ -199,6 +170,8 @@ def convert(checkpoint: str, tokenizer: str, out_dir: str, pad_head_dim: int | N
                                                  state.items()}, strict=False)
     if unexpected or set(missing) - {"lm_head.weight"}:
         raise Llama2cError(f"weights do not map onto LlamaForCausalLM: missing {missing}, unexpected {unexpected}")
+    if width != hd:
+        widen_heads(model, width)
     model.generation_config = GenerationConfig(bos_token_id=1, eos_token_id=[2, 1], pad_token_id=0)
     os.makedirs(out_dir, exist_ok=True)
     model.save_pretrained(out_dir)

@@ -8,7 +8,11 @@ the rest, as vLLM's prefix cache does across requests. One engine call that runs
 
 from __future__ import annotations
 
+import hashlib
+import json
+import math
 import os
+import tempfile
 from dataclasses import dataclass
 
 import torch
@@ -50,11 +54,13 @@ class CausalLM:
         tokens_run: tokens fed through the model (prefill + decode), since construction.
     """
 
-    def __init__(self, model, tokenizer, template: PromptTemplate | None = None) -> None:
-        self.model = model.eval()
+    backend = "transformers"
+
+    def __init__(self, model, tokenizer, template: PromptTemplate | None = None, generation_config=None) -> None:
+        self.model = model.eval() if model is not None else None
         self.tokenizer = tokenizer
         self.template = template or PromptTemplate()
-        eos = model.generation_config.eos_token_id
+        eos = (generation_config or model.generation_config).eos_token_id
         self.stop_ids = set(eos if isinstance(eos, list) else [eos]) - {None}
         self.bos = tokenizer.bos_token_id
         self._ids: list[int] = []
@@ -144,3 +150,77 @@ def ends_sentence(text: str) -> bool:
     """True when ``text`` ends a sentence (., ! or ?, possibly followed by a closing quote)."""
     t = text.rstrip().rstrip("\"'\u201d)")
     return t.endswith(SENTENCE_END)
+
+
+class VLLMCausalLM(CausalLM):
+    """The same engine interface served by vLLM in its own Python environment (``scripts/setup-vllm.sh``): each
+    :meth:`next_logits` is one vLLM request (prompt log-probabilities over the sequence + one generated position),
+    run by ``rayspec/chat/vllm_worker.py`` in a child process of that environment's interpreter. vLLM's prefix cache
+    takes the place of the cut KV cache. Models whose head size vLLM's CPU attention lacks (stories260K: 8) are
+    widened first with identical outputs (:mod:`rayspec.chat.heads`).
+
+    ``next_logits`` returns log-probabilities for the top ``k`` tokens of each row and ``-inf`` elsewhere: enough for
+    the greedy and top-k verifiers and for greedy generation (argmax).
+
+    Raises:
+        ModelLoadError: the model directory is missing; OSError: the vLLM interpreter is missing or the worker
+            fails to start.
+    """
+
+    backend = "vllm"
+
+    def __init__(self, path: str, python: str, template: PromptTemplate | None = None, k: int = 8,
+                 work_dir: str | None = None) -> None:
+        import subprocess
+
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig
+
+        from .heads import VLLM_CPU_HEAD_SIZES, widened_copy
+
+        if not os.path.isdir(path):
+            raise ModelLoadError(f"LM directory not found: {path} (rayspec loads local directories only)")
+        if not os.path.exists(python):
+            raise OSError(f"no vLLM interpreter at {python}: create it with scripts/setup-vllm.sh")
+        cfg = AutoConfig.from_pretrained(path)
+        hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+        serve_dir = path
+        if hd not in VLLM_CPU_HEAD_SIZES:
+            width = next(w for w in VLLM_CPU_HEAD_SIZES if w % hd == 0)
+            key = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:10]
+            serve_dir = os.path.join(work_dir or os.path.join(tempfile.gettempdir(), "rayspec-vllm"),
+                                     f"{os.path.basename(os.path.normpath(path))}-{key}-head{width}")
+            if not os.path.exists(os.path.join(serve_dir, "config.json")):
+                widened_copy(path, serve_dir, width)
+        super().__init__(None, AutoTokenizer.from_pretrained(path), template, GenerationConfig.from_pretrained(path))
+        self.vocab_size, self.k = cfg.vocab_size, k
+        worker = os.path.join(os.path.dirname(__file__), "vllm_worker.py")
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
+               "TOKENIZERS_PARALLELISM": "false"}
+        self._proc = subprocess.Popen([python, worker, "--model", serve_dir,
+                                       "--max-model-len", str(min(cfg.max_position_embeddings, 4096))],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        while True:  # vLLM may print its own lines first
+            line = self._proc.stdout.readline()
+            if not line:
+                raise OSError(f"the vLLM worker exited with status {self._proc.wait()} (run it by hand: "
+                              f"{python} {worker} --model {serve_dir})")
+            if line.startswith('{"ready"'):
+                break
+
+    def next_logits(self, ids: list[int], since: int) -> torch.Tensor:
+        if not 1 <= since <= len(ids):
+            raise ValueError(f"since={since} outside 1..{len(ids)}")
+        self._proc.stdin.write(json.dumps({"ids": list(ids), "since": since, "k": self.k}) + "\n")
+        self._proc.stdin.flush()
+        reply = json.loads(self._proc.stdout.readline())
+        out = torch.full((len(reply["top"]), self.vocab_size), -math.inf)
+        for row, (top, lps) in enumerate(zip(reply["top"], reply["logprobs"])):
+            out[row, top] = torch.tensor(lps)
+        self.forward_passes += 1  # tokens_run stays 0: vLLM's prefix cache decides what it recomputes
+        return out
+
+    def close(self) -> None:
+        """Stop the worker process."""
+        if self._proc.poll() is None:
+            self._proc.stdin.close()
+            self._proc.wait(timeout=60)

@@ -1,0 +1,47 @@
+"""The vLLM side of rayspec's vLLM LLM backend: a stand-alone script run by the vLLM environment's interpreter
+(``scripts/setup-vllm.sh``), speaking JSON lines on stdin/stdout. It imports vLLM and the standard library only.
+
+Request:  ``{"ids": [token ids], "since": s, "k": K}``
+Response: ``{"top": [[token ids]...], "logprobs": [[float]...]}``: for every prefix ``ids[:j]``, ``j = s .. len(ids)``,
+the K most likely next tokens (descending) and their log-probabilities, from ONE vLLM request (the prompt's
+``prompt_logprobs`` plus one generated position; prefix caching serves the repeated prefixes).
+The first line written is ``{"ready": true, "vllm": version}``.
+"""
+
+import argparse
+import json
+import os
+import sys
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--model", required=True)
+    p.add_argument("--max-model-len", type=int, default=512)
+    args = p.parse_args()
+    reply = os.fdopen(os.dup(1), "w", buffering=1)  # the protocol's channel
+    os.dup2(2, 1)  # whatever vLLM prints to stdout goes to stderr
+    import vllm
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm = LLM(model=args.model, dtype="float32", max_model_len=args.max_model_len, enable_prefix_caching=True,
+              skip_tokenizer_init=True, seed=0)
+    print(json.dumps({"ready": True, "vllm": vllm.__version__}), file=reply, flush=True)
+    for line in sys.stdin:
+        req = json.loads(line)
+        ids, since, k = req["ids"], int(req["since"]), int(req["k"])
+        params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=k, prompt_logprobs=k, detokenize=False)
+        out = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
+        rows = [out.prompt_logprobs[j] for j in range(since, len(ids))] + [out.outputs[0].logprobs[0]]
+        top, lps = [], []
+        for row in rows:
+            best = sorted(((v.rank, t, v.logprob) for t, v in row.items() if v.rank is not None and v.rank <= k))[:k]
+            top.append([t for _, t, _ in best])
+            lps.append([lp for _, _, lp in best])
+        print(json.dumps({"top": top, "logprobs": lps}), file=reply, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
