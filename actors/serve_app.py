@@ -340,7 +340,8 @@ class TranscriptionService:
 SERVING_OPTIONS = {"target", "draft", "ctc", "device", "dtype", "max_batch_size", "threads", "num_replicas",
                    "num_cpus", "num_gpus", "max_upload_bytes", "max_queued", "body_timeout_s", "batch_wait_timeout_s",
                    "tts", "tts_target", "tts_draft", "codec", "tts_method", "tts_theta", "tts_beta",
-                   "tts_temperature", "tts_lookahead", "tts_cpus", "chat", "chat_lm", "chat_tts", "chat_cpus"}
+                   "tts_temperature", "tts_lookahead", "tts_cpus", "chat", "chat_lm", "chat_tts", "chat_cpus",
+                   "chat_llm_backend", "chat_vllm_python"}
 TRUE = ("1", "true", "yes", "on")
 
 
@@ -388,7 +389,9 @@ def build_app(args: Optional[dict] = None):
         from actors.voicechat_app import ChatLLM, ChatVoice
 
         cpus = {"num_cpus": float(args.get("chat_cpus", 0.5))}
-        chat = {"llm": ChatLLM.options(ray_actor_options=cpus).bind(args.get("chat_lm")),
+        backend = args.get("chat_llm_backend") or "transformers"
+        chat = {"llm": ChatLLM.options(ray_actor_options=cpus).bind(args.get("chat_lm"), 1, backend,
+                                                                    args.get("chat_vllm_python")),
                 "voice": ChatVoice.options(ray_actor_options=cpus).bind(args.get("chat_tts") or "espeak")}
     return deployment.bind(transcriber, max_batch, float(args.get("batch_wait_timeout_s", 0.02)),
                            int(args.get("max_upload_bytes", DEFAULT_MAX_BYTES)), int(args.get("threads", 0)),

@@ -47,16 +47,18 @@ MAX_TURN_CHARS = 4096
 
 @serve.deployment(max_ongoing_requests=64)
 class ChatLLM:
-    """The LLM stage: one :class:`~rayspec.chat.lm.CausalLM` and a :class:`~rayspec.chat.predgen.PredGenEngine` per
+    """The LLM stage: one LLM engine (transformers in-process, or vLLM in its own environment's interpreter,
+    ``backend="vllm"``) and a :class:`~rayspec.chat.predgen.PredGenEngine` per
     open turn. Calls run one at a time (one KV cache); turns share the cache as a prefix cache."""
 
-    def __init__(self, lm_dir: Optional[str] = None, threads: int = 1) -> None:
+    def __init__(self, lm_dir: Optional[str] = None, threads: int = 1, backend: str = "transformers",
+                 vllm_python: Optional[str] = None) -> None:
         import torch
 
-        from rayspec.chat.commands import load_lm
+        from rayspec.chat.commands import DEFAULT_VLLM_PYTHON, load_lm
 
         torch.set_num_threads(max(1, threads))
-        self.lm = load_lm(lm_dir)
+        self.lm = load_lm(lm_dir, backend, vllm_python or DEFAULT_VLLM_PYTHON)  # vllm: its own interpreter
         self.turns: dict = {}
         self.lock = threading.Lock()
 

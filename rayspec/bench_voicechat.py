@@ -171,7 +171,8 @@ def cmd_bench_voicechat(args) -> int:
         notes.append(f"- {args.llm_backend} backend: cascade replies equal to transformers' greedy replies in "
                      f"{same}/{total} turns.")
     lm_name = os.path.basename(os.path.normpath(args.lm)) if args.lm else "stories260K"
-    title = (f"voicechat: {lm_name} ({args.llm_backend}), {len(prompts)} typed prompts at {args.chars_per_minute:g} chars/min"
+    title = (f"voicechat: {lm_name} ({args.llm_backend}), {len(prompts)} typed prompts at "
+             f"{args.chars_per_minute:g} chars/min"
              + (f" + {len(inputs['audio'])} spoken" if "audio" in inputs else "")
              + f", TTS {args.voices}, {torch.get_num_threads()} thread(s)")
     print(write_voicechat_outputs(rows, args.output, title, "\n".join(notes) + "\n"))

@@ -174,7 +174,8 @@ def cmd_serve(args) -> int:
                           "tts": args.tts, "tts_target": args.tts_target, "tts_draft": args.tts_draft,
                           "tts_method": args.tts_method, "tts_theta": args.tts_theta, "tts_cpus": args.tts_cpus,
                           "chat": args.chat, "chat_lm": args.chat_lm, "chat_tts": args.chat_tts,
-                          "chat_cpus": args.chat_cpus},
+                          "chat_cpus": args.chat_cpus, "chat_llm_backend": args.chat_llm_backend,
+                          "chat_vllm_python": args.chat_vllm_python},
                          args.host, args.port, args.request_timeout, args.address)
 
 
@@ -214,6 +215,9 @@ def _serve_parser(sub) -> None:
     c.add_argument("--chat-lm", help="causal LM directory (default: the bundled stories260K)")
     c.add_argument("--chat-tts", choices=["espeak", "rayspec"], default="espeak", help="reply voice (default espeak)")
     c.add_argument("--chat-cpus", type=float, default=0.5, help="CPUs of each voice-chat replica (default 0.5)")
+    c.add_argument("--chat-llm-backend", choices=["transformers", "vllm"], default="transformers",
+                   help="LLM engine of the chat deployment (vllm: its own environment, scripts/setup-vllm.sh)")
+    c.add_argument("--chat-vllm-python", help="the vLLM environment's interpreter (default .venv-vllm/bin/python)")
     p.add_argument("--request-timeout", type=float, default=300.0,
                    help="seconds a request may take end to end (Serve's request_timeout_s; default 300)")
     add_model_args(p)

@@ -157,7 +157,8 @@ def add_chat_parsers(sub) -> None:
                     "runs on the same input for comparison; the latency breakdown of both is printed.",
         epilog="examples:\n  rayspec chat --text \"Once upon a time, there was a little dog named Max.\" -o reply.wav\n"
                "  rayspec chat --audio rayspec/samples/an4/an391-mjwl-b.flac --tts rayspec\n"
-               "  rayspec serve --chat &  rayspec chat --server ws://127.0.0.1:8000/v1/realtime --text \"Tom was sad.\"\n",
+               "  rayspec serve --chat &\n"
+               "  rayspec chat --server ws://127.0.0.1:8000/v1/realtime --text \"Tom was sad.\"\n",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="the user's turn as text (streamed at --chars-per-minute)")

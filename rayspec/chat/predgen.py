@@ -11,7 +11,10 @@ token (lossless); ``topk`` accepts a candidate token while it is among the targe
 
 Time is simulated the way the paper's evaluation does: partial prompts arrive on a schedule (e.g. 600 characters per
 minute) and every computation is timed for real; work on a partial that is still running when the next partials
-arrive makes the engine skip to the newest one. Latencies are measured from the arrival of the final input.
+arrive makes the engine skip to the newest one. The LLM and the TTS are two workers on two timelines (as the LLM and
+TTS deployments of the Serve endpoint are): pre-synthesis starts when its sentence is known and the TTS worker is
+free, and holds up no LLM work; a final sentence that must be synthesised anew waits for the TTS worker. Latencies
+are measured from the arrival of the final input.
 """
 
 from __future__ import annotations
@@ -250,37 +253,45 @@ def run_turn(lm: CausalLM, voice, partials: list[tuple[float, str]], opts: PredG
     lm.reset()
     engine = PredGenEngine(lm, opts)
     res = TurnResult([], "", "", np.zeros(0, np.float32), voice.sample_rate, 0.0, 0.0, 0, "none")
-    now = 0.0
-    audio, audio_text = None, None
+    llm_free = tts_free = 0.0  # simulated times at which the LLM / the TTS worker is free again
+    audio, audio_text, audio_ready = None, None, 0.0
     i, last = 0, len(partials) - 1
     while engine.speculating and i < last:
-        now = max(now, partials[i][0])
-        j = max(k for k in range(i, last) if partials[k][0] <= now)  # newest partial that has arrived
+        llm_free = max(llm_free, partials[i][0])
+        j = max(k for k in range(i, last) if partials[k][0] <= llm_free)  # newest partial that has arrived
         res.partials_skipped += j - i
         t0 = clock()
         first = engine.speculate(partials[j][1])
-        if opts.presynthesize and first is not None and first != audio_text:
-            if audio is not None:
-                res.wasted_tts_s += len(audio) / voice.sample_rate
-            audio, audio_text = voice.synthesize(first), first
         spent = clock() - t0
-        now += spent
+        llm_free += spent
         res.speculative_s += spent
         res.partials_used += 1
         i = j + 1
-    late = max(now, partials[last][0]) - partials[last][0]  # still busy with a partial when the input ended
+        if opts.presynthesize and first is not None and first != audio_text:
+            if audio is not None:
+                res.wasted_tts_s += len(audio) / voice.sample_rate
+            t0 = clock()
+            audio, audio_text = voice.synthesize(first), first
+            spent = clock() - t0
+            tts_free = audio_ready = max(tts_free, llm_free) + spent  # the TTS worker runs beside the LLM
+            res.speculative_s += spent
+    t_end = partials[last][0]
+    start = max(llm_free, t_end)  # the LLM may still be busy with a partial when the input ends
     t0 = clock()
     first = engine.finish(partials[last][1])
-    t_text = clock()
+    text_at = start + clock() - t0
+    res.llm_s = text_at - start
     if audio is not None and first.outcome == "accept" and first.text == audio_text:
-        first_audio = audio
+        first_audio, audio_at = audio, max(text_at, audio_ready)
+        res.tts_s = max(0.0, audio_ready - text_at)
     else:
         if audio is not None:
             res.wasted_tts_s += len(audio) / voice.sample_rate
+        t0 = clock()
         first_audio = voice.synthesize(first.text) if first.text else np.zeros(0, np.float32)
-    t_audio = clock()
-    res.llm_s, res.tts_s = t_text - t0, t_audio - t_text
-    res.ttfs_s, res.audio_latency_s = late + t_text - t0, late + t_audio - t0
+        res.tts_s = clock() - t0
+        audio_at = max(text_at, tts_free) + res.tts_s
+    res.ttfs_s, res.audio_latency_s = text_at - t_end, audio_at - t_end
     res.reply_ids = engine.complete()
     res.reply = lm.decode(res.reply_ids)
     res.first_sentence, res.first_audio = first.text, first_audio
