@@ -124,7 +124,8 @@ def cmd_train(args) -> int:
     )
     opt = TrainOptions(epochs=args.epochs, batch_frames=args.batch_frames, lr=args.lr, seed=args.seed,
                        threads=args.threads, ctc_weight=args.ctc_weight, eval_every=args.eval_every,
-                       warmup_steps=args.warmup_steps, dropout=args.dropout)
+                       warmup_steps=args.warmup_steps, dropout=args.dropout,
+                       **({} if args.regularize_after is None else {"regularize_after": args.regularize_after}))
     summary = train(args.kind, args.manifests, args.output, args.work_dir, opt, arch, teacher_dir=args.target,
                     ctc_out=args.ctc_output, max_steps=args.max_steps, max_utterances=args.max_utterances,
                     init_dir=args.init, init_ctc=args.init_ctc)
@@ -263,6 +264,9 @@ def _train_parser(sub) -> None:
     p.add_argument("--ctc-weight", type=float, default=0.4)
     p.add_argument("--dropout", type=float, default=0.15, help="residual dropout (attention/activation: 2/3 of it)")
     p.add_argument("--eval-every", type=int, default=5, help="epochs between dev WER evaluations")
+    p.add_argument("--regularize-after", type=int, default=None,
+                   help="steps without SpecAugment and dropout before both switch on (leaves CTC's blank plateau "
+                        "sooner; default: the recipe's, see TrainOptions)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--init", help="warm start: initialise a target/draft from this model directory (curriculum)")

@@ -66,6 +66,9 @@ class TrainOptions:
         dropout: residual dropout; attention/activation dropout is ``dropout * 2/3``.
         average: number of last epoch checkpoints averaged into the exported weights.
         eval_every: epochs between dev evaluations (CTC greedy WER; attention greedy WER too when the decoder trains).
+        regularize_after: steps trained without SpecAugment and dropout before both switch on. From scratch on a
+            CPU budget, regularizing from step 0 holds CTC on its blank plateau far longer (AN4, 500 steps, same
+            seed: CTC loss 2.11 with, 1.38 without; dev WER after 1,500 steps: see the issue notes).
     """
 
     epochs: int = 60
@@ -85,6 +88,7 @@ class TrainOptions:
     seed: int = 0
     threads: int = 2
     dev_fraction: float = 0.08
+    regularize_after: int = 0
 
 
 N_MELS = 80
@@ -402,7 +406,10 @@ def train(
                 break
             ex = [train_ex[i] for i in idx]
             x, xl, toks = _collate(ex, [rng.randrange(len(SPEEDS)) for _ in ex], tok, model.device, model.frame_stack)
-            x = _spec_augment(x, xl, opt, rng, model.frame_stack, model.feature_mean)
+            regularize = state.step >= opt.regularize_after
+            if regularize:
+                x = _spec_augment(x, xl, opt, rng, model.frame_stack, model.feature_mean)
+            model.model.train(train_decoder and regularize)  # eval mode = no dropout (Whisper has no batch norm)
             ctc_loss, att_loss = _losses(model, ctc, x, xl, toks, opt, train_decoder)
             w = opt.ctc_weight if train_decoder else 1.0
             loss = w * ctc_loss + (1 - w) * att_loss
