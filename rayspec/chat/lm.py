@@ -216,7 +216,8 @@ class VLLMCausalLM(CausalLM):
         out = torch.full((len(reply["top"]), self.vocab_size), -math.inf)
         for row, (top, lps) in enumerate(zip(reply["top"], reply["logprobs"])):
             out[row, top] = torch.tensor(lps)
-        self.forward_passes += 1  # tokens_run stays 0: vLLM's prefix cache decides what it recomputes
+        self.forward_passes += 1
+        self.tokens_run += len(ids) - int(reply.get("cached", 0))  # what vLLM's prefix cache did not serve
         return out
 
     def close(self) -> None:

@@ -2,9 +2,10 @@
 (``scripts/setup-vllm.sh``), speaking JSON lines on stdin/stdout. It imports vLLM and the standard library only.
 
 Request:  ``{"ids": [token ids], "since": s, "k": K}``
-Response: ``{"top": [[token ids]...], "logprobs": [[float]...]}``: for every prefix ``ids[:j]``, ``j = s .. len(ids)``,
+Response: ``{"top": [[token ids]...], "logprobs": [[float]...], "cached": n}``: for every prefix ``ids[:j]``, ``j = s .. len(ids)``,
 the K most likely next tokens (descending) and their log-probabilities, from ONE vLLM request (the prompt's
-``prompt_logprobs`` plus one generated position; prefix caching serves the repeated prefixes).
+``prompt_logprobs`` (only when ``s < len(ids)``: such requests bypass vLLM's prefix cache) plus one generated
+position; ``cached``: prompt tokens served by the prefix cache).
 The first line written is ``{"ready": true, "vllm": version}``.
 """
 
@@ -31,7 +32,9 @@ def main() -> int:
     for line in sys.stdin:
         req = json.loads(line)
         ids, since, k = req["ids"], int(req["since"]), int(req["k"])
-        params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=k, prompt_logprobs=k, detokenize=False)
+        # prompt log-probs only when verifying: vLLM does not serve such requests from its prefix cache
+        params = SamplingParams(temperature=0.0, max_tokens=1, logprobs=k, detokenize=False,
+                                prompt_logprobs=k if since < len(ids) else None)
         out = llm.generate([TokensPrompt(prompt_token_ids=ids)], params, use_tqdm=False)[0]
         rows = [out.prompt_logprobs[j] for j in range(since, len(ids))] + [out.outputs[0].logprobs[0]]
         top, lps = [], []
@@ -39,7 +42,8 @@ def main() -> int:
             best = sorted(((v.rank, t, v.logprob) for t, v in row.items() if v.rank is not None and v.rank <= k))[:k]
             top.append([t for _, t, _ in best])
             lps.append([lp for _, _, lp in best])
-        print(json.dumps({"top": top, "logprobs": lps}), file=reply, flush=True)
+        cached = getattr(out, "num_cached_tokens", None) or 0
+        print(json.dumps({"top": top, "logprobs": lps, "cached": cached}), file=reply, flush=True)
     return 0
 
 
