@@ -130,9 +130,9 @@ class CausalLM:
         self.tokens_run += len(ids) - start
         return out.logits[0, since - 1 - start :].float()
 
-    def generate(self, ids: list[int], max_new_tokens: int, until_sentence_end: bool = False) -> list[int]:
-        """Greedy continuation of ``ids`` (reusing the cache): stops at a stop token (not returned), after
-        ``max_new_tokens``, or, with ``until_sentence_end``, after the first token that ends a sentence."""
+    def generate(self, ids: list[int], max_new_tokens: int) -> list[int]:
+        """Greedy continuation of ``ids`` (reusing the cache): stops at a stop token (not returned) or after
+        ``max_new_tokens``."""
         out: list[int] = []
         seq = list(ids)
         for _ in range(max_new_tokens):
@@ -141,8 +141,6 @@ class CausalLM:
                 break
             out.append(tok)
             seq.append(tok)
-            if until_sentence_end and ends_sentence(self.tokenizer.decode(out)):
-                break
         return out
 
 

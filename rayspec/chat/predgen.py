@@ -302,9 +302,4 @@ def run_turn(lm: CausalLM, voice, partials: list[tuple[float, str]], opts: PredG
 
 def _complete(lm: CausalLM, prompt: list[int], reply: list[int], cap: int) -> list[int]:
     """Greedy-continue ``reply`` to a stop token or ``cap`` tokens."""
-    while len(reply) < cap:
-        tok = int(lm.next_logits(prompt + reply, since=len(prompt) + len(reply))[-1].argmax())
-        if tok in lm.stop_ids:
-            break
-        reply = reply + [tok]
-    return reply
+    return reply + lm.generate(prompt + reply, cap - len(reply))
