@@ -125,6 +125,9 @@ class RealtimeSession:
         self._new_turn()
 
     def _new_turn(self) -> None:
+        for task in (getattr(self, "worker", None), getattr(self, "asr_task", None)):
+            if task is not None and not task.done():
+                task.cancel()  # nothing of the last turn may touch the next one
         self.turn: Optional[str] = None
         self.text = ""
         self.audio = np.zeros(0, np.float32)
@@ -236,14 +239,28 @@ class RealtimeSession:
                 self.presynth = (first, self.voice.synthesize.remote(first))
 
     async def _respond(self, audio: bool) -> None:
+        """The end of the user's turn: reply, or an ``error`` event if any stage fails (the session goes on)."""
+        t_commit = time.perf_counter()  # latencies count from here: waiting on speculation and ASR included
+        turn = self.turn
+        try:
+            await self._reply(audio, t_commit)
+        except Exception as exc:  # noqa: BLE001 - one failed turn is one error event, never a dead session
+            await self.llm.end.remote(turn)
+            self._new_turn()
+            await self.send(error_event("turn_failed", f"{type(exc).__name__}: {exc}", "server_error"))
+
+    async def _reply(self, audio: bool, t0: float) -> None:
         worker, self.worker = self.worker, None
         if worker is not None:  # let a running speculation step finish (and its audio start), then stop
             self.closing = True
             self.changed.set()
             await asyncio.gather(worker, return_exceptions=True)
-        if audio:
-            if self.asr_task is not None:
+        if self.asr_task is not None:
+            if audio:
                 await asyncio.gather(self.asr_task, return_exceptions=True)
+            else:
+                self.asr_task.cancel()
+        if audio:
             self.transcript = await self.transcribe(self.audio) if self.audio.size else ""
             await self.send(event("conversation.item.input_audio_transcription.completed",
                                   transcript=self.transcript))
@@ -253,13 +270,16 @@ class RealtimeSession:
             await self.llm.end.remote(turn)
             self._new_turn()
             return await self.send(error_event("empty_turn", "no words in the turn (silence or empty text)"))
-        t0 = time.perf_counter()
         first = await self.llm.finish.remote(turn, final)
         ttfs = time.perf_counter() - t0
         await self.send(event("response.created"))
+        pcm = None
         if presynth is not None and first["outcome"] == "accept" and presynth[0] == first["text"]:
-            pcm, sr = await presynth[1]
-        else:
+            try:
+                pcm, sr = await presynth[1]
+            except Exception:  # noqa: BLE001 - a failed pre-synthesis is redone below
+                pcm = None
+        if pcm is None:
             pcm, sr = await self.voice.synthesize.remote(first["text"]) if first["text"] else (b"", 16000)
         latency = time.perf_counter() - t0
         await self.send(event("response.text.delta", delta=first["text"]))

@@ -140,3 +140,10 @@ def test_chat_command_audio(capsys):
     assert main(["chat", "--audio", clip, "--max-reply-tokens", "20"]) == 0
     text = capsys.readouterr().out
     assert "user:" in text and "ASR" in text and "predgen-greedy" in text and "cascade" in text
+
+
+@pytest.mark.parametrize("cap", [6, 16])
+def test_reply_cap_below_the_candidate_length_stays_lossless(lm, cap):
+    """A bonus token never pushes a candidate or the reply past --max-reply-tokens."""
+    turn = run_turn(lm, SilentVoice(), text_partials(PROMPTS[2]), PredGenOptions(max_reply_tokens=cap))
+    assert len(turn.reply_ids) <= cap and turn.reply_ids == greedy_reply(lm, PROMPTS[2], cap)

@@ -98,6 +98,8 @@ def cmd_chat(args) -> int:
             raise ValueError(f"no speech recognised in {args.audio}")
     else:
         partials, asr_final_s = text_partials(args.text, args.chars_per_minute), None
+    for speculate in (False, True):  # warm-up (first passes, voice start-up), not measured
+        run_turn(lm, voice, text_partials("Hello there."), options_from_args(args, speculate=speculate))
     base = run_turn(lm, voice, partials, options_from_args(args, speculate=False))
     turn = run_turn(lm, voice, partials, options_from_args(args))
     rows = [("cascade", base), (options_from_args(args).label, turn)]

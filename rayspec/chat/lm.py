@@ -55,6 +55,7 @@ class CausalLM:
     """
 
     backend = "transformers"
+    max_top_k = 1 << 30  # full logits: any k
 
     def __init__(self, model, tokenizer, template: PromptTemplate | None = None, generation_config=None) -> None:
         self.model = model.eval() if model is not None else None
@@ -166,8 +167,9 @@ class VLLMCausalLM(CausalLM):
     """
 
     backend = "vllm"
+    max_top_k = 8  # the top-k log-probs each request returns
 
-    def __init__(self, path: str, python: str, template: PromptTemplate | None = None, k: int = 8,
+    def __init__(self, path: str, python: str, template: PromptTemplate | None = None,
                  work_dir: str | None = None) -> None:
         import subprocess
 
@@ -183,19 +185,31 @@ class VLLMCausalLM(CausalLM):
         hd = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         serve_dir = path
         if hd not in VLLM_CPU_HEAD_SIZES:
-            width = next(w for w in VLLM_CPU_HEAD_SIZES if w % hd == 0)
-            key = hashlib.sha1(os.path.abspath(path).encode()).hexdigest()[:10]
+            width = next((w for w in VLLM_CPU_HEAD_SIZES if w % hd == 0), None)
+            if width is None:
+                raise ModelLoadError(f"{path}: head size {hd} divides none of vLLM's CPU head sizes")
+            stamp = [os.path.abspath(path)] + [f"{f}:{os.path.getmtime(os.path.join(path, f))}"
+                                               for f in sorted(os.listdir(path))]
+            key = hashlib.sha1("|".join(stamp).encode()).hexdigest()[:12]
             serve_dir = os.path.join(work_dir or os.path.join(tempfile.gettempdir(), "rayspec-vllm"),
                                      f"{os.path.basename(os.path.normpath(path))}-{key}-head{width}")
-            if not os.path.exists(os.path.join(serve_dir, "config.json")):
-                widened_copy(path, serve_dir, width)
+            if not os.path.isdir(serve_dir):  # written whole, then renamed: never half a model
+                tmp = tempfile.mkdtemp(dir=os.path.dirname(serve_dir) if os.path.isdir(os.path.dirname(serve_dir))
+                                       else None)
+                widened_copy(path, tmp, width)
+                os.makedirs(os.path.dirname(serve_dir), exist_ok=True)
+                try:
+                    os.replace(tmp, serve_dir)
+                except OSError:  # another process got there first
+                    pass
         super().__init__(None, AutoTokenizer.from_pretrained(path), template, GenerationConfig.from_pretrained(path))
-        self.vocab_size, self.k = cfg.vocab_size, k
+        self.vocab_size, self.k = cfg.vocab_size, self.max_top_k
+        self.max_len = min(cfg.max_position_embeddings, 4096)
         worker = os.path.join(os.path.dirname(__file__), "vllm_worker.py")
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1"),
                "TOKENIZERS_PARALLELISM": "false"}
         self._proc = subprocess.Popen([python, worker, "--model", serve_dir,
-                                       "--max-model-len", str(min(cfg.max_position_embeddings, 4096))],
+                                       "--max-model-len", str(self.max_len)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
         while True:  # vLLM may print its own lines first
             line = self._proc.stdout.readline()
@@ -208,15 +222,29 @@ class VLLMCausalLM(CausalLM):
     def next_logits(self, ids: list[int], since: int) -> torch.Tensor:
         if not 1 <= since <= len(ids):
             raise ValueError(f"since={since} outside 1..{len(ids)}")
+        if len(ids) >= self.max_len:
+            raise ValueError(f"{len(ids)} tokens: over the LLM's context of {self.max_len}")
         self._proc.stdin.write(json.dumps({"ids": list(ids), "since": since, "k": self.k}) + "\n")
         self._proc.stdin.flush()
-        reply = json.loads(self._proc.stdout.readline())
+        line = self._proc.stdout.readline()
+        if not line:
+            raise OSError(f"the vLLM worker exited with status {self._proc.wait()}")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"vLLM: {reply['error']}")
         out = torch.full((len(reply["top"]), self.vocab_size), -math.inf)
         for row, (top, lps) in enumerate(zip(reply["top"], reply["logprobs"])):
             out[row, top] = torch.tensor(lps)
         self.forward_passes += 1
         self.tokens_run += len(ids) - int(reply.get("cached", 0))  # what vLLM's prefix cache did not serve
         return out
+
+    def reset(self) -> None:
+        """A new turn: also empty vLLM's prefix cache (so one method's run does not warm the next's)."""
+        super().reset()
+        self._proc.stdin.write(json.dumps({"reset": True}) + "\n")
+        self._proc.stdin.flush()
+        self._proc.stdout.readline()
 
     def close(self) -> None:
         """Stop the worker process."""

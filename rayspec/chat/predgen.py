@@ -182,6 +182,9 @@ class PredGenEngine:
     """
 
     def __init__(self, lm: CausalLM, opts: PredGenOptions) -> None:
+        """Raises: ValueError: a top-k verifier wider than the engine's scores (``lm.max_top_k``)."""
+        if opts.verifier == "topk" and opts.top_k > lm.max_top_k:
+            raise ValueError(f"top_k {opts.top_k} is over this LLM engine's limit of {lm.max_top_k}")
         self.lm, self.opts = lm, opts
         self.candidate: list[int] = []
         self.wasted_tokens = 0
@@ -199,7 +202,7 @@ class PredGenEngine:
         if self.candidate:
             k, kept = verify(self.lm, prompt, self.candidate, self.opts)
             self.wasted_tokens += len(self.candidate) - k
-            self.candidate = kept
+            self.candidate = kept[: self.opts.max_reply_tokens]  # the bonus may not pass the reply cap
         self.candidate, _ = _extend(self.lm, prompt, self.candidate, self.opts.candidate_tokens,
                                     self.opts.max_reply_tokens)
         if self.wasted_tokens >= self.opts.max_wasted_tokens:
@@ -214,12 +217,14 @@ class PredGenEngine:
         passes0 = self.lm.forward_passes
         outcome, k = "none", 0
         if self.candidate:
-            k, self._reply = verify(self.lm, self._prompt, self.candidate, self.opts)
+            k, kept = verify(self.lm, self._prompt, self.candidate, self.opts)
+            self._reply = kept[: self.opts.max_reply_tokens]
+            self._stopped = len(self._reply) >= self.opts.max_reply_tokens
             self.wasted_tokens += len(self.candidate) - k
             n_cand = first_sentence_length(self.lm, self.candidate)
             outcome = "accept" if n_cand is not None and k >= n_cand else ("partial" if k else "reject")
         n = first_sentence_length(self.lm, self._reply)
-        if n is None:  # resume from the accepted prefix until the first sentence is complete
+        if n is None and not self._stopped:  # resume from the accepted prefix until the first sentence is complete
             self._reply, self._stopped = _extend(self.lm, self._prompt, self._reply, 1, self.opts.max_reply_tokens)
             n = first_sentence_length(self.lm, self._reply) or len(self._reply)
         return FirstSentence(self.lm.decode(self._reply[:n]).strip(), outcome, k, self.lm.forward_passes - passes0)
@@ -256,7 +261,7 @@ def run_turn(lm: CausalLM, voice, partials: list[tuple[float, str]], opts: PredG
     llm_free = tts_free = 0.0  # simulated times at which the LLM / the TTS worker is free again
     audio, audio_text, audio_ready = None, None, 0.0
     i, last = 0, len(partials) - 1
-    while engine.speculating and i < last:
+    while engine.speculating and i < last and llm_free < partials[last][0]:  # stop once the final input is in
         llm_free = max(llm_free, partials[i][0])
         j = max(k for k in range(i, last) if partials[k][0] <= llm_free)  # newest partial that has arrived
         res.partials_skipped += j - i
@@ -302,4 +307,4 @@ def run_turn(lm: CausalLM, voice, partials: list[tuple[float, str]], opts: PredG
 
 def _complete(lm: CausalLM, prompt: list[int], reply: list[int], cap: int) -> list[int]:
     """Greedy-continue ``reply`` to a stop token or ``cap`` tokens."""
-    return reply + lm.generate(prompt + reply, cap - len(reply))
+    return reply + lm.generate(prompt + reply, max(0, cap - len(reply)))

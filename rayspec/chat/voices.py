@@ -52,7 +52,6 @@ class EspeakVoice:
             return 0
 
         self._callback = _CALLBACK(collect)  # kept alive as long as the voice
-        self._lib.espeak_SetSynthCallback(self._callback)
 
     def synthesize(self, text: str) -> np.ndarray:
         """One sentence -> float32 ``[S]`` at :attr:`sample_rate` (22,050 Hz).
@@ -63,7 +62,8 @@ class EspeakVoice:
         if not text.strip():
             raise TextError("nothing to say", "empty_text")
         data = text.encode("utf-8") + b"\0"
-        with _ESPEAK_LOCK:
+        with _ESPEAK_LOCK:  # one synthesis state per process: this voice's callback, for this call
+            self._lib.espeak_SetSynthCallback(self._callback)
             self._chunks = []
             self._lib.espeak_Synth(data, len(data), 0, 0, 0, ESPEAK_CHARS_UTF8, None, None)
             self._lib.espeak_Synchronize()
