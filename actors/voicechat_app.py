@@ -137,7 +137,9 @@ class RealtimeSession:
         self.worker: Optional[asyncio.Task] = None
         self.closing = False
         self.asr_task: Optional[asyncio.Task] = None
-        self.presynth = None  # (sentence, DeploymentResponse)
+        self.presynth: dict = {}  # sentence -> task of its pre-synthesis (started ones)
+        self.pending: Optional[str] = None  # the newest sentence waiting for the TTS stage (latest wins)
+        self.tts_busy = False
 
     async def send(self, text: str) -> None:
         await self.ws.send_text(text)
@@ -235,8 +237,25 @@ class RealtimeSession:
             if not text:
                 continue
             first = await self.llm.speculate.remote(self.turn, text)
-            if first and (self.presynth is None or self.presynth[0] != first):
-                self.presynth = (first, self.voice.synthesize.remote(first))
+            if first and first not in self.presynth:
+                if self.tts_busy:
+                    self.pending = first  # replaces an older sentence that has not started
+                else:
+                    self._start_tts(first)
+
+    def _start_tts(self, sentence: str) -> None:
+        """Pre-synthesise ``sentence``; one at a time, the newest pending sentence next."""
+        self.tts_busy = True
+        self.presynth[sentence] = asyncio.create_task(self._tts_job(sentence, self.turn))
+
+    async def _tts_job(self, sentence: str, turn: Optional[str]):
+        try:
+            return await self.voice.synthesize.remote(sentence)
+        finally:
+            self.tts_busy = False
+            nxt, self.pending = self.pending, None
+            if nxt is not None and self.turn == turn and not self.closing:
+                self._start_tts(nxt)
 
     async def _respond(self, audio: bool) -> None:
         """The end of the user's turn: reply, or an ``error`` event if any stage fails (the session goes on)."""
@@ -266,6 +285,7 @@ class RealtimeSession:
                                   transcript=self.transcript))
         final = self._input().strip()
         turn, presynth = self.turn, self.presynth
+        self.pending = None
         if not final:
             await self.llm.end.remote(turn)
             self._new_turn()
@@ -274,9 +294,9 @@ class RealtimeSession:
         ttfs = time.perf_counter() - t0
         await self.send(event("response.created"))
         pcm = None
-        if presynth is not None and first["outcome"] == "accept" and presynth[0] == first["text"]:
+        if first["outcome"] == "accept" and first["text"] in presynth:
             try:
-                pcm, sr = await presynth[1]
+                pcm, sr = await presynth[first["text"]]
             except Exception:  # noqa: BLE001 - a failed pre-synthesis is redone below
                 pcm = None
         if pcm is None:

@@ -13,8 +13,9 @@ Time is simulated the way the paper's evaluation does: partial prompts arrive on
 minute) and every computation is timed for real; work on a partial that is still running when the next partials
 arrive makes the engine skip to the newest one. The LLM and the TTS are two workers on two timelines (as the LLM and
 TTS deployments of the Serve endpoint are): pre-synthesis starts when its sentence is known and the TTS worker is
-free, and holds up no LLM work; a final sentence that must be synthesised anew waits for the TTS worker. Latencies
-are measured from the arrival of the final input.
+free, and holds up no LLM work; a sentence superseded before its synthesis starts is dropped; a final sentence that
+must be synthesised anew waits for the running synthesis. Latencies are measured from the arrival of the final
+input.
 """
 
 from __future__ import annotations
@@ -258,8 +259,8 @@ def run_turn(lm: CausalLM, voice, partials: list[tuple[float, str]], opts: PredG
     lm.reset()
     engine = PredGenEngine(lm, opts)
     res = TurnResult([], "", "", np.zeros(0, np.float32), voice.sample_rate, 0.0, 0.0, 0, "none")
-    llm_free = tts_free = 0.0  # simulated times at which the LLM / the TTS worker is free again
-    audio, audio_text, audio_ready = None, None, 0.0
+    llm_free = 0.0  # simulated time at which the LLM is free again
+    tts = _TTSWorker(voice, clock)
     i, last = 0, len(partials) - 1
     while engine.speculating and i < last and llm_free < partials[last][0]:  # stop once the final input is in
         llm_free = max(llm_free, partials[i][0])
@@ -272,30 +273,23 @@ def run_turn(lm: CausalLM, voice, partials: list[tuple[float, str]], opts: PredG
         res.speculative_s += spent
         res.partials_used += 1
         i = j + 1
-        if opts.presynthesize and first is not None and first != audio_text:
-            if audio is not None:
-                res.wasted_tts_s += len(audio) / voice.sample_rate
-            t0 = clock()
-            audio, audio_text = voice.synthesize(first), first
-            spent = clock() - t0
-            tts_free = audio_ready = max(tts_free, llm_free) + spent  # the TTS worker runs beside the LLM
-            res.speculative_s += spent
+        if opts.presynthesize and first is not None:
+            tts.submit(llm_free, first)
     t_end = partials[last][0]
     start = max(llm_free, t_end)  # the LLM may still be busy with a partial when the input ends
     t0 = clock()
     first = engine.finish(partials[last][1])
     text_at = start + clock() - t0
     res.llm_s = text_at - start
-    if audio is not None and first.outcome == "accept" and first.text == audio_text:
-        first_audio, audio_at = audio, max(text_at, audio_ready)
-        res.tts_s = max(0.0, audio_ready - text_at)
+    tts.advance(text_at)
+    if first.outcome == "accept" and first.text in tts.done:
+        first_audio, ready = tts.done[first.text]
+        audio_at = max(text_at, ready)
     else:
-        if audio is not None:
-            res.wasted_tts_s += len(audio) / voice.sample_rate
-        t0 = clock()
-        first_audio = voice.synthesize(first.text) if first.text else np.zeros(0, np.float32)
-        res.tts_s = clock() - t0
-        audio_at = max(text_at, tts_free) + res.tts_s
+        first_audio, audio_at = tts.synthesize_now(first.text, text_at)
+    res.tts_s = audio_at - text_at
+    res.speculative_s += tts.speculative_s
+    res.wasted_tts_s = sum(len(a) for t, (a, _) in tts.done.items() if t != first.text) / voice.sample_rate
     res.ttfs_s, res.audio_latency_s = text_at - t_end, audio_at - t_end
     res.reply_ids = engine.complete()
     res.reply = lm.decode(res.reply_ids)
@@ -303,6 +297,45 @@ def run_turn(lm: CausalLM, voice, partials: list[tuple[float, str]], opts: PredG
     res.outcome, res.accepted_tokens, res.nfe_to_first_sentence = first.outcome, first.accepted_tokens, first.nfe
     res.wasted_tokens = engine.wasted_tokens
     return res
+
+
+class _TTSWorker:
+    """The simulation's TTS worker: one synthesis at a time, each timed for real. A sentence submitted while a
+    synthesis runs waits; a newer one replaces it before it starts (latest wins); a running one finishes."""
+
+    def __init__(self, voice, clock) -> None:
+        self.voice, self.clock = voice, clock
+        self.free = 0.0  # when the running synthesis ends (simulated s)
+        self.done: dict = {}  # sentence -> (audio, ready_at) of every synthesis started
+        self.pending: Optional[tuple[float, str]] = None  # (submitted_at, sentence), not started
+        self.speculative_s = 0.0
+
+    def _run(self, sentence: str, start: float) -> tuple[np.ndarray, float]:
+        t0 = self.clock()
+        audio = self.voice.synthesize(sentence) if sentence else np.zeros(0, np.float32)
+        spent = self.clock() - t0
+        self.free = max(self.free, start) + spent
+        return audio, self.free
+
+    def advance(self, now: float) -> None:
+        """Start the pending sentence if the worker is free by ``now``."""
+        if self.pending is not None and self.free <= now:
+            at, sentence = self.pending
+            self.pending = None
+            t0 = self.clock()
+            self.done[sentence] = self._run(sentence, at)
+            self.speculative_s += self.clock() - t0
+
+    def submit(self, at: float, sentence: str) -> None:
+        self.advance(at)
+        if sentence not in self.done:
+            self.pending = (at, sentence)
+            self.advance(at)
+
+    def synthesize_now(self, sentence: str, at: float) -> tuple[np.ndarray, float]:
+        """The final sentence: after the running synthesis, nothing pending any more."""
+        self.pending = None
+        return self._run(sentence, at)
 
 
 def _complete(lm: CausalLM, prompt: list[int], reply: list[int], cap: int) -> list[int]:
