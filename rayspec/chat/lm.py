@@ -54,7 +54,6 @@ class CausalLM:
         tokens_run: tokens fed through the model (prefill + decode), since construction.
     """
 
-    backend = "transformers"
     max_top_k = 1 << 30  # full logits: any k
 
     def __init__(self, model, tokenizer, template: PromptTemplate | None = None, generation_config=None) -> None:
@@ -166,7 +165,6 @@ class VLLMCausalLM(CausalLM):
             fails to start.
     """
 
-    backend = "vllm"
     max_top_k = 8  # the top-k log-probs each request returns
 
     def __init__(self, path: str, python: str, template: PromptTemplate | None = None,

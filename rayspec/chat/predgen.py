@@ -145,13 +145,15 @@ def _extend(lm: CausalLM, prompt: list[int], reply: list[int], target_len: int, 
     """Greedy-extend ``reply`` until it has ``target_len`` tokens and a complete first sentence, a stop token, or
     ``cap`` tokens. Returns (reply, stopped)."""
     reply = list(reply)
+    has_sentence = first_sentence_length(lm, reply) is not None
     while len(reply) < cap:
-        if len(reply) >= target_len and first_sentence_length(lm, reply) is not None:
+        if has_sentence and len(reply) >= target_len:
             return reply, False
         tok = int(lm.next_logits(prompt + reply, since=len(prompt) + len(reply))[-1].argmax())
         if tok in lm.stop_ids:
             return reply, True
         reply.append(tok)
+        has_sentence = has_sentence or ends_sentence(lm.tokenizer.decode(reply))  # only the new prefix can end one
     return reply, True
 
 
