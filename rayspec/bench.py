@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import os
+import tempfile
 import time
 from dataclasses import dataclass, replace
 from typing import Optional
@@ -313,6 +314,10 @@ def cmd_bench(args) -> int:
         from .bench_voicechat import cmd_bench_voicechat
 
         return cmd_bench_voicechat(args)
+    if args.suite == "peers":
+        from .bench_peers import cmd_bench_peers
+
+        return cmd_bench_peers(args)
     if not args.manifests:
         raise ValueError(f"--suite {args.suite} needs at least one manifest")
     from .audio import load_audio
@@ -364,14 +369,16 @@ def add_bench_parser(sub) -> None:
                     "acceptance, speed-up; floors of real and Lyra-resynthesised speech; offline acceptance), "
                     "voicechat (PredGen greedy / top-k against the plain cascade: typed prompts streamed at 600 "
                     "characters per minute, and spoken prompts from the first manifest transcribed as they stream "
-                    "in; TTFS, LLM passes to first sentence, audio latency CDF, wasted work).",
+                    "in; TTFS, LLM passes to first sentence, audio latency CDF, wasted work), peers (rayspec's "
+                    "engine against vLLM and transformers on the published Whisper architectures, same audio, "
+                    "same threads, same tokens per utterance; needs scripts/setup-vllm.sh for the vLLM rows).",
     )
     p.add_argument("manifests", nargs="*", help="manifests (with references for WER) or folders of audio; "
                                                 "voicechat: optional, recordings whose speech serves as prompts")
-    p.add_argument("--suite", choices=["spec", "ssd", "medusa", "tts", "voicechat"], default="spec")
+    p.add_argument("--suite", choices=["spec", "ssd", "medusa", "tts", "voicechat", "peers"], default="spec")
     p.add_argument("-o", "--output", default="bench", help="output folder (default: bench)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
-    p.add_argument("--limit", type=int, default=0, help="use only the first N utterances")
+    p.add_argument("--limit", type=int, default=0, help="use only the first N utterances (peers: default 64)")
     p.add_argument("--max-draft", type=int, default=0, help="spec: override max draft length of adaptive configs")
     p.add_argument("--no-hf", action="store_true", help="spec: skip transformers' assisted generation")
     p.add_argument("--tau-ctc", type=float, nargs="+", default=[0.3, 0.7, 1.5, 3.0], help="ssd: gate thresholds")
@@ -395,6 +402,14 @@ def add_bench_parser(sub) -> None:
     v.add_argument("--voices", default="espeak,rayspec", help="TTS backends, comma-separated (default both)")
     v.add_argument("--audio-limit", type=int, default=20, help="spoken prompts: first N recordings (default 20)")
     v.add_argument("--chunk-s", type=float, default=0.5, help="spoken prompts: seconds between partial transcripts")
+    w = p.add_argument_group("peers suite (manifests: optional, default the bundled AN4 clips; --threads: per "
+                             "engine, default 1)")
+    w.add_argument("--peer-models", default="tiny.en,base.en,small.en",
+                   help="published Whisper configurations, random weights (default tiny.en,base.en,small.en)")
+    w.add_argument("--engines", default="rayspec,transformers,vllm", help="engines, comma-separated (default all)")
+    w.add_argument("--tokens", type=int, default=32, help="tokens generated per utterance by every engine (default 32)")
+    w.add_argument("--models-dir", default=os.path.join(tempfile.gettempdir(), "rayspec-peers"),
+                   help="where the random checkpoints are written once (default: $TMPDIR/rayspec-peers)")
     from .chat.commands import add_predgen_args
 
     add_predgen_args(v, tts=False)

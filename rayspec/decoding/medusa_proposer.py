@@ -97,7 +97,7 @@ class MedusaProposer:
         out = {r.index: Proposal() for r in requests}
         if ready:
             h = torch.stack([self.hidden[r.index] for r in ready])  # [R, D]
-            logits = self.target.model.proj_out(self.heads(h)[: self.depth])  # [K, R, V]
+            logits = self.target.project(self.heads(h)[: self.depth])  # [K, R, V]
             cand = self.target.suppress(logits).topk(self.top, dim=-1).indices  # [K, R, top]
             cand = cand.permute(1, 0, 2).tolist()  # one device read: [R][K][top]
             for r, c in zip(ready, cand):

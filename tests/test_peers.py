@@ -1,0 +1,87 @@
+"""The peer benchmark (``rayspec bench --suite peers``) and the engine changes it led to: the offline Whisper
+tokenizer, EOS banning for forced-length runs, the CPU output projection and CPU encoder slicing."""
+
+import os
+from importlib import resources
+
+import numpy as np
+import pytest
+import torch
+
+import rayspec.models.whisper as whisper_module
+from rayspec.bench_peers import ENGINES, run_peers, write_peer_outputs
+from rayspec.chat.commands import DEFAULT_VLLM_PYTHON
+from rayspec.decoding.ar import greedy_decode
+from rayspec.models.tokenizer import build_whisper_tokenizer
+from tests.tiny import make_tiny, random_audio
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
+VLLM_PYTHON = os.environ.get("RAYSPEC_VLLM_PYTHON", os.path.join(ROOT, DEFAULT_VLLM_PYTHON))
+TIKTOKEN = str(resources.files("rayspec") / "data" / "gpt2.tiktoken")
+
+
+def test_whisper_tokenizer_has_the_english_only_ids(tmp_path):
+    tok = build_whisper_tokenizer(TIKTOKEN, str(tmp_path))
+    assert len(tok) == 51864
+    ids = tok.convert_tokens_to_ids(["<|endoftext|>", "<|startoftranscript|>", "<|en|>", "<|transcribe|>",
+                                     "<|notimestamps|>", "<|0.00|>", "<|30.00|>"])
+    assert ids == [50256, 50257, 50258, 50358, 50362, 50363, 51863]
+    assert tok(" hello world", add_special_tokens=False).input_ids == [23748, 995]  # GPT-2 BPE
+    assert tok.decode([50257, 23748, 995, 50256], skip_special_tokens=True) == " hello world"
+
+
+def test_ignore_eos_generates_exactly_the_cap(tmp_path):
+    model = make_tiny(tmp_path / "m")
+    x, lengths = model.features(random_audio(3))
+    with torch.inference_mode():
+        enc = model.encode(x, lengths)
+        model.set_ignore_eos(True)
+        forced = greedy_decode(model, enc, [7, 3, 11])
+        model.set_ignore_eos(False)
+        free = greedy_decode(model, enc, [7, 3, 11])
+    assert [len(h.tokens) for h in forced] == [7, 3, 11]
+    assert all(model.eos_token_id not in h.tokens for h in forced)
+    # up to the first EOS of the free run, banning EOS changes nothing
+    for f, h in zip(forced, free):
+        assert f.tokens[: len(h.tokens)] == h.tokens
+
+
+def test_cpu_projection_matches_proj_out_and_follows_weight_changes(tmp_path):
+    model = make_tiny(tmp_path / "m")
+    h = torch.randn(3, 5, model.config.d_model)
+    with torch.no_grad():
+        torch.testing.assert_close(model.project(h), model.model.proj_out(h), rtol=1e-5, atol=1e-5)
+        model.model.proj_out.weight.mul_(2.0)  # an in-place update (as an optimizer step) must not go stale
+        torch.testing.assert_close(model.project(h), model.model.proj_out(h), rtol=1e-5, atol=1e-5)
+    assert model.project(h).requires_grad  # with autograd on, the trainable module itself runs
+
+
+@pytest.mark.parametrize("masked", [True, False])
+def test_cpu_encoder_slices_give_the_rows_of_one_batch(tmp_path, monkeypatch, masked):
+    model = make_tiny(tmp_path / "m", masked=masked)
+    x, lengths = model.features(random_audio(5, seed=3))
+    with torch.inference_mode():
+        monkeypatch.setattr(whisper_module, "CPU_ENCODER_POSITIONS", 10**9)
+        whole = model.encode(x, lengths)
+        monkeypatch.setattr(whisper_module, "CPU_ENCODER_POSITIONS", 1)  # one row per slice
+        sliced = model.encode(x, lengths)
+    assert torch.equal(whole.lengths, sliced.lengths)
+    for b in range(5):
+        n = int(whole.lengths[b])
+        torch.testing.assert_close(sliced.states[b, :n], whole.states[b, :n], rtol=1e-4, atol=1e-5)
+
+
+def test_peers_smoke_row(tmp_path):
+    """The suite end to end on whisper-tiny.en (random weights): every engine forced to the same tokens, all equal
+    (greedy, float32). vLLM takes part wherever its environment exists (.ci/run creates it)."""
+    engines = ENGINES if os.path.exists(VLLM_PYTHON) else ("rayspec", "transformers")
+    audios = random_audio(2, seed=5, min_s=1.0, max_s=2.0)
+    rows = run_peers(["tiny.en"], audios, (1, 2), 6, 1, VLLM_PYTHON, str(tmp_path / "models"), engines,
+                     progress=False)
+    assert [(r.engine, r.batch_size) for r in rows] == [(e, b) for e in engines for b in (1, 2)]
+    for r in rows:
+        assert r.tokens == 12 and r.same_tokens == 2, r
+        assert r.decode_s > 0 and r.startup_s > 0 and r.peak_rss_mb > 0
+    text = write_peer_outputs(rows, str(tmp_path / "out"), "smoke")
+    assert "tokens/s" in text and os.path.exists(tmp_path / "out" / "bench-peers.png")
+    assert np.isfinite([r.tokens_per_s for r in rows]).all()
