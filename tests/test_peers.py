@@ -76,8 +76,9 @@ def test_peers_smoke_row(tmp_path):
     (greedy, float32). vLLM takes part wherever its environment exists (.ci/run creates it)."""
     engines = ENGINES if os.path.exists(VLLM_PYTHON) else ("rayspec", "transformers")
     audios = random_audio(2, seed=5, min_s=1.0, max_s=2.0)
-    rows = run_peers(["tiny.en"], audios, (1, 2), 6, 1, VLLM_PYTHON, str(tmp_path / "models"), engines,
-                     progress=False)
+    rows, failures = run_peers(["tiny.en"], audios, (1, 2), 6, 1, VLLM_PYTHON, str(tmp_path / "models"), engines,
+                               progress=False, runs_dir=str(tmp_path / "runs"))
+    assert failures == []
     assert [(r.engine, r.batch_size) for r in rows] == [(e, b) for e in engines for b in (1, 2)]
     for r in rows:
         assert r.tokens == 12 and r.same_tokens == 2, r
@@ -85,3 +86,49 @@ def test_peers_smoke_row(tmp_path):
     text = write_peer_outputs(rows, str(tmp_path / "out"), "smoke")
     assert "tokens/s" in text and os.path.exists(tmp_path / "out" / "bench-peers.png")
     assert np.isfinite([r.tokens_per_s for r in rows]).all()
+    # a re-run with the same audio and settings reuses the kept reports instead of measuring again
+    again, _ = run_peers(["tiny.en"], audios, (1, 2), 6, 1, "/nonexistent/python", str(tmp_path / "none"), engines,
+                         progress=False, runs_dir=str(tmp_path / "runs"))
+    assert [(r.engine, r.decode_s) for r in again] == [(r.engine, r.decode_s) for r in rows]
+
+
+def test_serve_load_client_keeps_order_and_counts_errors():
+    """The load client of the online comparison against a stub OpenAI transcription server: every file sent once,
+    answers kept per file, a failing request counted as an error, not a crash."""
+    import asyncio
+    import threading
+
+    from aiohttp import web
+
+    from rayspec.peers.serve_load import run_load
+
+    async def transcribe(request):
+        form = await request.post()
+        name = form["file"].filename
+        await asyncio.sleep(0.01)
+        if name == "bad.flac":
+            return web.json_response({"error": {"message": "bad"}}, status=415)
+        return web.json_response({"text": name + ":" + form.get("max_completion_tokens", "-")})
+
+    app = web.Application()
+    app.router.add_post("/v1/audio/transcriptions", transcribe)
+    loop = asyncio.new_event_loop()
+    runner = web.AppRunner(app)
+    loop.run_until_complete(runner.setup())
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    loop.run_until_complete(site.start())
+    port = site._server.sockets[0].getsockname()[1]
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        class Stub:
+            name, url = "stub", f"http://127.0.0.1:{port}"
+
+        files = [(f"f{i}.flac", b"x") for i in range(7)] + [("bad.flac", b"x")]
+        res = run_load(Stub(), files, 3, lambda i: {"max_completion_tokens": i})
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=5)
+    assert res.requests == 8 and res.errors == 1 and len(res.latencies_s) == 7
+    assert res.texts == [f"f{i}.flac:{i}" for i in range(7)] + [None]
+    assert 0 < res.percentile(50) <= res.percentile(95) and res.requests_per_s > 0
