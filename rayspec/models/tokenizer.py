@@ -41,19 +41,24 @@ def build_char_tokenizer(out_dir: str):
     Returns:
         The loaded tokenizer (also saved to ``out_dir`` with ``save_pretrained``).
     """
+    return _bpe_whisper_tokenizer({c: i for i, c in enumerate(ALPHABET + SPACE)}, [], SPECIAL_TOKENS, out_dir)
+
+
+def _bpe_whisper_tokenizer(vocab: dict, merges: list, specials: list[str], out_dir: str):
+    """A ``WhisperTokenizer`` from a byte-level BPE vocabulary and merge list, ``specials`` added in order after the
+    vocabulary, saved to ``out_dir`` and returned."""
     from transformers import AddedToken, WhisperTokenizer
 
-    vocab = {c: i for i, c in enumerate(ALPHABET + SPACE)}
     with tempfile.TemporaryDirectory() as tmp:
         vocab_file = os.path.join(tmp, "vocab.json")
         merges_file = os.path.join(tmp, "merges.txt")
         with open(vocab_file, "w", encoding="utf-8") as f:
             json.dump(vocab, f)
         with open(merges_file, "w", encoding="utf-8") as f:
-            f.write("#version: 0.2\n")
+            f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
         tok = WhisperTokenizer(vocab_file, merges_file, unk_token="<|endoftext|>", bos_token="<|endoftext|>",
                                eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-        tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS], special_tokens=True)
+        tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in specials], special_tokens=True)
         os.makedirs(out_dir, exist_ok=True)
         tok.save_pretrained(out_dir)
     return tok
@@ -83,23 +88,9 @@ def build_whisper_tokenizer(tiktoken_path: str, out_dir: str):
     Raises:
         FileNotFoundError: no file at ``tiktoken_path``.
     """
-    from transformers import AddedToken, WhisperTokenizer
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
     if not os.path.isfile(tiktoken_path):
         raise FileNotFoundError(f"no BPE ranks at {tiktoken_path} (Whisper's gpt2.tiktoken)")
     vocab, merges = TikTokenConverter(vocab_file=tiktoken_path).extract_vocab_merges_from_model(tiktoken_path)
-    with tempfile.TemporaryDirectory() as tmp:
-        vocab_file = os.path.join(tmp, "vocab.json")
-        merges_file = os.path.join(tmp, "merges.txt")
-        with open(vocab_file, "w", encoding="utf-8") as f:
-            json.dump(vocab, f)
-        with open(merges_file, "w", encoding="utf-8") as f:
-            f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
-        tok = WhisperTokenizer(vocab_file, merges_file, unk_token="<|endoftext|>", bos_token="<|endoftext|>",
-                               eos_token="<|endoftext|>", pad_token="<|endoftext|>")
-        tok.add_tokens([AddedToken(t, special=True, normalized=False) for t in whisper_special_tokens()],
-                       special_tokens=True)
-        os.makedirs(out_dir, exist_ok=True)
-        tok.save_pretrained(out_dir)
-    return tok
+    return _bpe_whisper_tokenizer(vocab, merges, whisper_special_tokens(), out_dir)
