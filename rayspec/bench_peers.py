@@ -56,8 +56,9 @@ class PeerRow:
 
 
 def run_engine(engine: str, model_dir: str, audio_npz: str, batch_sizes, tokens: int, threads: int,
-               vllm_python: str) -> dict:
-    """Run one engine's worker process; returns its JSON report.
+               vllm_python: str, vllm_eager: bool = False) -> dict:
+    """Run one engine's worker process; returns its JSON report. ``vllm_eager``: vLLM without its graph compilation
+    (a faster start for smoke tests; benchmarks keep vLLM's default).
 
     Raises:
         RuntimeError: the worker failed (its last stderr lines are in the message).
@@ -67,7 +68,7 @@ def run_engine(engine: str, model_dir: str, audio_npz: str, batch_sizes, tokens:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     if engine == "vllm":
         worker = os.path.join(os.path.dirname(__file__), "peers", "vllm_asr_worker.py")
-        cmd = [vllm_python, worker, *common]
+        cmd = [vllm_python, worker, *common] + (["--enforce-eager"] if vllm_eager else [])
         env.update(VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}" if threads > 1 else "0",
                    VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "4"))  # GiB; base.en at 64 sequences needs > 2
     else:
@@ -82,8 +83,8 @@ def run_engine(engine: str, model_dir: str, audio_npz: str, batch_sizes, tokens:
 
 
 def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, threads: int, vllm_python: str,
-              models_dir: str, engines=ENGINES, progress: bool = True, runs_dir: Optional[str] = None
-              ) -> tuple[list[PeerRow], list[str]]:
+              models_dir: str, engines=ENGINES, progress: bool = True, runs_dir: Optional[str] = None,
+              vllm_eager: bool = False) -> tuple[list[PeerRow], list[str]]:
     """All rows of the suite: every engine on every model at every batch size, same waveforms (16 kHz).
 
     Args:
@@ -107,7 +108,7 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
         jobs = [(m, e) for m in model_names for e in engines]
         for name, engine in tqdm(jobs, desc="peers", disable=not progress):
             key = {"model": name, "engine": engine, "batch_sizes": list(batch_sizes), "tokens": tokens,
-                   "threads": threads, "audio": digest}
+                   "threads": threads, "audio": digest, "vllm_eager": vllm_eager}
             saved = os.path.join(runs_dir, f"{name}-{engine}.json") if runs_dir else None
             rep = None
             if saved and os.path.exists(saved):
@@ -117,7 +118,7 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
             if rep is None:
                 model_dir = random_whisper(name, os.path.join(models_dir, name), tiktoken_path)
                 try:
-                    rep = run_engine(engine, model_dir, npz, batch_sizes, tokens, threads, vllm_python)
+                    rep = run_engine(engine, model_dir, npz, batch_sizes, tokens, threads, vllm_python, vllm_eager)
                 except RuntimeError as exc:
                     failures.append(f"{name} / {engine}: {str(exc).splitlines()[-1]}")
                     continue

@@ -77,7 +77,7 @@ def test_peers_smoke_row(tmp_path):
     engines = ENGINES if os.path.exists(VLLM_PYTHON) else ("rayspec", "transformers")
     audios = random_audio(2, seed=5, min_s=1.0, max_s=2.0)
     rows, failures = run_peers(["tiny.en"], audios, (1, 2), 6, 1, VLLM_PYTHON, str(tmp_path / "models"), engines,
-                               progress=False, runs_dir=str(tmp_path / "runs"))
+                               progress=False, runs_dir=str(tmp_path / "runs"), vllm_eager=True)
     assert failures == []
     assert [(r.engine, r.batch_size) for r in rows] == [(e, b) for e in engines for b in (1, 2)]
     for r in rows:
@@ -88,7 +88,7 @@ def test_peers_smoke_row(tmp_path):
     assert np.isfinite([r.tokens_per_s for r in rows]).all()
     # a re-run with the same audio and settings reuses the kept reports instead of measuring again
     again, _ = run_peers(["tiny.en"], audios, (1, 2), 6, 1, "/nonexistent/python", str(tmp_path / "none"), engines,
-                         progress=False, runs_dir=str(tmp_path / "runs"))
+                         progress=False, runs_dir=str(tmp_path / "runs"), vllm_eager=True)
     assert [(r.engine, r.decode_s) for r in again] == [(r.engine, r.decode_s) for r in rows]
 
 

@@ -29,6 +29,7 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=0, help="exact tokens per request (0: stop at EOS)")
     p.add_argument("--max-tokens", type=int, default=200)
     p.add_argument("--dtype", default="float32")
+    p.add_argument("--enforce-eager", action="store_true", help="skip vLLM's graph compilation (faster start-up)")
     args = p.parse_args()
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # vLLM's own prints go to stderr
@@ -42,7 +43,8 @@ def main() -> int:
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     # the token budget admits a whole batch of 30 s encoder inputs (1,500 positions each) in one step
     llm = LLM(model=args.model, dtype=args.dtype, max_model_len=448, max_num_seqs=max(sizes), seed=0,
-              max_num_batched_tokens=1500 * max(sizes) + 448, limit_mm_per_prompt={"audio": 1})
+              max_num_batched_tokens=1500 * max(sizes) + 448, limit_mm_per_prompt={"audio": 1},
+              enforce_eager=args.enforce_eager)
     startup = time.perf_counter() - T_START
     n = args.tokens or args.max_tokens
     params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=bool(args.tokens), detokenize=False)
