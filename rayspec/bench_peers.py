@@ -192,7 +192,8 @@ def run_serve_load(model_dir: str, paths: list[str], durations: list[float], con
     for p in paths:
         with open(p, "rb") as f:
             files.append((os.path.basename(p), f.read()))
-    limit = 448 - 2 - 1  # decoder positions - <|startoftranscript|><|notimestamps|> - EOS, as rayspec's cap
+    # rayspec's own cap: decoder positions - the 4-token task prompt (random_whisper(task_prompt=True)) - EOS
+    limit = 448 - 4 - 1
     caps = [token_cap(d, max_tokens_per_second, limit) for d in durations]
     os.makedirs(log_dir, exist_ok=True)
     servers = [lambda: rayspec_server(model_dir, 8765, threads, max_tokens_per_second,
@@ -254,8 +255,10 @@ def cmd_bench_peers(args) -> int:
     rows, failures = run_peers(args.peer_models.split(","), audios, tuple(args.batch_sizes), args.tokens, threads,
                                args.vllm_python, args.models_dir, engines,
                                runs_dir=os.path.join(args.output, "peers-runs"))
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")),
-               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
+    cpu = platform.processor()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
     title = (f"peers: {len(audios)} utterances ({sum(len(a) for a in audios) / 16000:.0f} s audio), "
              f"{args.tokens} tokens each, float32, {threads} thread(s), {cpu}")
     notes = ("\n- Random weights in the published configurations; every engine generates exactly the same number of "
