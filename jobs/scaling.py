@@ -67,10 +67,12 @@ def machine() -> str:
 
 def in_process(input_path: str, out: str, job_args: list[str], threads: int) -> RunSummary:
     """The same corpus and decoder without Ray: :func:`rayspec.pipeline.run_corpus` in this process, with
-    ``threads`` torch threads."""
+    ``threads`` torch threads and the Ray job's static batches (no continuous batching), so the rows compare the
+    same batches."""
     args = job_parser().parse_args([input_path, "-o", out, *job_args])
     args.threads = threads
-    return run_corpus(read_manifest(input_path), build_transcriber(args), out, budget_from_args(args))
+    return run_corpus(read_manifest(input_path), build_transcriber(args), out, budget_from_args(args),
+                      continuous=False)
 
 
 def row(method: str, drafters: int, targets: int, budget: int, s: RunSummary, out: str) -> dict:

@@ -34,7 +34,10 @@ from .decoding.speculative import SpeculationOptions
 from .decoding.ssd import SSDOptions
 from .metrics import error_rates
 from .options import add_model_args
-from .pipeline import DecodeOptions, decode_batch
+from .pipeline import DecodeOptions, decode_batch, encode_audio, stream_decode
+
+CONTINUOUS = " +continuous"
+"""Suffix of a configuration run with continuous batching (rows refilled from the next batch; batch sizes > 1)."""
 
 SPEC_ABLATION = [
     ("ar", DecodeOptions("ar")),
@@ -43,6 +46,9 @@ SPEC_ABLATION = [
     ("+adaptive", DecodeOptions("draft", speculation=SpeculationOptions(recycle=False, tree=False))),
     ("+recycle", DecodeOptions("draft", speculation=SpeculationOptions(tree=False))),
     ("+tree", DecodeOptions("draft", speculation=SpeculationOptions())),
+    ("ar" + CONTINUOUS, DecodeOptions("ar")),
+    ("+recycle" + CONTINUOUS, DecodeOptions("draft", speculation=SpeculationOptions(tree=False))),
+    ("+tree" + CONTINUOUS, DecodeOptions("draft", speculation=SpeculationOptions())),
 ]
 
 
@@ -133,6 +139,13 @@ def _hf_assisted(target, draft, audio, cap) -> Hypothesis:
 def _run(name, options, models, audios, durations, batches) -> list[Hypothesis]:
     target, draft, ctc = models
     out: dict[int, Hypothesis] = {}
+    if name.endswith(CONTINUOUS):  # the same batches, longest first, as one continuous batch (run_corpus's order)
+        order = batches[::-1]
+        encoded = ((k, encode_audio(target, options, [audios[i] for i in b], [durations[i] for i in b], draft, ctc))
+                   for k, b in enumerate(order))
+        for (k, r), h in stream_decode(target, options, encoded, max(len(b) for b in batches), draft):
+            out[order[k][r]] = h
+        return [out[i] for i in range(len(audios)) if i in out]
     for batch in batches:
         a = [audios[i] for i in batch]
         if name == "hf-assisted":
@@ -160,7 +173,8 @@ def run_bench(models, audios, references, configs, batch_sizes=(1, 16), hf_assis
     rows: list[BenchRow] = []
     for bs in batch_sizes:
         batches = plan_batches(list(range(len(audios))), durations, BatchBudget(tokens=10**9, max_rows=bs))
-        todo = list(configs) + ([("hf-assisted", None)] if hf_assisted and bs == 1 else [])
+        todo = [c for c in configs if bs > 1 or not c[0].endswith(CONTINUOUS)]  # at batch 1 it is the same
+        todo += [("hf-assisted", None)] if hf_assisted and bs == 1 else []
         reference = None
         for name, options in tqdm(todo, desc=f"bench batch {bs}", disable=not progress):
             _run(name, options, models, audios, durations, batches[:1])  # warm-up

@@ -16,6 +16,7 @@ from .decoding.ar import greedy_decode
 from .decoding.common import Hypothesis
 from .decoding.ctc_proposer import CTCProposer
 from .decoding.medusa_proposer import MedusaProposer, load_heads
+from .decoding.proposer import DraftProposer
 from .decoding.speculative import draft_loop
 from .decoding.ssd import SSDDecoder
 from .spec.acceptance import GREEDY, AcceptanceRule
@@ -40,6 +41,8 @@ class Method:
         needs_draft: ``options -> bool``, whether a draft model proposes (then the drafting side also encodes with
             the draft model and serves its proposals).
         exact: ``options -> bool``, whether the output provably equals the target's greedy output.
+        stream: ``(target, options, draft model or None, max_cap) -> VerifyLoop`` for continuous batching (rows
+            join as others finish, :meth:`~rayspec.spec.loop.VerifyLoop.decode_stream`); None: static batches only.
     """
 
     name: str
@@ -48,6 +51,7 @@ class Method:
     needs_ctc: bool = False
     needs_draft: Callable[["DecodeOptions"], bool] = lambda options: False
     exact: Callable[["DecodeOptions"], bool] = lambda options: True
+    stream: Optional[Callable[["WhisperASR", "DecodeOptions", Optional["WhisperASR"], int], VerifyLoop]] = None
 
 
 def _ar(target, options, encoded, proposers):
@@ -59,21 +63,28 @@ def _draft(target, options, encoded, proposers):
     return draft_loop(target, proposers(list(range(len(caps))), caps), options.speculation).decode(encoded.target, caps)
 
 
+def _draft_stream(target, options, draft, max_cap):
+    return draft_loop(target, DraftProposer(draft, None, [max_cap], options.speculation), options.speculation)
+
+
 def _ctc_draft(target, options, encoded, proposers):
     proposer = CTCProposer(encoded.ctc.tokens, target.eos_token_id, len(target.prompt_ids), CTC_MAX_DRAFT)
     loop = VerifyLoop(target, proposer, max_nodes=CTC_MAX_DRAFT, route="ctc-draft")
     return loop.decode(encoded.target, encoded.caps)
 
 
-def _medusa(target, options, encoded, proposers):
+def _medusa_loop(target, options, draft=None, max_cap=0):
     from .pipeline import zoo_path
 
     opt = options.medusa
     heads = load_heads(opt.heads or zoo_path("medusa"), str(target.device), target.dtype)
     rule = (AcceptanceRule("typical", epsilon=opt.epsilon, delta=opt.delta) if opt.acceptance == "typical"
             else GREEDY)
-    loop = VerifyLoop(target, MedusaProposer(target, heads, opt.tree), rule, max_nodes=opt.max_nodes, route="medusa")
-    return loop.decode(encoded.target, encoded.caps)
+    return VerifyLoop(target, MedusaProposer(target, heads, opt.tree), rule, max_nodes=opt.max_nodes, route="medusa")
+
+
+def _medusa(target, options, encoded, proposers):
+    return _medusa_loop(target, options).decode(encoded.target, encoded.caps)
 
 
 def _ssd(target, options, encoded, proposers):
@@ -91,9 +102,10 @@ def _ssd(target, options, encoded, proposers):
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
-    Method("ar", "target greedy, one target pass per token", _ar),
+    Method("ar", "target greedy, one target pass per token", _ar,
+           stream=lambda target, options, draft, max_cap: VerifyLoop(target)),
     Method("draft", "a draft model proposes token trees (SpecASR), the target verifies them in one pass; output "
-                    "identical to ar", _draft, needs_draft=lambda options: True),
+                    "identical to ar", _draft, needs_draft=lambda options: True, stream=_draft_stream),
     Method("ssd", "the CTC head's hypothesis is gated by entropy, verified by the target in one pass, and decoding "
                   "falls back from the verified prefix (lossy unless --exact and --tau-ctc 0)", _ssd, needs_ctc=True,
            needs_draft=lambda options: options.ssd.fallback == "draft",
@@ -102,5 +114,5 @@ METHODS: dict[str, Method] = {m.name: m for m in (
                         "of the target; output identical to ar, no draft model", _ctc_draft, needs_ctc=True),
     Method("medusa", "Medusa heads on the target's own hidden state propose a sparse token tree, verified in one "
                      "pass; greedy acceptance is identical to ar, --acceptance typical is lossy", _medusa,
-           exact=lambda options: options.medusa.acceptance == "greedy"),
+           exact=lambda options: options.medusa.acceptance == "greedy", stream=_medusa_loop),
 )}

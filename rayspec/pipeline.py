@@ -24,7 +24,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
 import torch
@@ -40,7 +40,7 @@ from .methods import METHODS
 from .models.ctc import CTCHead
 from .models.whisper import EncoderOutput, WhisperASR
 from .results import ResultRow, ResultWriter
-from .spec.loop import Proposer
+from .spec.loop import Admission, Proposer
 from .vad import SegmentOptions, has_speech, segments
 
 def zoo_path(name: str) -> str:
@@ -183,6 +183,32 @@ def decode_batch(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
     encoded = encode_audio(target, options, audios, durations, draft, ctc)
     proposers = local_proposers(draft, encoded, speculation_options(options)) if needs_draft(options) else None
     return decode_encoded(target, options, encoded, proposers)
+
+
+def stream_decode(target: WhisperASR, options: DecodeOptions, batches: Iterable[tuple[Any, Encoded]], slots: int,
+                  draft: Optional[WhisperASR] = None) -> Iterator[tuple[tuple[Any, int], Hypothesis]]:
+    """Continuous batching over encoded batches in this process: up to ``slots`` rows decode at once, and a
+    finished row's slot is refilled from the next batch before the next decoder pass
+    (:meth:`~rayspec.spec.loop.VerifyLoop.decode_stream`). ``batches`` is read lazily (encode on demand).
+
+    Args:
+        batches: ``(key, encoded batch)`` pairs (on the target's device and dtype), longest first preferably (later
+            rows then fit the first rows' cross-attention cache without growing it).
+        draft: the draft model for method "draft".
+
+    Yields:
+        ``((key, row), hypothesis)`` per encoded row as it finishes.
+
+    Raises:
+        ValueError: a method without continuous batching (its registry entry has no ``stream``).
+    """
+    method = METHODS[options.method]
+    if method.stream is None:
+        raise ValueError(f"method {options.method!r} has no continuous batching")
+    limit = target.max_target_positions - len(target.prompt_ids) - 1
+    loop = method.stream(target, options, draft, limit)
+    rows = (Admission([(k, r) for r in range(len(e.caps))], e.target, e.caps, e.draft) for k, e in batches)
+    return loop.decode_stream(rows, slots, limit)
 
 
 @dataclass
@@ -338,15 +364,19 @@ class TargetDecoder:
     def decode(self, batch: EncodedBatch, proposers: Optional[ProposerFactory] = None) -> list[ResultRow]:
         """One result row per utterance of ``batch``: error rows for the audio the drafting side could not use,
         empty text (route "no_speech") for utterances without speech segments, segment texts re-joined."""
-        rows = [self._row(u, None, 0.0, batch.draft_model, error=e, code=c) if e else
-                self._row(u, Hypothesis([], True, "no_speech"), 0.0, batch.draft_model, duration=d)
-                for u, e, c, d in zip(batch.utterances, batch.errors, batch.error_codes, batch.durations)]
         if batch.encoded is None:
-            return rows
+            return self.rows(batch, [], 0.0)
         t0 = time.perf_counter()
         hyps = decode_encoded(self.target, self.options, batch.encoded.to(self.target.device, self.target.dtype),
                               proposers)
-        seconds = batch.encode_s + time.perf_counter() - t0
+        return self.rows(batch, hyps, batch.encode_s + time.perf_counter() - t0)
+
+    def rows(self, batch: EncodedBatch, hyps: list[Hypothesis], seconds: float) -> list[ResultRow]:
+        """The result rows of ``batch`` from the hypotheses of its encoded rows (``R``, in order) and the wall
+        seconds spent on it (shared out by duration)."""
+        rows = [self._row(u, None, 0.0, batch.draft_model, error=e, code=c) if e else
+                self._row(u, Hypothesis([], True, "no_speech"), 0.0, batch.draft_model, duration=d)
+                for u, e, c, d in zip(batch.utterances, batch.errors, batch.error_codes, batch.durations)]
         owned: dict[int, list[int]] = {}
         for r, i in enumerate(batch.owners):
             owned.setdefault(i, []).append(r)
@@ -444,6 +474,65 @@ class Transcriber:
                     for row in self.transcribe([u], None if audios is None else [audios[i]])]
 
 
+    def transcribe_stream(self, batches: list[list[Utterance]], slots: int) -> Iterator[tuple[int, list[ResultRow]]]:
+        """Transcribe ``batches`` with continuous batching: up to ``slots`` rows decode at once and the slot of a
+        finished row is refilled from the next batch before the next decoder pass (methods whose registry entry
+        has ``stream``; the others run batch by batch). Batches are encoded one at a time as their rows are needed.
+
+        Faults stay as isolated as in :meth:`transcribe`: a batch whose encoding raises, and every batch not yet
+        finished when decoding raises, is redone by :meth:`transcribe` (utterance by utterance if need be).
+
+        Yields:
+            ``(batch index, rows)`` once per batch, as each batch's last row finishes (not in input order).
+        """
+        if METHODS[self.options.method].stream is None:
+            for k, batch in enumerate(batches):
+                yield k, self.transcribe(batch)
+            return
+        t = self.target
+        encoded: dict[int, EncodedBatch] = {}
+        hyps: dict[int, list[Optional[Hypothesis]]] = {}
+        ready: list[int] = []  # encoded batches with no rows to decode (errors, no speech)
+        redo: list[int] = []  # batches to redo without continuous batching
+        done: set[int] = set()
+
+        def source():
+            for k, batch in enumerate(batches):
+                try:
+                    eb = self.drafter.encode(batch)
+                except Exception:  # noqa: BLE001 - redone by transcribe(), which isolates the utterance
+                    redo.append(k)
+                    continue
+                encoded[k] = eb
+                if eb.encoded is None:
+                    ready.append(k)
+                    continue
+                hyps[k] = [None] * len(eb.owners)
+                yield k, eb.encoded.to(t.device, t.dtype)
+
+        def finish(k: int, seconds: float) -> tuple[int, list[ResultRow]]:
+            done.add(k)
+            eb = encoded.pop(k)
+            return k, self.decoder.rows(eb, hyps.pop(k, []), eb.encode_s + seconds)
+
+        t0 = time.perf_counter()
+        try:
+            for (k, r), h in stream_decode(t, self.options, source(), slots, self.draft):
+                hyps[k][r] = h
+                while ready:
+                    yield finish(ready.pop(), 0.0)
+                if all(x is not None for x in hyps[k]):
+                    now = time.perf_counter()
+                    yield finish(k, now - t0)
+                    t0 = now
+            while ready:
+                yield finish(ready.pop(), 0.0)
+        except Exception:  # noqa: BLE001 - the unfinished batches are redone below
+            redo += [k for k in range(len(batches)) if k not in done and k not in redo]
+        for k in sorted(set(redo)):
+            yield k, self.transcribe(batches[k])
+
+
 def internal_error_row(u: Utterance, exc: BaseException, method: str) -> ResultRow:
     """The row of an utterance whose decoding raised on its own (error code "internal")."""
     return ResultRow(id=u.id, corpus=u.corpus, audio=u.audio, reference=u.text, duration_s=u.duration_s,
@@ -499,8 +588,13 @@ def run_corpus(
     output: str,
     budget: BatchBudget = BatchBudget(),
     progress: Optional[Callable[[int], None]] = None,
+    continuous: bool = True,
 ) -> RunSummary:
     """Transcribe a corpus in-process into ``output`` (resuming), then merge the results file.
+
+    Args:
+        continuous: continuous batching (:meth:`Transcriber.transcribe_stream`, longest batches first, as many
+            rows at once as the largest planned batch); False decodes the planned batches one after another.
 
     Raises:
         OutputLockedError: another live job writes ``output``.
@@ -510,12 +604,17 @@ def run_corpus(
         batches = pending_batches(utterances, writer, budget)
         summary = RunSummary(skipped=len(utterances) - sum(len(b) for b in batches))
         t0 = time.perf_counter()
-        for batch in batches:
-            rows = transcriber.transcribe(batch)
+        if continuous and batches:
+            # Longest first: later rows are shorter, so their cross-attention fits the first rows' cache.
+            batches = batches[::-1]
+            done = transcriber.transcribe_stream(batches, max(len(b) for b in batches))
+        else:
+            done = ((k, transcriber.transcribe(b)) for k, b in enumerate(batches))
+        for k, rows in done:
             writer.write(rows)
             summary.add(rows)
             if progress:
-                progress(len(batch))
+                progress(len(batches[k]))
         summary.wall_s = time.perf_counter() - t0
         writer.finalize()
     finally:

@@ -112,5 +112,9 @@ class MedusaProposer:
                 out[r.index] = Proposal(DraftTree(tuple(tokens), tuple(parents)))
         return [out[r.index] for r in requests]
 
+    def admit(self, slots: list[int], ids: list, extra=None) -> None:
+        """New rows (continuous batching) need nothing here: a row is drafted from the round after its first
+        target pass, once its hidden state has come back."""
+
     def update(self, feedback: list[Feedback]) -> None:
         self.hidden = {f.index: f.hidden for f in feedback}

@@ -142,22 +142,37 @@ class DraftProposer:
     """Proposes draft token trunks and branches for the rows of one batch (see the module docstring).
 
     Args:
-        draft: the draft model; draft_enc: its encoder output for the batch (``B`` rows, any device).
-        caps: ``B`` caps on generated tokens (size the draft KV cache).
+        draft: the draft model; draft_enc: its encoder output for the batch (``B`` rows, any device), or None for a
+            proposer whose rows all arrive through :meth:`admit` (continuous batching).
+        caps: ``B`` caps on generated tokens (size the draft KV cache; with ``draft_enc`` None, the largest cap of
+            any row to come).
         options: :class:`SpeculationOptions`.
     """
 
-    def __init__(self, draft: WhisperASR, draft_enc: EncoderOutput, caps: Sequence[int],
+    def __init__(self, draft: WhisperASR, draft_enc: Optional[EncoderOutput], caps: Sequence[int],
                  options: SpeculationOptions) -> None:
         self.draft, self.opt = draft, options
         self.eos = draft.eos_token_id
         self.prompt_len = len(draft.prompt_ids)
-        capacity = self.prompt_len + max(caps) + options.max_draft + options.branch_max + 2
-        self.cache = draft.new_cache(draft_enc.to(draft.device), capacity)
-        self.rows = list(range(len(caps)))  # batch index of each cache row
+        self.capacity = self.prompt_len + max(caps) + options.max_draft + options.branch_max + 2
+        self.cache: Optional[DecoderCache] = None
+        self.rows: list = []  # row id of each cache row
         self.sent: dict[int, _Sent] = {}  # last round's draft per row
         self.valid: dict[int, int] = {}  # leading sequence tokens with correct draft keys/values, per row
         self.old_suffix: dict[int, list[int]] = {}  # rejected draft continuation per row (recycling)
+        if draft_enc is not None:
+            self.admit(list(range(len(caps))), list(range(len(caps))), draft_enc)
+
+    def admit(self, slots: list[int], ids: list, draft_enc: EncoderOutput) -> None:
+        """Take new rows ``ids`` (the verify loop's row keys) into cache rows ``slots`` (``0 .. R-1`` on an empty
+        proposer), replacing finished rows there; ``draft_enc``: the draft's encoder output for them (``R`` rows)."""
+        enc = draft_enc.to(self.draft.device)
+        if self.cache is None:
+            self.cache, self.rows = self.draft.new_cache(enc, self.capacity), list(ids)
+            return
+        self.cache.place(slots, self.draft.new_cache(enc, 1))
+        for slot, key in zip(slots, ids):
+            self.rows[slot] = key
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
@@ -176,6 +191,9 @@ class DraftProposer:
         if len(keep) < len(self.rows):
             self.cache = self.cache.select(keep)
             self.rows = [r.index for r in requests]
+            live = set(self.rows)
+            self.valid = {k: v for k, v in self.valid.items() if k in live}
+            self.old_suffix = {k: v for k, v in self.old_suffix.items() if k in live}
         work = [_Work(r, _Sent(len(r.seq), [], 0, []), self.valid.get(r.index, 0), self.old_suffix.get(r.index, []))
                 for r in requests]
         self.cache.crop([w.valid for w in work])

@@ -124,6 +124,43 @@ class DecoderCache:
         )
         return out
 
+    def place(self, slots: Sequence[int], new: "DecoderCache") -> None:
+        """Put the rows of ``new`` into rows ``slots`` of this cache, in place: continuous batching refills the slots
+        of finished rows with new utterances without copying the other rows.
+
+        Only ``new``'s cross-attention keys/values (``S' <= S`` positions; a longer ``S'`` first pads every row's) and
+        mask are copied; the slots' committed lengths become ``new``'s (0 for a fresh cache) and their old
+        self-attention keys/values are left behind, unreachable.
+
+        Args:
+            slots: ``[R]`` host row indices of this cache; new: a cache of ``R`` rows (any self-attention capacity).
+
+        Raises:
+            ValueError: pending positions, or a row count that does not match ``slots``.
+        """
+        if self.pending or new.pending or len(slots) != new.batch_size:
+            raise ValueError(f"cannot place {new.batch_size} rows into {len(slots)} slots (pending positions?)")
+        index = torch.tensor(list(slots), dtype=torch.long, device=self.device)
+        s, s_new = (self.cross_k[0].shape[2], new.cross_k[0].shape[2]) if self.cross_k else (0, 0)
+        if s_new > s:
+            grow = lambda ts: [torch.nn.functional.pad(t, (0, 0, 0, s_new - s)) for t in ts]  # noqa: E731
+            self.cross_k, self.cross_v = grow(self.cross_k), grow(self.cross_v)
+            if self.cross_mask is None:
+                self.cross_mask = torch.ones((self.batch_size, 1, 1, s), dtype=torch.bool, device=self.device)
+            self.cross_mask = torch.nn.functional.pad(self.cross_mask, (0, s_new - s))
+            s = s_new
+        for dst, src in zip((*self.cross_k, *self.cross_v), (*new.cross_k, *new.cross_v)):
+            dst[:, :, :s_new].index_copy_(0, index, src.to(dst.dtype))
+        if self.cross_k and (self.cross_mask is not None or new.cross_mask is not None or s_new < s):
+            if self.cross_mask is None:
+                self.cross_mask = torch.ones((self.batch_size, 1, 1, s), dtype=torch.bool, device=self.device)
+            mask = torch.zeros((new.batch_size, 1, 1, s), dtype=torch.bool, device=self.device)
+            mask[..., :s_new] = True if new.cross_mask is None else new.cross_mask
+            self.cross_mask.index_copy_(0, index, mask)
+        lengths = self.host_lengths.copy()
+        lengths[list(slots)] = new.host_lengths
+        self._set_lengths(lengths)
+
     def commit(self, keep: np.ndarray, counts: np.ndarray) -> None:
         """Keep some pending positions per row and drop the rest.
 

@@ -61,6 +61,20 @@ class EncoderOutput:
         return EncoderOutput(self.states.to(device=device, dtype=dtype or self.states.dtype), self.lengths.to(device),
                              self.masked)
 
+    @staticmethod
+    def cat(parts: Sequence["EncoderOutput"]) -> "EncoderOutput":
+        """One batch of the rows of ``parts`` in order, states zero-padded to the longest ``S`` (its ``lengths``
+        still count each row's real positions).
+
+        Raises:
+            ValueError: no parts, or parts of masking and fixed-window models mixed.
+        """
+        if not parts or len({p.masked for p in parts}) != 1:
+            raise ValueError("cat needs at least one part, all masked or all fixed-window")
+        s = max(p.states.shape[1] for p in parts)
+        states = torch.cat([F.pad(p.states, (0, 0, 0, s - p.states.shape[1])) for p in parts])
+        return EncoderOutput(states, torch.cat([p.lengths for p in parts]), parts[0].masked)
+
 
 def stack_frames(features: torch.Tensor | np.ndarray, k: int):
     """Stack ``k`` consecutive log-mel frames into one: ``[..., M, T]`` -> ``[..., k * M, T // k]``.

@@ -21,7 +21,7 @@ taken) and one device-to-host read (the verdicts); the cache never reads lengths
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional, Protocol, Sequence
+from typing import Any, Iterable, Iterator, Optional, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -73,6 +73,36 @@ class Feedback:
     index: int
     accepted: list[int]
     hidden: Optional[torch.Tensor] = None
+
+
+@dataclass
+class Admission:
+    """Rows that join a continuous batch (:meth:`VerifyLoop.decode_stream`), e.g. one encoded batch of a corpus.
+
+    Attributes:
+        ids: ``R`` keys, one per row, unique within the stream (results come back under them).
+        enc: the target's encoder output for the rows (``R`` rows).
+        caps: ``R`` caps on generated tokens (EOS not counted).
+        extra: what the proposer needs per row, handed to its ``admit`` (the draft model's encoder output for
+            draft-model speculation), or None.
+    """
+
+    ids: list
+    enc: EncoderOutput
+    caps: list[int]
+    extra: Optional[EncoderOutput] = None
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def split(self, n: int) -> tuple["Admission", Optional["Admission"]]:
+        """The first ``n`` rows and the rest (None when nothing is left)."""
+        if n >= len(self.ids):
+            return self, None
+        pick = lambda e, r: None if e is None else e.select(torch.arange(*r, device=e.states.device))  # noqa: E731
+        head = Admission(self.ids[:n], pick(self.enc, (0, n)), self.caps[:n], pick(self.extra, (0, n)))
+        rest = len(self.ids)
+        return head, Admission(self.ids[n:], pick(self.enc, (n, rest)), self.caps[n:], pick(self.extra, (n, rest)))
 
 
 class Proposer(Protocol):
@@ -167,6 +197,104 @@ class VerifyLoop:
                 live = [live[k] for k in keep]
         return [r.hyp for r in rows]
 
+    @torch.inference_mode()
+    def decode_stream(self, source: Iterable[Admission], slots: int, max_cap: int) -> Iterator[tuple[Any, Hypothesis]]:
+        """Continuous batching: decode the rows of ``source`` with up to ``slots`` rows live at once; the slot of a
+        finished row is refilled from ``source`` before the next round (Orca's iteration-level scheduling, Yu et al.
+        2022), so the batch stays full until the source runs dry. Every row is decoded as in :meth:`decode` (its
+        tokens do not depend on its neighbours), with the same counters.
+
+        ``source`` is read lazily, a few rows ahead of need (e.g. a generator that encodes the next batch of a
+        corpus only when its rows are wanted). The proposer, if any, must accept new rows with
+        ``admit(slots, ids, extra)`` (``slots``: cache rows to fill; on an empty proposer ``0 .. R-1``).
+
+        Args:
+            source: :class:`Admission` s, in the order their rows should start.
+            slots: most rows decoded at once (the batch size).
+            max_cap: the largest cap any row will have (sizes the KV cache).
+
+        Yields:
+            ``(id, hypothesis)`` per row as it finishes (not in source order).
+
+        Raises:
+            ValueError: ``slots < 1``, a cap above ``max_cap``, or a proposer without ``admit``.
+        """
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        if self.proposer is not None and not hasattr(self.proposer, "admit"):
+            raise ValueError(f"{type(self.proposer).__name__} cannot take rows mid-batch (no admit method)")
+        t = self.target
+        prompt = list(t.prompt_ids)
+        capacity = len(prompt) + max_cap + self.max_nodes + 2
+        rows = iter(source)
+        waiting: list[Optional[Admission]] = [None]
+        instant: list[tuple[Any, Hypothesis]] = []  # rows with nothing to generate (cap 0)
+
+        def pull(n: int) -> list[Admission]:
+            parts = []
+            while n > 0:
+                if waiting[0] is None:
+                    waiting[0] = next(rows, None)
+                    if waiting[0] is None:
+                        break
+                head, waiting[0] = waiting[0].split(n)
+                if any(c > max_cap for c in head.caps):
+                    raise ValueError(f"a cap of {max(head.caps)} tokens exceeds max_cap {max_cap}")
+                keep = [k for k, c in enumerate(head.caps) if c > 0]
+                instant.extend((head.ids[k], Hypothesis([], False, self.route)) for k in range(len(head))
+                               if k not in set(keep))
+                if len(keep) < len(head):
+                    if not keep:
+                        continue
+                    head = Admission([head.ids[k] for k in keep], *_select(head, keep))
+                parts.append(head)
+                n -= len(head)
+            return parts
+
+        def admit(parts: list[Admission], free: list[int], live: list[_Row], cache):
+            for part in parts:
+                where, free = free[: len(part)], free[len(part):]
+                cache.place(where, t.new_cache(part.enc, 1))
+                if self.proposer is not None:
+                    self.proposer.admit(where, part.ids, part.extra)
+                for slot, key, cap in zip(where, part.ids, part.caps):
+                    live[slot] = _Row(key, int(cap), Hypothesis([], False, self.route), list(prompt))
+            return free
+
+        parts = pull(slots)
+        yield from instant
+        instant.clear()
+        if not parts:
+            return
+        first = Admission([k for p in parts for k in p.ids], EncoderOutput.cat([p.enc for p in parts]),
+                          [c for p in parts for c in p.caps],
+                          None if parts[0].extra is None else EncoderOutput.cat([p.extra for p in parts]))
+        cache = t.new_cache(first.enc, capacity)
+        if self.proposer is not None:
+            self.proposer.admit(list(range(len(first))), first.ids, first.extra)
+        live = [_Row(k, int(c), Hypothesis([], False, self.route), list(prompt)) for k, c in zip(first.ids, first.caps)]
+        while live:
+            if self.proposer is None:
+                proposals = [Proposal() for _ in live]
+            else:
+                proposals = self.proposer.propose([DraftRequest(r.index, list(r.seq), r.room) for r in live])
+            feedback = self._round(live, proposals, cache)
+            done = [k for k, r in enumerate(live) if r.hyp.finished or r.room <= 0]
+            if self.proposer is not None:
+                self.proposer.update([f for k, f in enumerate(feedback) if k not in set(done)])
+            if not done:
+                continue
+            for k in done:
+                yield live[k].index, live[k].hyp
+            free = admit(pull(len(done)), done, live, cache)
+            yield from instant
+            instant.clear()
+            if free:
+                gone = set(free)
+                keep = [k for k in range(len(live)) if k not in gone]
+                cache = cache.select(keep)
+                live = [live[k] for k in keep]
+
     def _round(self, live: list[_Row], proposals: list[Proposal], cache) -> list[Feedback]:
         t = self.target
         trees = TokenTrees.build([r.seq[r.target_len :] for r in live], [p.tree for p in proposals])
@@ -213,3 +341,9 @@ class VerifyLoop:
                     break
         cache.commit(keep, counts)
         return feedback
+
+
+def _select(part: Admission, keep: list[int]) -> tuple[EncoderOutput, list[int], Optional[EncoderOutput]]:
+    index = torch.tensor(keep, dtype=torch.long, device=part.enc.states.device)
+    extra = None if part.extra is None else part.extra.select(index.to(part.extra.states.device))
+    return part.enc.select(index), [part.caps[k] for k in keep], extra

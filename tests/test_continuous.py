@@ -1,0 +1,149 @@
+"""Continuous batching (VerifyLoop.decode_stream): rows join as others finish, and each row's tokens and counters
+equal those of static batches."""
+
+import pytest
+import torch
+
+from rayspec.decoding.ar import greedy_decode
+from rayspec.decoding.proposer import DraftProposer
+from rayspec.decoding.speculative import SpeculationOptions, draft_loop, speculative_decode
+from rayspec.models.whisper import EncoderOutput
+from rayspec.spec.loop import Admission, VerifyLoop
+from tiny import random_audio
+
+AUDIO = random_audio(12, seed=5)
+CAPS = [3, 40, 7, 25, 40, 1, 12, 40, 5, 30, 0, 18]  # ragged finishes (and a row with nothing to generate)
+
+
+def _encode(model, audios):
+    feats, lengths = model.features(audios)
+    return model.encode(feats, lengths)
+
+
+def _admissions(target, draft=None, chunk=4):
+    """The corpus as chunks of 4 rows (each its own encoder batch, so their encoder lengths differ)."""
+    for s in range(0, len(AUDIO), chunk):
+        a = AUDIO[s : s + chunk]
+        yield Admission(list(range(s, s + len(a))), _encode(target, a), CAPS[s : s + len(a)],
+                        None if draft is None else _encode(draft, a))
+
+
+def _static(hyps_fn):
+    out = {}
+    for i, a in enumerate(AUDIO):
+        out[i] = hyps_fn([a], [CAPS[i]])[0]
+    return out
+
+
+@pytest.mark.parametrize("fixture", ["tiny_target", "tiny_fixed"])
+@pytest.mark.parametrize("slots", [1, 3, 8])
+def test_stream_ar_equals_static(request, fixture, slots):
+    model = request.getfixturevalue(fixture)
+    with torch.inference_mode():
+        expected = _static(lambda a, c: greedy_decode(model, _encode(model, a), c))
+        got = dict(VerifyLoop(model).decode_stream(_admissions(model), slots, max_cap=max(CAPS)))
+    assert sorted(got) == list(range(len(AUDIO)))
+    assert {k: h.tokens for k, h in got.items()} == {k: h.tokens for k, h in expected.items()}
+    assert {k: h.stats.target_forward_passes for k, h in got.items()} == \
+        {k: h.stats.target_forward_passes for k, h in expected.items()}
+
+
+@pytest.mark.parametrize("slots", [2, 5])
+def test_stream_draft_equals_static(tiny_target, tiny_draft, slots):
+    opt = SpeculationOptions()
+    with torch.inference_mode():
+        expected = _static(lambda a, c: speculative_decode(tiny_target, _encode(tiny_target, a), tiny_draft,
+                                                           _encode(tiny_draft, a), c, opt))
+        loop = draft_loop(tiny_target, DraftProposer(tiny_draft, None, [max(CAPS)], opt), opt)
+        got = dict(loop.decode_stream(_admissions(tiny_target, tiny_draft), slots, max_cap=max(CAPS)))
+    assert {k: h.tokens for k, h in got.items()} == {k: h.tokens for k, h in expected.items()}
+    for key in ("target_forward_passes", "draft_forward_passes", "draft_tokens_proposed", "draft_tokens_accepted"):
+        assert {k: getattr(h.stats, key) for k, h in got.items()} == \
+            {k: getattr(h.stats, key) for k, h in expected.items()}, key
+
+
+def test_stream_errors(tiny_target):
+    from rayspec.decoding.ctc_proposer import CTCProposer
+
+    with pytest.raises(ValueError, match="slots"):
+        list(VerifyLoop(tiny_target).decode_stream([], 0, 10))
+    with pytest.raises(ValueError, match="admit"):
+        list(VerifyLoop(tiny_target, CTCProposer([], 0, 1)).decode_stream([], 2, 10))
+    with pytest.raises(ValueError, match="max_cap"):
+        list(VerifyLoop(tiny_target).decode_stream(_admissions(tiny_target), 2, max_cap=5))
+
+
+def test_cache_place_pads_cross_attention(tiny_target):
+    """A row whose encoder output is longer than the cache's grows it; shorter rows are masked."""
+    with torch.inference_mode():
+        short, long_ = _encode(tiny_target, [AUDIO[0][:4000]]), _encode(tiny_target, [AUDIO[1]])
+        assert long_.states.shape[1] > short.states.shape[1]
+        cache = tiny_target.new_cache(EncoderOutput.cat([short, short]), 8)
+        cache.place([1], tiny_target.new_cache(long_, 1))
+        s = long_.states.shape[1]
+        assert cache.cross_k[0].shape[2] == s
+        assert cache.cross_mask[:, 0, 0].sum(1).tolist() == [short.states.shape[1], s]
+        ref = tiny_target.new_cache(long_, 1)
+        assert torch.equal(cache.cross_k[0][1], ref.cross_k[0][0])
+
+
+def _run(tmp_path, name, utts, transcriber, continuous, max_rows=3):
+    from rayspec.batching import BatchBudget
+    from rayspec.pipeline import run_corpus
+    from rayspec.results import read_results
+
+    out = str(tmp_path / f"{name}.parquet")
+    run_corpus(utts, transcriber, out, BatchBudget(max_rows=max_rows), continuous=continuous)
+    return {r["id"]: r for r in read_results(out).to_pylist()}
+
+
+@pytest.mark.parametrize("method", ["ar", "draft"])
+def test_run_corpus_continuous_equals_static(tmp_path, samples_manifest, tiny_target, tiny_draft, method):
+    from rayspec.manifest import read_manifest
+    from rayspec.pipeline import DecodeOptions, Transcriber
+
+    utts = read_manifest(samples_manifest)
+    transcriber = Transcriber(tiny_target.model.name_or_path, tiny_draft.model.name_or_path,
+                              DecodeOptions(method, max_tokens_per_second=4))
+    static = _run(tmp_path, "static", utts, transcriber, False)
+    stream = _run(tmp_path, "stream", utts, transcriber, True)
+    assert len(stream) == len(utts) and set(stream) == set(static)
+    for key in ("text", "target_forward_passes", "draft_forward_passes", "draft_tokens_accepted", "error"):
+        assert {k: r[key] for k, r in stream.items()} == {k: r[key] for k, r in static.items()}, key
+
+
+def test_stream_faults_are_redone_without_it(tmp_path, samples_manifest, tiny_target, monkeypatch):
+    """A batch whose encoding raises is redone row by row; when decoding raises, every unfinished batch is redone
+    by the static path; rows already written stay."""
+    from rayspec.manifest import read_manifest
+    from rayspec.pipeline import DecodeOptions, Drafter, Transcriber
+
+    utts = read_manifest(samples_manifest)
+    transcriber = Transcriber(tiny_target.model.name_or_path, options=DecodeOptions(max_tokens_per_second=4))
+    expected = _run(tmp_path, "clean", utts, transcriber, False)
+    encode = Drafter.encode
+
+    def poisoned(self, batch, audios=None):
+        if any(u.id == utts[2].id for u in batch):
+            raise RuntimeError("poisoned row")
+        return encode(self, batch, audios)
+
+    monkeypatch.setattr(Drafter, "encode", poisoned)
+    rows = _run(tmp_path, "poisoned", utts, transcriber, True)
+    assert rows[utts[2].id]["error_code"] == "internal" and "poisoned row" in rows[utts[2].id]["error"]
+    assert {k: r["text"] for k, r in rows.items() if k != utts[2].id} == \
+        {k: r["text"] for k, r in expected.items() if k != utts[2].id}
+    monkeypatch.setattr(Drafter, "encode", encode)
+
+    stream = VerifyLoop.decode_stream
+
+    def dies(self, source, slots, max_cap):
+        for n, item in enumerate(stream(self, source, slots, max_cap)):
+            if n == 2:
+                raise RuntimeError("device lost")
+            yield item
+
+    monkeypatch.setattr(VerifyLoop, "decode_stream", dies)
+    rows = _run(tmp_path, "dies", utts, transcriber, True)
+    assert {k: (r["text"], r["error"]) for k, r in rows.items()} == \
+        {k: (r["text"], r["error"]) for k, r in expected.items()}
