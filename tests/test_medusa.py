@@ -76,3 +76,20 @@ def test_head_accuracy_curve_is_one_fraction_per_head(tiny_target, samples_manif
 
     acc = head_accuracy(tiny_target, _heads(tiny_target), read_manifest(samples_manifest)[:3])
     assert len(acc) == 4 and all(0.0 <= a <= 1.0 for a in acc)
+
+
+def test_medusa_continuous_batching_equals_static(tiny_target):
+    """Rows that join mid-batch get no proposal until their first target pass returns a hidden state."""
+    from rayspec.spec.loop import Admission
+
+    caps = [24, 5, 24, 9, 24, 2, 24, 13]
+    heads = _heads(tiny_target)
+    static = {i: h for i in range(len(AUDIO)) for h in _medusa(tiny_target, heads, [AUDIO[i]], [caps[i]])}
+    rows = (Admission(list(range(s, s + 2)), _encode(tiny_target, AUDIO[s : s + 2]), caps[s : s + 2])
+            for s in range(0, len(AUDIO), 2))
+    loop = VerifyLoop(tiny_target, MedusaProposer(tiny_target, heads), max_nodes=len(DEFAULT_TREE), route="medusa")
+    with torch.inference_mode():
+        got = dict(loop.decode_stream(rows, 3, max_cap=24))
+    assert {k: h.tokens for k, h in got.items()} == {k: h.tokens for k, h in static.items()}
+    assert {k: h.stats.target_forward_passes for k, h in got.items()} == \
+        {k: h.stats.target_forward_passes for k, h in static.items()}
