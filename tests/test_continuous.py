@@ -9,7 +9,7 @@ from rayspec.decoding.proposer import DraftProposer
 from rayspec.decoding.speculative import SpeculationOptions, draft_loop, speculative_decode
 from rayspec.models.whisper import EncoderOutput
 from rayspec.spec.loop import Admission, VerifyLoop
-from tiny import random_audio
+from tiny import poison_drafter, random_audio
 
 AUDIO = random_audio(12, seed=5)
 CAPS = [3, 40, 7, 25, 40, 1, 12, 40, 5, 30, 0, 18]  # ragged finishes (and a row with nothing to generate)
@@ -121,14 +121,7 @@ def test_stream_faults_are_redone_without_it(tmp_path, samples_manifest, tiny_ta
     utts = read_manifest(samples_manifest)
     transcriber = Transcriber(tiny_target.model.name_or_path, options=DecodeOptions(max_tokens_per_second=4))
     expected = _run(tmp_path, "clean", utts, transcriber, False)
-    encode = Drafter.encode
-
-    def poisoned(self, batch, audios=None):
-        if any(u.id == utts[2].id for u in batch):
-            raise RuntimeError("poisoned row")
-        return encode(self, batch, audios)
-
-    monkeypatch.setattr(Drafter, "encode", poisoned)
+    encode = poison_drafter(monkeypatch, utts[2].id)
     rows = _run(tmp_path, "poisoned", utts, transcriber, True)
     assert rows[utts[2].id]["error_code"] == "internal" and "poisoned row" in rows[utts[2].id]["error"]
     assert {k: r["text"] for k, r in rows.items() if k != utts[2].id} == \

@@ -16,6 +16,7 @@ from rayspec.cli import EXIT_SOME_FAILED, EXIT_USAGE, main
 from rayspec.manifest import read_manifest
 from rayspec.results import OutputLock, OutputLockedError, ResultRow, ResultWriter
 from rayspec.vad import SegmentOptions, has_speech, segments
+from tiny import poison_drafter
 
 
 def _clip(samples_manifest, i=0):
@@ -116,19 +117,12 @@ def test_hostile_corpus_one_error_row_per_bad_file_same_texts_for_good(tmp_path,
 
 
 def test_a_batch_that_raises_is_redone_row_by_row(samples_manifest, tiny_target, monkeypatch):
-    from rayspec.pipeline import Drafter, Transcriber
+    from rayspec.pipeline import Transcriber
 
     utts = read_manifest(samples_manifest)[:4]
     transcriber = Transcriber(tiny_target.model.name_or_path)
     expected = [r.text for r in transcriber.transcribe(utts)]
-    encode = Drafter.encode
-
-    def poisoned(self, batch, audios=None):
-        if any(u.id == utts[2].id for u in batch):
-            raise RuntimeError("poisoned row")
-        return encode(self, batch, audios)
-
-    monkeypatch.setattr(Drafter, "encode", poisoned)
+    poison_drafter(monkeypatch, utts[2].id)
     rows = transcriber.transcribe(utts)
     assert [r.id for r in rows] == [u.id for u in utts]
     assert rows[2].error_code == "internal" and "poisoned row" in rows[2].error

@@ -82,3 +82,18 @@ def hf_greedy(asr: WhisperASR, audio, max_new_tokens: int) -> list[int]:
         )
     ids = out[0, len(asr.prompt_ids):].tolist()
     return ids[: ids.index(asr.eos_token_id)] if asr.eos_token_id in ids else ids
+
+
+def poison_drafter(monkeypatch, bad_id):
+    """Make ``Drafter.encode`` raise "poisoned row" for any batch holding utterance ``bad_id``; returns the original."""
+    from rayspec.pipeline import Drafter
+
+    encode = Drafter.encode
+
+    def poisoned(self, batch, audios=None):
+        if any(u.id == bad_id for u in batch):
+            raise RuntimeError("poisoned row")
+        return encode(self, batch, audios)
+
+    monkeypatch.setattr(Drafter, "encode", poisoned)
+    return encode

@@ -184,15 +184,9 @@ class VerifyLoop:
         if len(live) < len(rows):
             cache = cache.select([r.index for r in live])
         while live:
-            if self.proposer is None:
-                proposals = [Proposal() for _ in live]
-            else:
-                proposals = self.proposer.propose([DraftRequest(r.index, list(r.seq), r.room) for r in live])
-            feedback = self._round(live, proposals, cache)
-            keep = [k for k, r in enumerate(live) if not (r.hyp.finished or r.room <= 0)]
-            if self.proposer is not None:
-                self.proposer.update([feedback[k] for k in keep])
-            if len(keep) < len(live):
+            done = set(self._step(live, cache))
+            if done:
+                keep = [k for k in range(len(live)) if k not in done]
                 cache = cache.select(keep)
                 live = [live[k] for k in keep]
         return [r.hyp for r in rows]
@@ -274,14 +268,7 @@ class VerifyLoop:
             self.proposer.admit(list(range(len(first))), first.ids, first.extra)
         live = [_Row(k, int(c), Hypothesis([], False, self.route), list(prompt)) for k, c in zip(first.ids, first.caps)]
         while live:
-            if self.proposer is None:
-                proposals = [Proposal() for _ in live]
-            else:
-                proposals = self.proposer.propose([DraftRequest(r.index, list(r.seq), r.room) for r in live])
-            feedback = self._round(live, proposals, cache)
-            done = [k for k, r in enumerate(live) if r.hyp.finished or r.room <= 0]
-            if self.proposer is not None:
-                self.proposer.update([f for k, f in enumerate(feedback) if k not in set(done)])
+            done = self._step(live, cache)
             if not done:
                 continue
             for k in done:
@@ -294,6 +281,20 @@ class VerifyLoop:
                 keep = [k for k in range(len(live)) if k not in gone]
                 cache = cache.select(keep)
                 live = [live[k] for k in keep]
+
+    def _step(self, live: list[_Row], cache) -> list[int]:
+        """One round over the live rows (propose -> verify -> commit); the proposer hears what was kept of the rows
+        that go on. Returns the indices (into ``live``) of the rows that finished."""
+        if self.proposer is None:
+            proposals = [Proposal() for _ in live]
+        else:
+            proposals = self.proposer.propose([DraftRequest(r.index, list(r.seq), r.room) for r in live])
+        feedback = self._round(live, proposals, cache)
+        done = [k for k, r in enumerate(live) if r.hyp.finished or r.room <= 0]
+        if self.proposer is not None:
+            gone = set(done)
+            self.proposer.update([f for k, f in enumerate(feedback) if k not in gone])
+        return done
 
     def _round(self, live: list[_Row], proposals: list[Proposal], cache) -> list[Feedback]:
         t = self.target
