@@ -4,9 +4,10 @@
 verbose_json), ``GET /v1/models`` and ``GET /health``; with ``tts`` on, also OpenAI's ``POST /v1/audio/speech``
 (JSON: ``model``, ``input`` <= 4096 characters, ``voice``, ``response_format`` = mp3 | opus | flac | wav | pcm,
 ``speed`` 0.25..4, ``stream_format`` = audio | sse for sentence-level streaming; the body is the audio) and
-``GET /v1/audio/voices``, served by ``actors/speech_app.py``. Requests are batched dynamically with ``@serve.batch`` into
-the configured decoder (AR, draft speculation or SSD), so concurrent requests share target passes; decoding runs off
-the event loop, so health checks and refusals stay fast while a batch decodes.
+``GET /v1/audio/voices``, served by ``actors/speech_app.py``. Concurrent requests share target passes: with ``ar``,
+``draft`` and ``medusa`` a request joins the replica's running decode as soon as a slot frees (continuous batching,
+:class:`rayspec.engine.TranscriptionEngine`) and returns when its own rows finish; the other methods batch dynamically
+with ``@serve.batch``. Decoding runs off the event loop, so health checks and refusals stay fast while it decodes.
 
 Every error, validation included, is JSON of one shape, ``{"error": {"message", "type", "code"}}``:
 
@@ -28,6 +29,7 @@ Start with ``rayspec serve`` (127.0.0.1:8000) or ``serve run actors.serve_app:ap
 
 import asyncio
 import io
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -41,7 +43,9 @@ from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from rayspec.audio import DEFAULT_MAX_BYTES, AudioError, AudioLimits, load_audio
+from rayspec.engine import TranscriptionEngine
 from rayspec.manifest import Utterance
+from rayspec.methods import METHODS
 
 api = FastAPI(title="rayspec", description="Speech recognition with exact, batched speculative decoding")
 FORMATS = ("json", "text", "verbose_json")
@@ -198,8 +202,10 @@ class TranscriptionService:
 
     Args:
         transcriber: :class:`~rayspec.pipeline.Transcriber` keyword arguments.
-        max_batch_size: most requests decoded together (``@serve.batch``).
-        batch_wait_timeout_s: how long a batch waits to fill.
+        max_batch_size: most rows decoded together: the continuous batch's slots (methods ar, draft, medusa:
+            a request joins the running decode as a slot frees, :class:`rayspec.engine.TranscriptionEngine`), else
+            the largest dynamic batch (``@serve.batch``).
+        batch_wait_timeout_s: how long a dynamic batch waits to fill (methods without continuous batching).
         max_upload_bytes: 413 above this (the audio file; the body may add multipart overhead).
         threads: torch CPU threads (0 = default).
         max_queued: requests admitted at once per replica (decoding or waiting); 503 beyond.
@@ -216,6 +222,10 @@ class TranscriptionService:
         if threads:
             torch.set_num_threads(threads)
         self.transcriber = Transcriber(**transcriber)
+        # Continuous batching where the method has it; else dynamic batches (@serve.batch) decoded one at a time.
+        self.engine = (TranscriptionEngine(self.transcriber, max_batch_size)
+                       if METHODS[self.transcriber.options.method].stream else None)
+        self._requests = itertools.count()
         self.limits = AudioLimits(self.transcriber.limits.max_seconds, max_upload_bytes)
         self.admission = Admission(max_upload_bytes + MULTIPART_OVERHEAD, max_queued, body_timeout_s)
         self.models = {self.transcriber.target.name, *MODEL_ALIASES}
@@ -233,9 +243,16 @@ class TranscriptionService:
         rows = await asyncio.to_thread(self.transcriber.transcribe, utts, audios)
         return [(row, len(requests)) for row in rows]
 
+    async def _transcribe(self, name: str, audio) -> tuple:
+        """``(result row, batch size)`` of one waveform: through the continuous batch (batch size: requests decoding
+        when it finished), or a dynamic batch for methods without one."""
+        if self.engine is None:
+            return await self._decode((name, audio))
+        return await asyncio.wrap_future(self.engine.submit(Utterance(f"request-{next(self._requests)}", name), audio))
+
     async def _transcribe_text(self, audio) -> str:
-        """Text of one waveform, through the same dynamic batches as ``/v1/audio/transcriptions``."""
-        row, _ = await self._decode(("realtime", audio))
+        """Text of one waveform, through the same batches as ``/v1/audio/transcriptions``."""
+        row, _ = await self._transcribe("realtime", audio)
         return row.text or ""
 
     @api.websocket("/v1/realtime")
@@ -279,7 +296,7 @@ class TranscriptionService:
             audio = await asyncio.to_thread(load_audio, buf, self.transcriber.sample_rate, self.limits)
         except AudioError as exc:
             return _error(AUDIO_ERROR_STATUS.get(exc.code, 400), str(exc))
-        row, batch_size = await self._decode((name, audio))
+        row, batch_size = await self._transcribe(name, audio)
         if row.error:
             return _error(500, f"decoding failed: {row.error}")
         if response_format == "text":

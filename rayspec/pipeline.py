@@ -193,7 +193,8 @@ def stream_decode(target: WhisperASR, options: DecodeOptions, batches: Iterable[
 
     Args:
         batches: ``(key, encoded batch)`` pairs (on the target's device and dtype), longest first preferably (later
-            rows then fit the first rows' cross-attention cache without growing it).
+            rows then fit the first rows' cross-attention cache without growing it), or None for "nothing ready now"
+            (an online queue; see :meth:`~rayspec.spec.loop.VerifyLoop.decode_stream`).
         draft: the draft model for method "draft".
 
     Yields:
@@ -207,7 +208,8 @@ def stream_decode(target: WhisperASR, options: DecodeOptions, batches: Iterable[
         raise ValueError(f"method {options.method!r} has no continuous batching")
     limit = target.max_target_positions - len(target.prompt_ids) - 1
     loop = method.stream(target, options, draft, limit)
-    rows = (Admission([(k, r) for r in range(len(e.caps))], e.target, e.caps, e.draft) for k, e in batches)
+    rows = (None if item is None else Admission([(item[0], r) for r in range(len(item[1].caps))], item[1].target,
+                                                 item[1].caps, item[1].draft) for item in batches)
     return loop.decode_stream(rows, slots, limit)
 
 

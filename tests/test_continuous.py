@@ -140,3 +140,40 @@ def test_stream_faults_are_redone_without_it(tmp_path, samples_manifest, tiny_ta
     rows = _run(tmp_path, "dies", utts, transcriber, True)
     assert {k: (r["text"], r["error"]) for k, r in rows.items()} == \
         {k: (r["text"], r["error"]) for k, r in expected.items()}
+
+
+def test_engine_requests_join_the_running_batch(samples_manifest, tiny_target, tiny_draft, monkeypatch):
+    """Online continuous batching: more requests than slots, from several threads, equal the static decode; a
+    request whose encoding raises is an error row; the engine idles and wakes up again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rayspec.audio import load_audio
+    from rayspec.engine import TranscriptionEngine
+    from rayspec.manifest import read_manifest
+    from rayspec.pipeline import DecodeOptions, Transcriber
+
+    utts = read_manifest(samples_manifest)
+    t = Transcriber(tiny_target.model.name_or_path, tiny_draft.model.name_or_path,
+                    DecodeOptions("draft", max_tokens_per_second=4))
+    expected = {u.id: r for u, r in zip(utts, t.transcribe(utts))}
+    audios = {u.id: load_audio(u.audio, t.sample_rate) for u in utts}
+    engine = TranscriptionEngine(t, slots=3)
+    poison_drafter(monkeypatch, utts[1].id)
+    with ThreadPoolExecutor(4) as pool:
+        futures = list(pool.map(lambda u: engine.submit(u, audios[u.id]), utts * 3))
+    results = [f.result(timeout=300) for f in futures]
+    for u, (row, in_flight) in zip(utts * 3, results):
+        if u.id == utts[1].id:
+            assert row.error_code == "internal" and "poisoned row" in row.error
+            continue
+        ref = expected[u.id]
+        assert (row.text, row.target_forward_passes, row.draft_tokens_accepted) == \
+            (ref.text, ref.target_forward_passes, ref.draft_tokens_accepted)
+    assert max(n for _, n in results) > 1
+    row, _ = engine.submit(utts[0], audios[utts[0].id]).result(timeout=60)  # after an idle moment
+    assert row.text == expected[utts[0].id].text
+    engine.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        engine.submit(utts[0], audios[utts[0].id])
+    with pytest.raises(ValueError, match="continuous"):
+        TranscriptionEngine(Transcriber(tiny_target.model.name_or_path, options=DecodeOptions("ssd")))

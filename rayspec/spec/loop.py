@@ -199,11 +199,13 @@ class VerifyLoop:
         tokens do not depend on its neighbours), with the same counters.
 
         ``source`` is read lazily, a few rows ahead of need (e.g. a generator that encodes the next batch of a
-        corpus only when its rows are wanted). The proposer, if any, must accept new rows with
+        corpus only when its rows are wanted); it may yield None for "no rows ready now" (an online request queue):
+        decoding goes on with the live rows and asks again when a slot frees, and the stream ends once no row is
+        live and the source has none ready. The proposer, if any, must accept new rows with
         ``admit(slots, ids, extra)`` (``slots``: cache rows to fill; on an empty proposer ``0 .. R-1``).
 
         Args:
-            source: :class:`Admission` s, in the order their rows should start.
+            source: :class:`Admission` s (or None, see above), in the order their rows should start.
             slots: most rows decoded at once (the batch size).
             max_cap: the largest cap any row will have (sizes the KV cache).
 
@@ -228,7 +230,7 @@ class VerifyLoop:
             parts = []
             while n > 0:
                 if waiting[0] is None:
-                    waiting[0] = next(rows, None)
+                    waiting[0] = next(rows, None)  # None: the source is exhausted or has nothing ready now
                     if waiting[0] is None:
                         break
                 head, waiting[0] = waiting[0].split(n)

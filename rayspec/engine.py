@@ -1,0 +1,144 @@
+"""Online transcription with continuous batching: requests join the running decode as they arrive.
+
+Dynamic batching (Ray Serve's ``@serve.batch``) collects requests for a moment and decodes them as one batch: a request
+that arrives while a batch decodes waits for all of it, and the batch shrinks as its rows finish. Here one engine
+thread keeps a continuous batch (:meth:`~rayspec.spec.loop.VerifyLoop.decode_stream`, Orca's iteration-level
+scheduling, Yu et al. OSDI 2022): a request is encoded when a slot is free and joins before the next decoder pass,
+and each request resolves as soon as its own rows finish. The decoded tokens are those of
+:meth:`~rayspec.pipeline.Transcriber.transcribe` (rows do not depend on their neighbours).
+
+Used by ``rayspec serve`` replicas for the methods with continuous batching (``ar``, ``draft``, ``medusa``); callers
+in an event loop wrap the returned futures (``asyncio.wrap_future``).
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from .decoding.common import Hypothesis
+from .manifest import Utterance
+from .methods import METHODS
+from .pipeline import EncodedBatch, Transcriber, stream_decode
+from .results import ResultRow
+
+
+@dataclass
+class _Request:
+    key: int
+    utterance: Utterance
+    audio: np.ndarray
+    future: Future
+    start: float = field(default_factory=time.perf_counter)
+    batch: Optional[EncodedBatch] = None
+    hyps: list = field(default_factory=list)
+
+
+class TranscriptionEngine:
+    """A background thread that decodes submitted waveforms with continuous batching.
+
+    Args:
+        transcriber: the models and decoding options (its method must support continuous batching).
+        slots: most rows (speech segments) decoded at once.
+
+    Raises:
+        ValueError: a method without continuous batching (``ssd``, ``ctc-draft``), or ``slots < 1``.
+    """
+
+    def __init__(self, transcriber: Transcriber, slots: int = 16) -> None:
+        if METHODS[transcriber.options.method].stream is None:
+            raise ValueError(f"method {transcriber.options.method!r} has no continuous batching")
+        if slots < 1:
+            raise ValueError(f"slots must be >= 1, got {slots}")
+        self.transcriber, self.slots = transcriber, slots
+        self._queue: deque[_Request] = deque()
+        self._wake = threading.Condition()
+        self._keys = itertools.count()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="rayspec-engine", daemon=True)
+        self._thread.start()
+
+    def submit(self, utterance: Utterance, audio: np.ndarray) -> Future:
+        """Queue one waveform (mono float32 at the target's sample rate).
+
+        Returns:
+            A future of ``(row, in_flight)``: the :class:`~rayspec.results.ResultRow` (an error row if decoding
+            failed, never an exception) and how many requests were decoding when it finished (itself included).
+
+        Raises:
+            RuntimeError: the engine is closed.
+        """
+        request = _Request(next(self._keys), utterance, audio, Future())
+        with self._wake:
+            if self._closed:
+                raise RuntimeError("the transcription engine is closed")
+            self._queue.append(request)
+            self._wake.notify()
+        return request.future
+
+    def close(self) -> None:
+        """Stop the thread after the requests in flight; queued requests not yet started fail with RuntimeError."""
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join()
+        while self._queue:
+            self._queue.popleft().future.set_exception(RuntimeError("the transcription engine was closed"))
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._queue and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    return
+            self._burst()
+
+    def _next(self) -> Optional[_Request]:
+        with self._wake:
+            return self._queue.popleft() if self._queue and not self._closed else None
+
+    def _burst(self) -> None:
+        """Decode until no request is in flight or waiting."""
+        t = self.transcriber
+        flight: dict[int, _Request] = {}
+
+        def finish(req: _Request, rows: list[ResultRow]) -> None:
+            flight.pop(req.key, None)
+            req.future.set_result((rows[0], len(flight) + 1))
+
+        def source():
+            while True:
+                req = self._next()
+                if req is None:
+                    yield None  # nothing waiting now: decoding goes on with the live rows
+                    continue
+                req.start = time.perf_counter()  # decode_s counts from here (not the time spent queued)
+                try:
+                    batch = t.drafter.encode([req.utterance], [req.audio])
+                except Exception:  # noqa: BLE001 - transcribe() turns it into an error row
+                    finish(req, t.transcribe([req.utterance], [req.audio]))
+                    continue
+                if batch.encoded is None:  # bad audio or no speech: its row needs no decoder
+                    finish(req, t.decoder.rows(batch, [], batch.encode_s))
+                    continue
+                req.batch, req.hyps = batch, [None] * len(batch.owners)
+                flight[req.key] = req
+                yield req.key, batch.encoded.to(t.target.device, t.target.dtype)
+
+        try:
+            for (key, r), h in stream_decode(t.target, t.options, source(), self.slots, t.draft):
+                req = flight[key]
+                req.hyps[r] = h
+                if all(isinstance(x, Hypothesis) for x in req.hyps):
+                    finish(req, t.decoder.rows(req.batch, req.hyps, time.perf_counter() - req.start))
+        except Exception:  # noqa: BLE001 - the requests in flight are redone alone (error rows if they fail)
+            for req in list(flight.values()):
+                finish(req, t.transcribe([req.utterance], [req.audio]))
