@@ -196,7 +196,9 @@ def _serve_parser(sub) -> None:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray on 127.0.0.1)")
-    p.add_argument("--max-batch-size", type=int, default=16)
+    p.add_argument("--max-batch-size", type=int, default=16,
+                   help="rows decoded together per replica: the continuous batch's slots (ar, draft, medusa) or the "
+                        "largest dynamic batch (ssd, ctc-draft); default 16")
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--replica-cpus", type=float, default=1.0)
     p.add_argument("--replica-gpus", type=float, default=0.0)
