@@ -185,7 +185,9 @@ def _serve_parser(sub) -> None:
     p = sub.add_parser(
         "serve", help="OpenAI-compatible transcription endpoint on Ray Serve",
         description="POST /v1/audio/transcriptions (multipart file, model, response_format=json|text|verbose_json), "
-                    "GET /v1/models and GET /health, with dynamic batching (@serve.batch) into the chosen decoder. "
+                    "GET /v1/models and GET /health. Requests share target passes: continuous batching (a request "
+                    "joins the running decode as a slot frees) for ar, draft and medusa, dynamic batching "
+                    "(@serve.batch) for ssd and ctc-draft. "
                     "Long audio is segmented. Errors are JSON {\"error\": {message, type, code}}: 400 bad input, "
                     "404 unknown model, 408 slow upload, 413 over 25 MB (checked before reading the body), "
                     "415 undecodable audio, 503 + Retry-After when --max-queued requests wait.",
