@@ -177,3 +177,36 @@ def test_engine_requests_join_the_running_batch(samples_manifest, tiny_target, t
         engine.submit(utts[0], audios[utts[0].id])
     with pytest.raises(ValueError, match="continuous"):
         TranscriptionEngine(Transcriber(tiny_target.model.name_or_path, options=DecodeOptions("ssd")))
+
+
+@pytest.mark.parametrize("method", ["ar", "draft"])
+def test_stream_grows_when_rows_arrive_later(tiny_target, tiny_draft, method):
+    """An online source: one row, then "nothing ready" for a while, then the rest one at a time; the batch grows from
+    1 row toward its slots (cache and draft cache extended) and every row still equals its static decode."""
+    opt = SpeculationOptions()
+
+    left = [len(AUDIO)]
+
+    def source():
+        for i, a in enumerate(AUDIO):
+            left[0] -= 1
+            yield Admission([i], _encode(tiny_target, [a]), [CAPS[i]],
+                            _encode(tiny_draft, [a]) if method == "draft" else None)
+            if i < 3:
+                yield None
+                yield None
+
+    with torch.inference_mode():
+        if method == "ar":
+            expected = _static(lambda a, c: greedy_decode(tiny_target, _encode(tiny_target, a), c))
+            loop = VerifyLoop(tiny_target)
+        else:
+            expected = _static(lambda a, c: speculative_decode(tiny_target, _encode(tiny_target, a), tiny_draft,
+                                                               _encode(tiny_draft, a), c, opt))
+            loop = draft_loop(tiny_target, DraftProposer(tiny_draft, None, [max(CAPS)], opt), opt)
+        got, rows = {}, source()
+        while left[0] > 0 or len(got) < len(AUDIO):  # a stream ends when nothing is live or ready: start again
+            got.update(loop.decode_stream(rows, 6, max_cap=max(CAPS)))
+    assert {k: h.tokens for k, h in got.items()} == {k: h.tokens for k, h in expected.items()}
+    assert {k: h.stats.target_forward_passes for k, h in got.items()} == \
+        {k: h.stats.target_forward_passes for k, h in expected.items()}

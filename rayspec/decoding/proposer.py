@@ -165,11 +165,16 @@ class DraftProposer:
 
     def admit(self, slots: list[int], ids: list, draft_enc: EncoderOutput) -> None:
         """Take new rows ``ids`` (the verify loop's row keys) into cache rows ``slots`` (``0 .. R-1`` on an empty
-        proposer), replacing finished rows there; ``draft_enc``: the draft's encoder output for them (``R`` rows)."""
+        proposer), replacing finished rows there or, past the last row, appending; ``draft_enc``: the draft's encoder
+        output for them (``R`` rows)."""
         enc = draft_enc.to(self.draft.device)
         if self.cache is None:
             self.cache, self.rows = self.draft.new_cache(enc, self.capacity), list(ids)
             return
+        if max(slots) >= len(self.rows):
+            grow = max(slots) + 1 - len(self.rows)
+            self.cache.extend(grow)
+            self.rows += [None] * grow
         self.cache.place(slots, self.draft.new_cache(enc, 1))
         for slot, key in zip(slots, ids):
             self.rows[slot] = key

@@ -124,6 +124,23 @@ class DecoderCache:
         )
         return out
 
+    def extend(self, n: int) -> None:
+        """Append ``n`` empty rows (no committed positions, every encoder position masked) for :meth:`place` to fill:
+        a continuous batch that runs below its slot count grows as new rows arrive. Copies every layer's keys/values
+        once (concatenation)."""
+        if self.pending:
+            raise ValueError("cannot extend a cache with pending positions")
+        dev = self.device
+        grow = lambda ts: [torch.cat([t, t.new_zeros((n, *t.shape[1:]))]) for t in ts]  # noqa: E731
+        self.self_k, self.self_v = grow(self.self_k), grow(self.self_v)
+        if self.cross_k:
+            s = self.cross_k[0].shape[2]
+            self.cross_k, self.cross_v = grow(self.cross_k), grow(self.cross_v)
+            mask = (torch.ones((self.batch_size, 1, 1, s), dtype=torch.bool, device=dev) if self.cross_mask is None
+                    else self.cross_mask)
+            self.cross_mask = torch.cat([mask, torch.zeros((n, 1, 1, s), dtype=torch.bool, device=dev)])
+        self._set_lengths(np.concatenate([self.host_lengths, np.zeros(n, dtype=np.int64)]))
+
     def place(self, slots: Sequence[int], new: "DecoderCache") -> None:
         """Put the rows of ``new`` into rows ``slots`` of this cache, in place: continuous batching refills the slots
         of finished rows with new utterances without copying the other rows.

@@ -195,7 +195,8 @@ class VerifyLoop:
     def decode_stream(self, source: Iterable[Admission], slots: int, max_cap: int) -> Iterator[tuple[Any, Hypothesis]]:
         """Continuous batching: decode the rows of ``source`` with up to ``slots`` rows live at once; the slot of a
         finished row is refilled from ``source`` before the next round (Orca's iteration-level scheduling, Yu et al.
-        2022), so the batch stays full until the source runs dry. Every row is decoded as in :meth:`decode` (its
+        2022), so the batch stays full until the source runs dry; a batch below ``slots`` rows (an online source
+        with fewer requests so far) grows as rows arrive (:meth:`~rayspec.models.cache.DecoderCache.extend`). Every row is decoded as in :meth:`decode` (its
         tokens do not depend on its neighbours), with the same counters.
 
         ``source`` is read lazily, a few rows ahead of need (e.g. a generator that encodes the next batch of a
@@ -271,11 +272,17 @@ class VerifyLoop:
         live = [_Row(k, int(c), Hypothesis([], False, self.route), list(prompt)) for k, c in zip(first.ids, first.caps)]
         while live:
             done = self._step(live, cache)
-            if not done:
-                continue
             for k in done:
                 yield live[k].index, live[k].hyp
-            free = admit(pull(len(done)), done, live, cache)
+            # Refill the finished rows' slots, and grow toward ``slots`` if the batch started (or shrank) below it.
+            parts = pull(len(done) + slots - len(live)) if done or len(live) < slots else []
+            free = list(done)
+            extra = sum(len(p) for p in parts) - len(free)
+            if extra > 0:
+                cache.extend(extra)
+                free += list(range(len(live), len(live) + extra))
+                live += [None] * extra
+            free = admit(parts, free, live, cache)
             yield from instant
             instant.clear()
             if free:
