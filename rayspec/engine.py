@@ -15,30 +15,23 @@ from __future__ import annotations
 
 import itertools
 import threading
-import time
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
 
-from .decoding.common import Hypothesis
 from .manifest import Utterance
 from .methods import METHODS
-from .pipeline import EncodedBatch, Transcriber, stream_decode
-from .results import ResultRow
+from .pipeline import Transcriber
 
 
 @dataclass
 class _Request:
-    key: int
     utterance: Utterance
     audio: np.ndarray
     future: Future
-    start: float = field(default_factory=time.perf_counter)
-    batch: Optional[EncodedBatch] = None
-    hyps: list = field(default_factory=list)
 
 
 class TranscriptionEngine:
@@ -60,7 +53,6 @@ class TranscriptionEngine:
         self.transcriber, self.slots = transcriber, slots
         self._queue: deque[_Request] = deque()
         self._wake = threading.Condition()
-        self._keys = itertools.count()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="rayspec-engine", daemon=True)
         self._thread.start()
@@ -75,7 +67,7 @@ class TranscriptionEngine:
         Raises:
             RuntimeError: the engine is closed.
         """
-        request = _Request(next(self._keys), utterance, audio, Future())
+        request = _Request(utterance, audio, Future())
         with self._wake:
             if self._closed:
                 raise RuntimeError("the transcription engine is closed")
@@ -106,39 +98,19 @@ class TranscriptionEngine:
             return self._queue.popleft() if self._queue and not self._closed else None
 
     def _burst(self) -> None:
-        """Decode until no request is in flight or waiting."""
-        t = self.transcriber
-        flight: dict[int, _Request] = {}
+        """Decode until no request is in flight or waiting (:meth:`~rayspec.pipeline.Transcriber.transcribe_stream`
+        over the queue; it turns failures into error rows)."""
+        started: dict[int, _Request] = {}  # stream position -> request
 
-        def finish(req: _Request, rows: list[ResultRow]) -> None:
-            flight.pop(req.key, None)
-            req.future.set_result((rows[0], len(flight) + 1))
-
-        def source():
-            while True:
+        def batches():
+            for k in itertools.count():
                 req = self._next()
-                if req is None:
+                while req is None:
                     yield None  # nothing waiting now: decoding goes on with the live rows
-                    continue
-                req.start = time.perf_counter()  # decode_s counts from here (not the time spent queued)
-                try:
-                    batch = t.drafter.encode([req.utterance], [req.audio])
-                except Exception:  # noqa: BLE001 - transcribe() turns it into an error row
-                    finish(req, t.transcribe([req.utterance], [req.audio]))
-                    continue
-                if batch.encoded is None:  # bad audio or no speech: its row needs no decoder
-                    finish(req, t.decoder.rows(batch, [], batch.encode_s))
-                    continue
-                req.batch, req.hyps = batch, [None] * len(batch.owners)
-                flight[req.key] = req
-                yield req.key, batch.encoded.to(t.target.device, t.target.dtype)
+                    req = self._next()
+                started[k] = req
+                yield [req.utterance], [req.audio]
 
-        try:
-            for (key, r), h in stream_decode(t.target, t.options, source(), self.slots, t.draft):
-                req = flight[key]
-                req.hyps[r] = h
-                if all(isinstance(x, Hypothesis) for x in req.hyps):
-                    finish(req, t.decoder.rows(req.batch, req.hyps, time.perf_counter() - req.start))
-        except Exception:  # noqa: BLE001 - the requests in flight are redone alone (error rows if they fail)
-            for req in list(flight.values()):
-                finish(req, t.transcribe([req.utterance], [req.audio]))
+        for k, rows in self.transcriber.transcribe_stream(batches(), self.slots):
+            req = started.pop(k)
+            req.future.set_result((rows[0], len(started) + 1))

@@ -476,63 +476,76 @@ class Transcriber:
                     for row in self.transcribe([u], None if audios is None else [audios[i]])]
 
 
-    def transcribe_stream(self, batches: list[list[Utterance]], slots: int) -> Iterator[tuple[int, list[ResultRow]]]:
-        """Transcribe ``batches`` with continuous batching: up to ``slots`` rows decode at once and the slot of a
+    def transcribe_stream(self, batches: Iterable[Optional[tuple[list[Utterance], Optional[list[np.ndarray]]]]],
+                          slots: int) -> Iterator[tuple[int, list[ResultRow]]]:
+        """Transcribe batches with continuous batching: up to ``slots`` rows decode at once and the slot of a
         finished row is refilled from the next batch before the next decoder pass (methods whose registry entry
         has ``stream``; the others run batch by batch). Batches are encoded one at a time as their rows are needed.
 
-        Faults stay as isolated as in :meth:`transcribe`: a batch whose encoding raises, and every batch not yet
-        finished when decoding raises, is redone by :meth:`transcribe` (utterance by utterance if need be).
+        Faults stay as isolated as in :meth:`transcribe`: a batch whose encoding raises is redone by
+        :meth:`transcribe` at once (utterance by utterance if need be), and so is every unfinished batch when
+        decoding raises.
+
+        Args:
+            batches: ``(utterances, waveforms or None)`` per batch (as :meth:`transcribe` takes them), read lazily;
+                None for "nothing ready now" (an online queue: the stream then ends once nothing is decoding).
+            slots: most rows decoded at once.
 
         Yields:
-            ``(batch index, rows)`` once per batch, as each batch's last row finishes (not in input order).
+            ``(k, rows)`` once per batch, ``k`` its position among the batches given (Nones not counted), as the
+            batch's last row finishes (not in input order).
         """
         if METHODS[self.options.method].stream is None:
-            for k, batch in enumerate(batches):
-                yield k, self.transcribe(batch)
+            for k, item in enumerate(i for i in batches if i is not None):
+                yield k, self.transcribe(*item)
             return
         t = self.target
-        encoded: dict[int, EncodedBatch] = {}
-        hyps: dict[int, list[Optional[Hypothesis]]] = {}
-        ready: list[int] = []  # encoded batches with no rows to decode (errors, no speech)
-        redo: list[int] = []  # batches to redo without continuous batching
-        done: set[int] = set()
+        pending: dict[int, tuple[tuple, EncodedBatch, list[Optional[Hypothesis]]]] = {}  # k -> (batch, encoded, hyps)
+        finished: list[tuple[int, list[ResultRow]]] = []  # batches done without the decoder (errors, no speech)
+        static = [False]  # after a decoding failure: the remaining batches go through transcribe()
 
         def source():
-            for k, batch in enumerate(batches):
+            k = 0
+            for item in batches:
+                if item is None:
+                    yield None
+                    continue
+                key, k = k, k + 1
+                if static[0]:
+                    finished.append((key, self.transcribe(*item)))
+                    continue
                 try:
-                    eb = self.drafter.encode(batch)
-                except Exception:  # noqa: BLE001 - redone by transcribe(), which isolates the utterance
-                    redo.append(k)
+                    eb = self.drafter.encode(*item)
+                except Exception:  # noqa: BLE001 - transcribe() isolates the failing utterance
+                    finished.append((key, self.transcribe(*item)))
                     continue
-                encoded[k] = eb
                 if eb.encoded is None:
-                    ready.append(k)
+                    finished.append((key, self.decoder.rows(eb, [], eb.encode_s)))
                     continue
-                hyps[k] = [None] * len(eb.owners)
-                yield k, eb.encoded.to(t.device, t.dtype)
-
-        def finish(k: int, seconds: float) -> tuple[int, list[ResultRow]]:
-            done.add(k)
-            eb = encoded.pop(k)
-            return k, self.decoder.rows(eb, hyps.pop(k, []), eb.encode_s + seconds)
+                pending[key] = (item, eb, [None] * len(eb.owners))
+                yield key, eb.encoded.to(t.device, t.dtype)
 
         t0 = time.perf_counter()
+        rows = source()
         try:
-            for (k, r), h in stream_decode(t, self.options, source(), slots, self.draft):
-                hyps[k][r] = h
-                while ready:
-                    yield finish(ready.pop(), 0.0)
-                if all(x is not None for x in hyps[k]):
+            for (k, r), h in stream_decode(t, self.options, rows, slots, self.draft):
+                hyps = pending[k][2]
+                hyps[r] = h
+                if all(x is not None for x in hyps):
                     now = time.perf_counter()
-                    yield finish(k, now - t0)
+                    _, eb, _ = pending.pop(k)
+                    yield k, self.decoder.rows(eb, hyps, eb.encode_s + now - t0)
                     t0 = now
-            while ready:
-                yield finish(ready.pop(), 0.0)
-        except Exception:  # noqa: BLE001 - the unfinished batches are redone below
-            redo += [k for k in range(len(batches)) if k not in done and k not in redo]
-        for k in sorted(set(redo)):
-            yield k, self.transcribe(batches[k])
+                while finished:
+                    yield finished.pop()
+        except Exception:  # noqa: BLE001 - the unfinished and the remaining batches are redone alone
+            finished += [(k, self.transcribe(*item)) for k, (item, _, _) in sorted(pending.items())]
+            pending.clear()
+            static[0] = True
+            for item in rows:  # up to the first "nothing ready now" of an online source
+                if item is None:
+                    break
+        yield from finished
 
 
 def internal_error_row(u: Utterance, exc: BaseException, method: str) -> ResultRow:
@@ -609,7 +622,7 @@ def run_corpus(
         if continuous and batches:
             # Longest first: later rows are shorter, so their cross-attention fits the first rows' cache.
             batches = batches[::-1]
-            done = transcriber.transcribe_stream(batches, max(len(b) for b in batches))
+            done = transcriber.transcribe_stream(((b, None) for b in batches), max(len(b) for b in batches))
         else:
             done = ((k, transcriber.transcribe(b)) for k, b in enumerate(batches))
         for k, rows in done:

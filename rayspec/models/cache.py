@@ -130,16 +130,18 @@ class DecoderCache:
         once (concatenation)."""
         if self.pending:
             raise ValueError("cannot extend a cache with pending positions")
-        dev = self.device
         grow = lambda ts: [torch.cat([t, t.new_zeros((n, *t.shape[1:]))]) for t in ts]  # noqa: E731
         self.self_k, self.self_v = grow(self.self_k), grow(self.self_v)
         if self.cross_k:
-            s = self.cross_k[0].shape[2]
             self.cross_k, self.cross_v = grow(self.cross_k), grow(self.cross_v)
-            mask = (torch.ones((self.batch_size, 1, 1, s), dtype=torch.bool, device=dev) if self.cross_mask is None
-                    else self.cross_mask)
-            self.cross_mask = torch.cat([mask, torch.zeros((n, 1, 1, s), dtype=torch.bool, device=dev)])
+            self.cross_mask = grow([self._full_cross_mask()])[0]
         self._set_lengths(np.concatenate([self.host_lengths, np.zeros(n, dtype=np.int64)]))
+
+    def _full_cross_mask(self) -> torch.Tensor:
+        """``cross_mask``, made explicit (all True) where it is None: every row sees all encoder positions."""
+        if self.cross_mask is not None:
+            return self.cross_mask
+        return torch.ones((self.batch_size, 1, 1, self.cross_k[0].shape[2]), dtype=torch.bool, device=self.device)
 
     def place(self, slots: Sequence[int], new: "DecoderCache") -> None:
         """Put the rows of ``new`` into rows ``slots`` of this cache, in place: continuous batching refills the slots
@@ -161,16 +163,13 @@ class DecoderCache:
         s, s_new = (self.cross_k[0].shape[2], new.cross_k[0].shape[2]) if self.cross_k else (0, 0)
         if s_new > s:
             grow = lambda ts: [torch.nn.functional.pad(t, (0, 0, 0, s_new - s)) for t in ts]  # noqa: E731
+            self.cross_mask = torch.nn.functional.pad(self._full_cross_mask(), (0, s_new - s))
             self.cross_k, self.cross_v = grow(self.cross_k), grow(self.cross_v)
-            if self.cross_mask is None:
-                self.cross_mask = torch.ones((self.batch_size, 1, 1, s), dtype=torch.bool, device=self.device)
-            self.cross_mask = torch.nn.functional.pad(self.cross_mask, (0, s_new - s))
             s = s_new
         for dst, src in zip((*self.cross_k, *self.cross_v), (*new.cross_k, *new.cross_v)):
             dst[:, :, :s_new].index_copy_(0, index, src.to(dst.dtype))
         if self.cross_k and (self.cross_mask is not None or new.cross_mask is not None or s_new < s):
-            if self.cross_mask is None:
-                self.cross_mask = torch.ones((self.batch_size, 1, 1, s), dtype=torch.bool, device=self.device)
+            self.cross_mask = self._full_cross_mask()
             mask = torch.zeros((new.batch_size, 1, 1, s), dtype=torch.bool, device=self.device)
             mask[..., :s_new] = True if new.cross_mask is None else new.cross_mask
             self.cross_mask.index_copy_(0, index, mask)
