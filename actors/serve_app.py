@@ -202,7 +202,7 @@ class TranscriptionService:
 
     Args:
         transcriber: :class:`~rayspec.pipeline.Transcriber` keyword arguments.
-        max_batch_size: most rows decoded together: the continuous batch's slots (methods ar, draft, medusa:
+        max_batch_size: most rows decoded together: the continuous batch's slots (methods ar, draft, medusa, ssd:
             a request joins the running decode as a slot frees, :class:`rayspec.engine.TranscriptionEngine`), else
             the largest dynamic batch (``@serve.batch``).
         batch_wait_timeout_s: how long a dynamic batch waits to fill (methods without continuous batching).

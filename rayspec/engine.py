@@ -42,7 +42,7 @@ class TranscriptionEngine:
         slots: most rows (speech segments) decoded at once.
 
     Raises:
-        ValueError: a method without continuous batching (``ssd``, ``ctc-draft``), or ``slots < 1``.
+        ValueError: a method without continuous batching (``ctc-draft``), or ``slots < 1``.
     """
 
     def __init__(self, transcriber: Transcriber, slots: int = 16) -> None:

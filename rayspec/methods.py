@@ -20,7 +20,7 @@ from .decoding.proposer import DraftProposer
 from .decoding.speculative import draft_loop
 from .decoding.ssd import SSDDecoder
 from .spec.acceptance import GREEDY, AcceptanceRule
-from .spec.loop import VerifyLoop
+from .spec.loop import Admission, VerifyLoop
 
 CTC_MAX_DRAFT = 64  # most CTC hypothesis tokens verified per round
 
@@ -43,6 +43,8 @@ class Method:
         exact: ``options -> bool``, whether the output provably equals the target's greedy output.
         stream: ``(target, options, draft model or None, max_cap) -> VerifyLoop`` for continuous batching (rows
             join as others finish, :meth:`~rayspec.spec.loop.VerifyLoop.decode_stream`); None: static batches only.
+        admission: ``(target, options, row keys, encoded batch) -> Admission``, how an encoded batch joins the
+            stream (default: every row starts from the prompt).
     """
 
     name: str
@@ -52,6 +54,8 @@ class Method:
     needs_draft: Callable[["DecodeOptions"], bool] = lambda options: False
     exact: Callable[["DecodeOptions"], bool] = lambda options: True
     stream: Optional[Callable[["WhisperASR", "DecodeOptions", Optional["WhisperASR"], int], VerifyLoop]] = None
+    admission: Callable[["WhisperASR", "DecodeOptions", list, "Encoded"], Admission] = (
+        lambda target, options, ids, encoded: Admission(ids, encoded.target, encoded.caps, encoded.draft))
 
 
 def _ar(target, options, encoded, proposers):
@@ -96,9 +100,20 @@ def _ssd(target, options, encoded, proposers):
         proposer = None
         if options.ssd.fallback == "draft":
             proposer = proposers([x.index for x in parked], [x.cap for x in parked])
-        for x, h in zip(parked, decoder.fallback(parked, proposer)):
+        for x, h in zip(parked, decoder.fallback(encoded.target, parked, proposer)):
             hyps[x.index] = h
     return hyps
+
+
+def _ssd_stream(target, options, draft, max_cap):
+    # One fallback stream for the corpus: each batch's parked rows fill the slots other rows free (SSD 3.2).
+    if options.ssd.fallback == "draft":
+        return _draft_stream(target, options, draft, max_cap)
+    return SSDDecoder(target, options.ssd).loop()
+
+
+def _ssd_admission(target, options, ids, encoded):
+    return SSDDecoder(target, options.ssd).admission(ids, encoded.target, encoded.caps, encoded.ctc, encoded.draft)
 
 
 METHODS: dict[str, Method] = {m.name: m for m in (
@@ -109,7 +124,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("ssd", "the CTC head's hypothesis is gated by entropy, verified by the target in one pass, and decoding "
                   "falls back from the verified prefix (lossy unless --exact and --tau-ctc 0)", _ssd, needs_ctc=True,
            needs_draft=lambda options: options.ssd.fallback == "draft",
-           exact=lambda options: options.ssd.exact and options.ssd.tau_ctc <= 0),
+           exact=lambda options: options.ssd.exact and options.ssd.tau_ctc <= 0, stream=_ssd_stream,
+           admission=_ssd_admission),
     Method("ctc-draft", "the CTC head's hypothesis is the draft of every round, re-aligned after each correction "
                         "of the target; output identical to ar, no draft model", _ctc_draft, needs_ctc=True),
     Method("medusa", "Medusa heads on the target's own hidden state propose a sparse token tree, verified in one "

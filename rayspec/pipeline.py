@@ -40,7 +40,7 @@ from .methods import METHODS
 from .models.ctc import CTCHead
 from .models.whisper import EncoderOutput, WhisperASR
 from .results import ResultRow, ResultWriter
-from .spec.loop import Admission, Proposer
+from .spec.loop import Proposer
 from .vad import SegmentOptions, has_speech, segments
 
 def zoo_path(name: str) -> str:
@@ -208,8 +208,9 @@ def stream_decode(target: WhisperASR, options: DecodeOptions, batches: Iterable[
         raise ValueError(f"method {options.method!r} has no continuous batching")
     limit = target.max_target_positions - len(target.prompt_ids) - 1
     loop = method.stream(target, options, draft, limit)
-    rows = (None if item is None else Admission([(item[0], r) for r in range(len(item[1].caps))], item[1].target,
-                                                 item[1].caps, item[1].draft) for item in batches)
+    rows = (None if item is None else
+            method.admission(target, options, [(item[0], r) for r in range(len(item[1].caps))], item[1])
+            for item in batches)
     return loop.decode_stream(rows, slots, limit)
 
 

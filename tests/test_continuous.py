@@ -62,6 +62,55 @@ def test_stream_draft_equals_static(tiny_target, tiny_draft, slots):
             {k: getattr(h.stats, key) for k, h in expected.items()}, key
 
 
+def _ssd_chunks(target, draft):
+    """Per chunk of 4 rows: encoder outputs, CTC drafts (the AR output, a corrupted one, a truncated one, garbage;
+    entropies on both sides of the gate) and the draft's encoder output."""
+    from rayspec.decoding.ssd import CTCDrafts
+
+    for s in range(0, len(AUDIO), 4):
+        a, caps = AUDIO[s : s + 4], CAPS[s : s + 4]
+        enc = _encode(target, a)
+        ar = [h.tokens for h in greedy_decode(target, enc, caps)]
+        hyps = [ar[0], ar[1][:2] + [(ar[1][2] + 1) % 27 if len(ar[1]) > 2 else 5] + ar[1][3:], ar[2][:3], [3, 4, 5]]
+        yield list(range(s, s + 4)), enc, caps, CTCDrafts(hyps, [0.5, 2.0, 2.0, 0.5]), _encode(draft, a)
+
+
+@pytest.mark.parametrize("slots", [2, 5])
+@pytest.mark.parametrize("ssd", [dict(), dict(tau_ctc=1.0, exact=False, tau_slm=0.05), dict(verify=False),
+                                 dict(fallback="draft"), dict(tau_ctc=1.0, fallback="draft")])
+def test_stream_ssd_equals_static(tiny_target, tiny_draft, slots, ssd):
+    """SSD 3.2 across batches: every batch is gated and verified as it arrives and its parked rows join one
+    fallback stream; each row equals the batch-by-batch result (tokens, route and counters)."""
+    from rayspec.decoding.ssd import SSDDecoder, SSDOptions
+
+    decoder = SSDDecoder(tiny_target, SSDOptions(**ssd))
+    spec = SpeculationOptions()
+    expected = {}
+    with torch.inference_mode():
+        for ids, enc, caps, drafts, draft_enc in _ssd_chunks(tiny_target, tiny_draft):
+            hyps, parked = decoder.first_pass(enc, caps, drafts)
+            parked.sort(key=lambda x: x.length)
+            proposer = None
+            if parked and decoder.opt.fallback == "draft":
+                rows = torch.tensor([x.index for x in parked])
+                proposer = DraftProposer(tiny_draft, draft_enc.select(rows), [x.cap for x in parked], spec)
+            for x, h in zip(parked, decoder.fallback(enc, parked, proposer) if parked else []):
+                hyps[x.index] = h
+            expected.update(zip(ids, hyps))
+        proposer = DraftProposer(tiny_draft, None, [max(CAPS)], spec) if decoder.opt.fallback == "draft" else None
+        admissions = (decoder.admission(*chunk) for chunk in _ssd_chunks(tiny_target, tiny_draft))
+        got = dict(decoder.loop(proposer).decode_stream(admissions, slots, max_cap=max(CAPS)))
+    assert sorted(got) == list(range(len(AUDIO)))
+    passes = [h.stats.target_forward_passes for h in got.values()]
+    assert min(passes) <= 1 < max(passes)  # rows decided in the first pass, and rows that went on in the stream
+    for key in ("tokens", "route", "finished"):
+        assert {k: getattr(h, key) for k, h in got.items()} == {k: getattr(h, key) for k, h in expected.items()}, key
+    for key in ("target_forward_passes", "draft_forward_passes", "draft_tokens_accepted", "accepted_prefix",
+                "ctc_entropy"):
+        assert {k: getattr(h.stats, key) for k, h in got.items()} == \
+            {k: getattr(h.stats, key) for k, h in expected.items()}, key
+
+
 def test_stream_errors(tiny_target):
     from rayspec.decoding.ctc_proposer import CTCProposer
 
@@ -109,6 +158,26 @@ def test_run_corpus_continuous_equals_static(tmp_path, samples_manifest, tiny_ta
     stream = _run(tmp_path, "stream", utts, transcriber, True)
     assert len(stream) == len(utts) and set(stream) == set(static)
     for key in ("text", "target_forward_passes", "draft_forward_passes", "draft_tokens_accepted", "error"):
+        assert {k: r[key] for k, r in stream.items()} == {k: r[key] for k, r in static.items()}, key
+
+
+@pytest.mark.parametrize("fallback", ["ar", "draft"])
+def test_run_corpus_ssd_continuous_equals_static(tmp_path, samples_manifest, fallback):
+    """The zoo's SSD (CTC gate, verification, fallback) over the bundled clips: the corpus-wide fallback stream
+    writes the same rows as batch-by-batch decoding."""
+    from dataclasses import replace
+
+    from rayspec.manifest import read_manifest
+    from rayspec.pipeline import DecodeOptions, Transcriber
+
+    options = DecodeOptions("ssd")
+    options = replace(options, ssd=replace(options.ssd, fallback=fallback))
+    utts = read_manifest(samples_manifest)
+    transcriber = Transcriber(options=options)
+    static = _run(tmp_path, "static", utts, transcriber, False)
+    stream = _run(tmp_path, "stream", utts, transcriber, True)
+    assert len(stream) == len(utts) and len({r["route"] for r in stream.values()}) > 1
+    for key in ("text", "route", "target_forward_passes", "draft_tokens_accepted", "ctc_entropy", "error"):
         assert {k: r[key] for k, r in stream.items()} == {k: r[key] for k, r in static.items()}, key
 
 
@@ -176,7 +245,7 @@ def test_engine_requests_join_the_running_batch(samples_manifest, tiny_target, t
     with pytest.raises(RuntimeError, match="closed"):
         engine.submit(utts[0], audios[utts[0].id])
     with pytest.raises(ValueError, match="continuous"):
-        TranscriptionEngine(Transcriber(tiny_target.model.name_or_path, options=DecodeOptions("ssd")))
+        TranscriptionEngine(Transcriber(tiny_target.model.name_or_path, options=DecodeOptions("ctc-draft")))
 
 
 @pytest.mark.parametrize("method", ["ar", "draft"])

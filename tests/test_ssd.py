@@ -60,7 +60,7 @@ def _run(decoder, enc, caps, drafts, draft=None, draft_enc=None):
         if draft is not None:
             rows = torch.tensor([x.index for x in parked])
             proposer = DraftProposer(draft, draft_enc.select(rows), [x.cap for x in parked], SpeculationOptions())
-        for x, h in zip(parked, decoder.fallback(parked, proposer)):
+        for x, h in zip(parked, decoder.fallback(enc, parked, proposer)):
             hyps[x.index] = h
     return hyps
 

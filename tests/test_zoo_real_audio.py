@@ -73,7 +73,7 @@ def test_exact_ssd_equals_ar_on_real_audio(zoo, fallback):
             if fallback == "draft":
                 d = _enc(draft, [audios[x.index] for x in parked])
                 proposer = DraftProposer(draft, d, [x.cap for x in parked], SpeculationOptions())
-            for x, h in zip(parked, decoder.fallback(parked, proposer)):
+            for x, h in zip(parked, decoder.fallback(enc, parked, proposer)):
                 hyps[x.index] = h
     assert [h.tokens for h in hyps] == [h.tokens for h in reference]
 

@@ -9,7 +9,7 @@ output equals the target's own greedy output token for token.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Sequence
 
 from ..models.whisper import EncoderOutput, WhisperASR
 from ..spec.loop import VerifyLoop
@@ -24,8 +24,6 @@ def speculative_decode(
     draft_enc: EncoderOutput,
     caps: Sequence[int],
     options: SpeculationOptions = SpeculationOptions(),
-    prefixes: Optional[list[list[int]]] = None,
-    target_prefix_kv: Optional[list] = None,
 ) -> list[Hypothesis]:
     """Exact speculative decoding of a batch: the same tokens as :func:`~rayspec.decoding.ar.greedy_decode`.
 
@@ -34,7 +32,6 @@ def speculative_decode(
         draft, draft_enc: the draft model (same tokenizer) and its encoder output for the same rows.
         caps: ``B`` caps on generated tokens (EOS not counted).
         options: :class:`SpeculationOptions`.
-        prefixes, target_prefix_kv: start after already decided tokens (see :meth:`VerifyLoop.decode`).
 
     Returns:
         ``B`` hypotheses (route "draft") with NFE, draft passes, proposed/accepted tokens and rounds.
@@ -44,7 +41,7 @@ def speculative_decode(
     """
     check_compatible(target, draft)
     proposer = DraftProposer(draft, draft_enc, caps, options)
-    return draft_loop(target, proposer, options).decode(target_enc, caps, prefixes, target_prefix_kv)
+    return draft_loop(target, proposer, options).decode(target_enc, caps)
 
 
 def draft_loop(target: WhisperASR, proposer, options: SpeculationOptions) -> VerifyLoop:

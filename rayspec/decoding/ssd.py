@@ -14,7 +14,10 @@ Per utterance:
    verification pass's KV cache for the prefix (route "fallback").
 
 Phase 1 (gate + verify) and phase 2 (fallback) are batched separately: utterances that fail verification park their
-encoder states and prefix keys/values in CPU memory and are re-batched by length for the fallback.
+prefix keys/values in CPU memory and continue in a fallback batch of their own (:meth:`SSDDecoder.fallback`), or, with
+continuous batching, join one fallback stream pooled across the corpus (:meth:`SSDDecoder.admission`): a batch's
+parked rows fill the slots other batches' rows free, so the fallback runs in full batches however few rows of each
+batch fail.
 
 With ``exact=True`` and ``tau_ctc=0`` (gate off) the output equals the target's greedy output for any ``tau_slm``.
 """
@@ -31,7 +34,7 @@ import torch
 from ..models.ctc import CTCHead, max_frame_entropy
 from ..models.whisper import EncoderOutput, WhisperASR
 from ..spec.acceptance import AcceptanceRule, accept_tree, score_tree
-from ..spec.loop import Proposer, VerifyLoop
+from ..spec.loop import Admission, Proposer, VerifyLoop
 from ..spec.tree import DraftTree, TokenTrees
 from .common import Hypothesis
 from .proposer import SpeculationOptions
@@ -93,15 +96,13 @@ def ctc_drafts(ctc: CTCHead, target: WhisperASR, enc: EncoderOutput) -> CTCDraft
 
 @dataclass
 class _Parked:
-    """A gate- and verification-rejected utterance waiting for the fallback phase (CPU memory)."""
+    """A gate- and verification-rejected utterance waiting for the fallback phase."""
 
-    index: int
-    states: torch.Tensor  # [S, D] encoder states, CPU
-    length: int
-    prefix: list[int]  # verified prefix + the target's next token
-    kv: Optional[list]  # target keys/values of prompt + prefix (per layer (k, v) [H, n, Dh]), CPU
+    index: int  # row in the batch
+    length: int  # real encoder positions
+    start: Hypothesis  # verified prefix + the target's next token (route "fallback", the pass counted), or empty
+    kv: Optional[list]  # target keys/values of prompt + prefix minus its last token (per layer (k, v) [H, n, Dh]), CPU
     cap: int
-    entropy: float
 
 
 class SSDDecoder:
@@ -135,7 +136,9 @@ class SSDDecoder:
             if e < self.opt.tau_ctc:
                 out[i] = Hypothesis(h[: caps[i]], len(h) <= caps[i], "ctc")
             elif not self.opt.verify:
-                parked.append(_Parked(i, enc.states[i].cpu(), int(enc.lengths[i]), [], None, caps[i], e))
+                start = Hypothesis([], False, "ar")
+                start.stats.ctc_entropy = e
+                parked.append(_Parked(i, int(enc.lengths[i]), start, None, caps[i]))
             else:
                 todo.append(i)
         for i, h in enumerate(out):
@@ -174,8 +177,11 @@ class SSDDecoder:
                 keep_len.append(None)
                 continue
             keep_len.append(p + j)
-            parked.append(_Parked(i, enc.states[i].cpu(), int(enc.lengths[i]), prefix, None, caps[i],
-                                  entropy[i]))
+            start = Hypothesis(prefix, False, "fallback")
+            start.stats.target_forward_passes = 1  # the verification pass
+            start.stats.accepted_prefix = j
+            start.stats.ctc_entropy = entropy[i]
+            parked.append(_Parked(i, int(enc.lengths[i]), start, None, caps[i]))
         for i in todo:
             if out[i] is not None:
                 out[i].stats.ctc_entropy = entropy[i]
@@ -187,37 +193,44 @@ class SSDDecoder:
         return out, parked
 
     @torch.inference_mode()
-    def fallback(self, parked: list[_Parked], proposer: Optional[Proposer] = None) -> list[Hypothesis]:
+    def fallback(self, enc: EncoderOutput, parked: list[_Parked], proposer: Optional[Proposer] = None
+                 ) -> list[Hypothesis]:
         """Phase 2 for one batch of parked rows: continue after each prefix (AR or draft speculation).
 
         Args:
+            enc: the encoder output :meth:`first_pass` got (the parked rows' states are read from it).
+            parked: rows from :meth:`first_pass`, in the order to decode them (e.g. sorted by length).
             proposer: for ``fallback="draft"``, a draft proposer over exactly these rows, in this order.
 
         Raises:
             ValueError: ``fallback="draft"`` without a proposer.
         """
-        t = self.target
-        dev = t.device
-        s_max = max(x.states.shape[0] for x in parked)
-        states = torch.zeros((len(parked), s_max, parked[0].states.shape[1]), dtype=t.dtype, device=dev)
-        for r, x in enumerate(parked):
-            states[r, : x.states.shape[0]] = x.states.to(dev)
-        enc = EncoderOutput(states, torch.tensor([x.length for x in parked], device=dev), t.encoder_masking)
-        caps = [x.cap for x in parked]
-        routes = ["fallback" if x.kv is not None else "ar" for x in parked]
-        verified = [x.kv is not None for x in parked]
         if self.opt.fallback == "draft" and proposer is None:
             raise ValueError("fallback='draft' needs a draft proposer")
-        spec = self.opt.speculation
-        loop = draft_loop(t, proposer, spec) if self.opt.fallback == "draft" else VerifyLoop(t)
-        if all(verified):
-            hyps = loop.decode(enc, caps, [x.prefix for x in parked], [x.kv for x in parked])
-        else:
-            hyps = loop.decode(enc, caps)
-        for h, x, r in zip(hyps, parked, routes):
-            h.route = r
-            h.stats.ctc_entropy = x.entropy
-            if x.kv is not None:
-                h.stats.target_forward_passes += 1  # the verification pass
-                h.stats.accepted_prefix = len(x.prefix) - 1
-        return hyps
+        sub = enc.select(torch.tensor([x.index for x in parked], device=enc.states.device))
+        kv = [x.kv for x in parked]
+        return self.loop(proposer).decode(sub, [x.cap for x in parked], [x.start for x in parked],
+                                          kv if any(v is not None for v in kv) else None)
+
+    def loop(self, proposer: Optional[Proposer] = None) -> VerifyLoop:
+        """The fallback's verify loop: greedy AR, or draft-model speculation over ``proposer``."""
+        return draft_loop(self.target, proposer, self.opt.speculation) if self.opt.fallback == "draft" else VerifyLoop(
+            self.target)
+
+    @torch.inference_mode()
+    def admission(self, ids: list, enc: EncoderOutput, caps: Sequence[int], drafts: CTCDrafts,
+                  draft_enc: Optional[EncoderOutput] = None) -> Admission:
+        """One batch for the corpus-wide fallback stream (:meth:`~rayspec.spec.loop.VerifyLoop.decode_stream` of
+        :meth:`loop`): gate + verify it now (:meth:`first_pass`); the rows decided there come back finished at
+        once, the parked rows continue from their verified prefixes (keys/values imported, not recomputed).
+
+        Args:
+            ids: ``B`` row keys; enc, caps, drafts: as :meth:`first_pass`; draft_enc: the draft model's encoder
+                output for the batch (``fallback="draft"``).
+        """
+        hyps, parked = self.first_pass(enc, caps, drafts)
+        start: list[Optional[Hypothesis]] = list(hyps)
+        kv: list = [None] * len(caps)
+        for x in parked:
+            start[x.index], kv[x.index] = x.start, x.kv
+        return Admission(list(ids), enc, list(caps), draft_enc, start, kv)

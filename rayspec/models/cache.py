@@ -231,12 +231,24 @@ class DecoderCache:
         return [[(k[r, :, :n].cpu().clone(), v[r, :, :n].cpu().clone()) for k, v in zip(self.self_k, self.self_v)]
                 for r, n in zip(rows, lengths)]
 
-    def import_rows(self, prefixes: list[list[tuple[torch.Tensor, torch.Tensor]]]) -> None:
-        """Load per-row prefixes from :meth:`export_rows` into rows ``0..B-1`` and commit them (lengths set)."""
-        for r, layers in enumerate(prefixes):
+    def import_rows(self, prefixes: list[list[tuple[torch.Tensor, torch.Tensor]]],
+                    rows: Optional[Sequence[int]] = None) -> None:
+        """Load per-row prefixes from :meth:`export_rows` into ``rows`` (host indices; default ``0 .. len - 1``) and
+        commit them (those rows' lengths set, the others' kept).
+
+        Raises:
+            ValueError: pending positions, or a prefix longer than the capacity.
+        """
+        rows = list(range(len(prefixes))) if rows is None else list(rows)
+        if self.pending:
+            raise ValueError("cannot import prefixes into a cache with pending positions")
+        lengths = self.host_lengths.copy()
+        for r, layers in zip(rows, prefixes):
+            n = layers[0][0].shape[1]
+            if n > self.capacity:
+                raise ValueError(f"a prefix of {n} positions exceeds the cache capacity {self.capacity}")
             for (k, v), ck, cv in zip(layers, self.self_k, self.self_v):
-                n = k.shape[1]
                 ck[r, :, :n] = k.to(ck.device, ck.dtype)
                 cv[r, :, :n] = v.to(cv.device, cv.dtype)
-        self._set_lengths(np.asarray([layers[0][0].shape[1] for layers in prefixes]))
-        self.pending = 0
+            lengths[r] = n
+        self._set_lengths(lengths)

@@ -85,24 +85,36 @@ class Admission:
         caps: ``R`` caps on generated tokens (EOS not counted).
         extra: what the proposer needs per row, handed to its ``admit`` (the draft model's encoder output for
             draft-model speculation), or None.
+        start: optional, per row the hypothesis to continue (see :meth:`VerifyLoop.decode`): its tokens are decided
+            already (e.g. SSD's verified prefix) and its counters hold the passes spent on them; a row whose start
+            is finished or at its cap is yielded at once, without a decoder pass.
+        prefix_kv: optional, per row the target's keys/values of prompt + ``start`` tokens minus the last one (from
+            :meth:`~rayspec.models.cache.DecoderCache.export_rows`), or None to recompute them.
     """
 
     ids: list
     enc: EncoderOutput
     caps: list[int]
     extra: Optional[EncoderOutput] = None
+    start: Optional[list[Hypothesis]] = None
+    prefix_kv: Optional[list] = None
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def select(self, keep: Sequence[int]) -> "Admission":
+        """The rows ``keep`` (indices, in that order)."""
+        index = torch.tensor(list(keep), dtype=torch.long, device=self.enc.states.device)
+        pick = lambda xs: None if xs is None else [xs[k] for k in keep]  # noqa: E731
+        extra = None if self.extra is None else self.extra.select(index.to(self.extra.states.device))
+        return Admission(pick(self.ids), self.enc.select(index), pick(self.caps), extra, pick(self.start),
+                         pick(self.prefix_kv))
 
     def split(self, n: int) -> tuple["Admission", Optional["Admission"]]:
         """The first ``n`` rows and the rest (None when nothing is left)."""
         if n >= len(self.ids):
             return self, None
-        pick = lambda e, r: None if e is None else e.select(torch.arange(*r, device=e.states.device))  # noqa: E731
-        head = Admission(self.ids[:n], pick(self.enc, (0, n)), self.caps[:n], pick(self.extra, (0, n)))
-        rest = len(self.ids)
-        return head, Admission(self.ids[n:], pick(self.enc, (n, rest)), self.caps[n:], pick(self.extra, (n, rest)))
+        return self.select(range(n)), self.select(range(n, len(self.ids)))
 
 
 class Proposer(Protocol):
@@ -132,6 +144,15 @@ class _Row:
         return self.cap - len(self.hyp.tokens)
 
 
+def _new_row(key, cap: int, start: Optional[Hypothesis], prompt: list[int], route: str) -> _Row:
+    hyp = start if start is not None else Hypothesis([], False, route)
+    return _Row(key, int(cap), hyp, prompt + hyp.tokens)
+
+
+def _done(hyp: Hypothesis, cap: int) -> bool:
+    return hyp.finished or len(hyp.tokens) >= cap
+
+
 class VerifyLoop:
     """Decode a batch with the target, speculatively when a proposer is given (see the module docstring).
 
@@ -150,37 +171,33 @@ class VerifyLoop:
         self.eos = target.eos_token_id
 
     @torch.inference_mode()
-    def decode(self, enc: EncoderOutput, caps: Sequence[int], prefixes: Optional[list[list[int]]] = None,
+    def decode(self, enc: EncoderOutput, caps: Sequence[int], start: Optional[list[Optional[Hypothesis]]] = None,
                prefix_kv: Optional[list] = None) -> list[Hypothesis]:
         """Decode ``B`` rows; with the greedy rule the tokens equal the target's own greedy output.
 
         Args:
             enc: the target's encoder output (``B`` rows); caps: ``B`` caps on generated tokens (EOS not counted).
-            prefixes: optional per-row tokens already decided (e.g. a verified CTC prefix plus the target's next
-                token); decoding continues after them.
-            prefix_kv: optional target keys/values of prompt + prefix minus its last token, per row (from
-                :meth:`~rayspec.models.cache.DecoderCache.export_rows`), so they are not recomputed.
+            start: optional, per row a hypothesis to continue in place, or None: its tokens are already decided
+                (e.g. a verified CTC prefix plus the target's next token) and decoding goes on after them; its
+                counters and route are kept and added to.
+            prefix_kv: optional, per row the target's keys/values of prompt + ``start`` tokens minus the last one
+                (from :meth:`~rayspec.models.cache.DecoderCache.export_rows`) or None, so they are not recomputed.
 
         Returns:
             ``B`` hypotheses; ``stats.target_forward_passes`` counts every target pass a row took part in; with a
             proposer also rounds, draft passes, proposed and accepted draft tokens.
 
         Raises:
-            ValueError: prefix keys/values that do not match the prefixes.
+            ValueError: prefix keys/values that do not match the start tokens.
         """
         t = self.target
         prompt = list(t.prompt_ids)
-        prefixes = prefixes or [[] for _ in caps]
+        start = start or [None] * len(caps)
         cache = t.new_cache(enc, len(prompt) + max(caps) + self.max_nodes + 2)
-        rows = [_Row(i, int(c), Hypothesis(list(p), False, self.route), prompt + list(p))
-                for i, (c, p) in enumerate(zip(caps, prefixes))]
+        rows = [_new_row(i, c, h, prompt, self.route) for i, (c, h) in enumerate(zip(caps, start))]
         if prefix_kv is not None:
-            cache.import_rows(prefix_kv)
-            for r, n in zip(rows, cache.host_lengths.tolist()):
-                if n != len(r.seq) - 1:
-                    raise ValueError(f"prefix keys/values cover {n} positions, expected {len(r.seq) - 1}")
-                r.target_len = n
-        live = [r for r in rows if r.room > 0]
+            _import_prefixes(cache, list(range(len(rows))), rows, prefix_kv)
+        live = [r for r in rows if not _done(r.hyp, r.cap)]
         if len(live) < len(rows):
             cache = cache.select([r.index for r in live])
         while live:
@@ -192,18 +209,20 @@ class VerifyLoop:
         return [r.hyp for r in rows]
 
     @torch.inference_mode()
-    def decode_stream(self, source: Iterable[Admission], slots: int, max_cap: int) -> Iterator[tuple[Any, Hypothesis]]:
+    def decode_stream(self, source: Iterable[Optional[Admission]], slots: int,
+                      max_cap: int) -> Iterator[tuple[Any, Hypothesis]]:
         """Continuous batching: decode the rows of ``source`` with up to ``slots`` rows live at once; the slot of a
         finished row is refilled from ``source`` before the next round (Orca's iteration-level scheduling, Yu et al.
         2022), so the batch stays full until the source runs dry; a batch below ``slots`` rows (an online source
-        with fewer requests so far) grows as rows arrive (:meth:`~rayspec.models.cache.DecoderCache.extend`). Every row is decoded as in :meth:`decode` (its
-        tokens do not depend on its neighbours), with the same counters.
+        with fewer requests so far) grows as rows arrive (:meth:`~rayspec.models.cache.DecoderCache.extend`). Every
+        row is decoded as in :meth:`decode` (its tokens do not depend on its neighbours), with the same counters.
 
         ``source`` is read lazily, a few rows ahead of need (e.g. a generator that encodes the next batch of a
         corpus only when its rows are wanted); it may yield None for "no rows ready now" (an online request queue):
         decoding goes on with the live rows and asks again when a slot frees, and the stream ends once no row is
-        live and the source has none ready. The proposer, if any, must accept new rows with
-        ``admit(slots, ids, extra)`` (``slots``: cache rows to fill; on an empty proposer ``0 .. R-1``).
+        live and the source has none ready. Rows that need no decoding (cap 0, or a finished ``start``) are yielded
+        as they are read. The proposer, if any, must accept new rows with ``admit(slots, ids, extra)`` (``slots``:
+        cache rows to fill; on an empty proposer ``0 .. R-1``).
 
         Args:
             source: :class:`Admission` s (or None, see above), in the order their rows should start.
@@ -225,7 +244,7 @@ class VerifyLoop:
         capacity = len(prompt) + max_cap + self.max_nodes + 2
         rows = iter(source)
         waiting: list[Optional[Admission]] = [None]
-        instant: list[tuple[Any, Hypothesis]] = []  # rows with nothing to generate (cap 0)
+        instant: list[tuple[Any, Hypothesis]] = []  # rows with nothing to generate
 
         def pull(n: int) -> list[Admission]:
             parts = []
@@ -237,52 +256,57 @@ class VerifyLoop:
                 head, waiting[0] = waiting[0].split(n)
                 if any(c > max_cap for c in head.caps):
                     raise ValueError(f"a cap of {max(head.caps)} tokens exceeds max_cap {max_cap}")
-                keep = [k for k, c in enumerate(head.caps) if c > 0]
-                instant.extend((head.ids[k], Hypothesis([], False, self.route)) for k in range(len(head))
-                               if k not in set(keep))
+                starts = [h if h is not None else Hypothesis([], False, self.route)
+                          for h in (head.start or [None] * len(head))]
+                keep = [k for k, (h, c) in enumerate(zip(starts, head.caps)) if not _done(h, c)]
+                kept = set(keep)
+                instant.extend((head.ids[k], starts[k]) for k in range(len(head)) if k not in kept)
                 if len(keep) < len(head):
                     if not keep:
                         continue
-                    head = Admission([head.ids[k] for k in keep], *_select(head, keep))
+                    head = head.select(keep)
                 parts.append(head)
                 n -= len(head)
             return parts
 
-        def admit(parts: list[Admission], free: list[int], live: list[_Row], cache):
+        def start_rows(parts: list[Admission], where: list[int], cache, place: bool) -> list[_Row]:
+            """Rows for ``parts`` in cache rows ``where``; ``place``: write their cross-attention there first."""
+            new_rows = []
             for part in parts:
-                where, free = free[: len(part)], free[len(part):]
-                cache.place(where, t.new_cache(part.enc, 1))
+                at, where = where[: len(part)], where[len(part):]
+                if place:
+                    cache.place(at, t.new_cache(part.enc, 1))
                 if self.proposer is not None:
-                    self.proposer.admit(where, part.ids, part.extra)
-                for slot, key, cap in zip(where, part.ids, part.caps):
-                    live[slot] = _Row(key, int(cap), Hypothesis([], False, self.route), list(prompt))
-            return free
+                    self.proposer.admit(at, part.ids, part.extra)
+                new = [_new_row(key, cap, h, prompt, self.route)
+                       for key, cap, h in zip(part.ids, part.caps, part.start or [None] * len(part))]
+                if part.prefix_kv is not None:
+                    _import_prefixes(cache, at, new, part.prefix_kv)
+                new_rows += new
+            return new_rows
 
         parts = pull(slots)
         yield from instant
         instant.clear()
         if not parts:
             return
-        first = Admission([k for p in parts for k in p.ids], EncoderOutput.cat([p.enc for p in parts]),
-                          [c for p in parts for c in p.caps],
-                          None if parts[0].extra is None else EncoderOutput.cat([p.extra for p in parts]))
-        cache = t.new_cache(first.enc, capacity)
-        if self.proposer is not None:
-            self.proposer.admit(list(range(len(first))), first.ids, first.extra)
-        live = [_Row(k, int(c), Hypothesis([], False, self.route), list(prompt)) for k, c in zip(first.ids, first.caps)]
+        cache = t.new_cache(EncoderOutput.cat([p.enc for p in parts]), capacity)
+        live = start_rows(parts, list(range(sum(len(p) for p in parts))), cache, place=False)
         while live:
             done = self._step(live, cache)
             for k in done:
                 yield live[k].index, live[k].hyp
             # Refill the finished rows' slots, and grow toward ``slots`` if the batch started (or shrank) below it.
             parts = pull(len(done) + slots - len(live)) if done or len(live) < slots else []
-            free = list(done)
-            extra = sum(len(p) for p in parts) - len(free)
+            free, arriving = list(done), sum(len(p) for p in parts)
+            extra = arriving - len(free)
             if extra > 0:
                 cache.extend(extra)
                 free += list(range(len(live), len(live) + extra))
                 live += [None] * extra
-            free = admit(parts, free, live, cache)
+            where, free = free[:arriving], free[arriving:]
+            for slot, row in zip(where, start_rows(parts, where, cache, place=True)):
+                live[slot] = row
             yield from instant
             instant.clear()
             if free:
@@ -353,7 +377,18 @@ class VerifyLoop:
         return feedback
 
 
-def _select(part: Admission, keep: list[int]) -> tuple[EncoderOutput, list[int], Optional[EncoderOutput]]:
-    index = torch.tensor(keep, dtype=torch.long, device=part.enc.states.device)
-    extra = None if part.extra is None else part.extra.select(index.to(part.extra.states.device))
-    return part.enc.select(index), [part.caps[k] for k in keep], extra
+def _import_prefixes(cache, slots: list[int], rows: list[_Row], prefix_kv: list) -> None:
+    """Load the rows' prefix keys/values (None: recompute that row's) into cache rows ``slots``.
+
+    Raises:
+        ValueError: keys/values that do not cover a row's prompt + tokens minus the last one.
+    """
+    have = [k for k, kv in enumerate(prefix_kv) if kv is not None]
+    if not have:
+        return
+    cache.import_rows([prefix_kv[k] for k in have], [slots[k] for k in have])
+    for k in have:
+        n = int(cache.host_lengths[slots[k]])
+        if n != len(rows[k].seq) - 1:
+            raise ValueError(f"prefix keys/values cover {n} positions, expected {len(rows[k].seq) - 1}")
+        rows[k].target_len = n
