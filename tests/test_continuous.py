@@ -161,8 +161,8 @@ def test_run_corpus_continuous_equals_static(tmp_path, samples_manifest, tiny_ta
         assert {k: r[key] for k, r in stream.items()} == {k: r[key] for k, r in static.items()}, key
 
 
-@pytest.mark.parametrize("fallback", ["ar", "draft"])
-def test_run_corpus_ssd_continuous_equals_static(tmp_path, samples_manifest, fallback):
+@pytest.mark.parametrize("ssd", [dict(tau_ctc=1.0, tau_slm=0.01, exact=False), dict(fallback="draft")])
+def test_run_corpus_ssd_continuous_equals_static(tmp_path, samples_manifest, ssd):
     """The zoo's SSD (CTC gate, verification, fallback) over the bundled clips: the corpus-wide fallback stream
     writes the same rows as batch-by-batch decoding."""
     from dataclasses import replace
@@ -171,7 +171,7 @@ def test_run_corpus_ssd_continuous_equals_static(tmp_path, samples_manifest, fal
     from rayspec.pipeline import DecodeOptions, Transcriber
 
     options = DecodeOptions("ssd")
-    options = replace(options, ssd=replace(options.ssd, fallback=fallback))
+    options = replace(options, ssd=replace(options.ssd, **ssd))
     utts = read_manifest(samples_manifest)
     transcriber = Transcriber(options=options)
     static = _run(tmp_path, "static", utts, transcriber, False)
