@@ -270,8 +270,8 @@ def _train_parser(sub) -> None:
     p.add_argument("--dropout", type=float, default=0.15, help="residual dropout (attention/activation: 2/3 of it)")
     p.add_argument("--eval-every", type=int, default=5, help="epochs between dev WER evaluations")
     p.add_argument("--regularize-after", type=int, default=None,
-                   help="steps without SpecAugment and dropout before both switch on (leaves CTC's blank plateau "
-                        "sooner; default: the recipe's, see TrainOptions)")
+                   help="steps without SpecAugment, dropout and weight decay before they switch on (leaves CTC's "
+                        "blank plateau sooner; default: the recipe's, see TrainOptions)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--init", help="warm start: initialise a target/draft from this model directory (curriculum)")

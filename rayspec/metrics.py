@@ -40,15 +40,21 @@ class ErrorRates:
     words: int
 
 
-def error_rates(references: Sequence[str], hypotheses: Sequence[str]) -> ErrorRates:
+def error_rates(references: Sequence[str], hypotheses: Sequence[str], normalized: bool = True) -> ErrorRates:
     """WER/CER over pairs after normalization. Pairs whose normalized reference is empty are skipped.
+
+    Args:
+        normalized: Whisper's normalizer (the open ASR leaderboard's convention); False: only case and white space
+            are folded, so spelled-out numbers stay words (e.g. ESPnet's AN4 scoring, where "TWO EIGHTY NINE" is
+            three words, not "289").
 
     Raises:
         ValueError: different numbers of references and hypotheses.
     """
     if len(references) != len(hypotheses):
         raise ValueError(f"{len(references)} references but {len(hypotheses)} hypotheses")
-    pairs = [(normalize(r), normalize(h)) for r, h in zip(references, hypotheses)]
+    fold = normalize if normalized else (lambda text: " ".join((text or "").lower().split()))
+    pairs = [(fold(r), fold(h)) for r, h in zip(references, hypotheses)]
     pairs = [(r, h) for r, h in pairs if r.strip()]
     if not pairs:
         return ErrorRates(float("nan"), float("nan"), 0, 0)

@@ -74,3 +74,33 @@ def test_train_medusa_heads_on_the_frozen_target(trained_target, samples_manifes
     log = [json.loads(line) for line in open(work / "log.jsonl")]
     assert [r["epoch"] for r in log] == [1, 2] and len(log[-1]["dev_top1"]) == 2
     assert main(["train", "medusa", samples_manifest, "-o", str(tmp / "m2"), "--work-dir", str(work)]) == 2
+
+
+def test_spec_augment_frequency_mask_covers_the_same_mel_bins_in_every_stacked_frame():
+    import random
+
+    import numpy as np
+    import torch
+
+    from rayspec.models.whisper import stack_frames
+    from rayspec.train.recipe import TrainOptions, _spec_augment
+
+    mel = torch.arange(1, 81, dtype=torch.float32)[:, None].expand(80, 40)  # every cell holds its mel bin (1-based)
+    x = stack_frames(mel, 2)[None]  # [1, 160, 20]
+    opt = TrainOptions(freq_masks=1, freq_width=15, time_masks=0)
+    for seed in range(20):
+        out = _spec_augment(x, torch.tensor([20]), opt, random.Random(seed), 2)
+        # unstack: frame j of stacked frame t holds rows m * 2 + j
+        frames = out[0].reshape(80, 2, 20)
+        masked = [sorted(np.flatnonzero(frames[:, j, 0].numpy() == 0).tolist()) for j in range(2)]
+        assert masked[0] == masked[1]  # the same bins in both stacked frames
+        if masked[0]:
+            assert masked[0] == list(range(masked[0][0], masked[0][-1] + 1))  # one contiguous band
+
+
+def test_raw_error_rates_keep_spelled_out_numbers_as_words():
+    from rayspec.metrics import error_rates
+
+    refs, hyps = ["G TWO EIGHTY NINE"], ["G TWO EIGHTY FIVE"]
+    assert error_rates(refs, hyps, normalized=False).wer == 0.25
+    assert error_rates(refs, hyps).wer == 0.5  # "g 289" vs "g 285"

@@ -79,7 +79,7 @@ class EncoderOutput:
 def stack_frames(features: torch.Tensor | np.ndarray, k: int):
     """Stack ``k`` consecutive log-mel frames into one: ``[..., M, T]`` -> ``[..., k * M, T // k]``.
 
-    Stacked bin ``j * M + m`` of output frame ``t`` is bin ``m`` of input frame ``t * k + j`` (a trailing partial
+    Stacked bin ``m * k + j`` of output frame ``t`` is bin ``m`` of input frame ``t * k + j`` (a trailing partial
     group is dropped). With a 10 ms hop and ``k = 2`` Whisper's stride-2 convolution then yields 25 encoder positions
     per second (4x time subsampling, as ESPnet's conv2d front-end) without discarding the 10 ms resolution.
     """

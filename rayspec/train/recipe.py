@@ -65,10 +65,11 @@ class TrainOptions:
         ctc_weight: weight of the CTC loss in the joint loss (1.0 = CTC only).
         dropout: residual dropout; attention/activation dropout is ``dropout * 2/3``.
         average: number of last epoch checkpoints averaged into the exported weights.
-        eval_every: epochs between dev evaluations (CTC greedy WER; attention greedy WER too when the decoder trains).
-        regularize_after: steps trained without SpecAugment and dropout before both switch on. From scratch on a
-            CPU budget, regularizing from step 0 holds CTC on its blank plateau far longer (AN4, 500 steps, same
-            seed: CTC loss 2.11 with, 1.38 without; dev WER after 1,500 steps: see the issue notes).
+        eval_every: epochs between dev evaluations (CTC greedy WER and raw WER/CER, see
+            :func:`~rayspec.metrics.error_rates`; attention greedy too when the decoder trains).
+        regularize_after: steps trained without SpecAugment, dropout and weight decay before they switch on. From
+            scratch on a CPU budget, regularizing from step 0 holds CTC on its blank plateau far longer (AN4, 500
+            steps, same seed: CTC loss 2.11 with, 1.38 without; dev WER after 1,500 steps: see the issue notes).
     """
 
     epochs: int = 60
@@ -176,8 +177,9 @@ def feature_stats(examples: list[Example], frame_stack: int) -> tuple[np.ndarray
 def _spec_augment(x: torch.Tensor, lengths: torch.Tensor, opt: TrainOptions, rng: random.Random, frame_stack: int,
                   fill: Optional[torch.Tensor] = None) -> torch.Tensor:
     """SpecAugment frequency and time masks on stacked features ``[B, n_mels * frame_stack, T]``, per row within its
-    length; a frequency mask covers the same mel bins in every stacked frame. Masked cells get ``fill``
-    (``[n_mels * frame_stack, 1]``, the feature mean, i.e. 0 after normalization) or 0."""
+    length; a frequency mask covers the same mel bins in every stacked frame (stacked rows ``m * frame_stack + j``,
+    see :func:`~rayspec.models.whisper.stack_frames`). Masked cells get ``fill`` (``[n_mels * frame_stack, 1]``, the
+    feature mean, i.e. 0 after normalization) or 0."""
     fill = torch.zeros(x.shape[1], 1) if fill is None else fill
     x = x.clone()
     n_mels = x.shape[1] // frame_stack
@@ -185,9 +187,8 @@ def _spec_augment(x: torch.Tensor, lengths: torch.Tensor, opt: TrainOptions, rng
         for _ in range(opt.freq_masks):
             w = rng.randint(0, opt.freq_width)
             f0 = rng.randint(0, n_mels - w)
-            for j in range(frame_stack):
-                lo = j * n_mels + f0
-                x[b, lo : lo + w, :] = fill[lo : lo + w]
+            lo, hi = f0 * frame_stack, (f0 + w) * frame_stack
+            x[b, lo:hi, :] = fill[lo:hi]
         t_len = int(lengths[b])
         for _ in range(opt.time_masks):
             w = rng.randint(0, max(1, int(t_len * opt.time_fraction)))
@@ -269,10 +270,11 @@ def evaluate(model: WhisperASR, ctc: Optional[CTCHead], examples: list[Example],
             hyp_att += [model.decode_text(h.tokens) for h in greedy_decode(model, enc, caps)]
     model.model.train(was)
     out = {}
-    if hyp_ctc:
-        out["dev_ctc_wer"] = error_rates(refs, hyp_ctc).wer
-    if hyp_att:
-        out["dev_att_wer"] = error_rates(refs, hyp_att).wer
+    for name, hyps in (("ctc", hyp_ctc), ("att", hyp_att)):
+        if hyps:
+            raw = error_rates(refs, hyps, normalized=False)  # spelled-out numbers stay words: progress shows early
+            out.update({f"dev_{name}_wer": error_rates(refs, hyps).wer, f"dev_{name}_wer_raw": raw.wer,
+                        f"dev_{name}_cer_raw": raw.cer})
     return out
 
 
@@ -368,8 +370,14 @@ def train(
     if kind == "draft" and teacher_dir:
         train_ex += _distillation_examples(teacher_dir, train_ex, work_dir)
 
-    params = [p for p in model.model.parameters() if p.requires_grad] + list(ctc.parameters())
-    optim = torch.optim.AdamW(params, lr=opt.lr, weight_decay=opt.weight_decay, betas=(0.9, 0.98))
+    named = [(n, p) for n, p in model.model.named_parameters() if p.requires_grad] + list(ctc.named_parameters())
+    params = [p for _, p in named]
+    # Weight decay on matrices only: not on biases, LayerNorm gains or embeddings (the usual AdamW practice).
+    decayed = [p for n, p in named if p.ndim >= 2 and "embed" not in n]
+    ids = {id(p) for p in decayed}
+    optim = torch.optim.AdamW([{"params": decayed, "weight_decay": opt.weight_decay},
+                               {"params": [p for p in params if id(p) not in ids], "weight_decay": 0.0}],
+                              lr=opt.lr, betas=(0.9, 0.98))
     lengths = [e.features[1].shape[1] // model.frame_stack for e in train_ex]  # encoder input frames
     steps_per_epoch = len(_batches(lengths, opt.batch_frames, random.Random(0)))
     total = max(1, opt.epochs * steps_per_epoch)
@@ -415,6 +423,7 @@ def train(
             loss = w * ctc_loss + (1 - w) * att_loss
             for g in optim.param_groups:
                 g["lr"] = lr_at(state.step)
+            optim.param_groups[0]["weight_decay"] = opt.weight_decay if regularize else 0.0
             optim.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 5.0)
