@@ -4,10 +4,10 @@
 verbose_json), ``GET /v1/models`` and ``GET /health``; with ``tts`` on, also OpenAI's ``POST /v1/audio/speech``
 (JSON: ``model``, ``input`` <= 4096 characters, ``voice``, ``response_format`` = mp3 | opus | flac | wav | pcm,
 ``speed`` 0.25..4, ``stream_format`` = audio | sse for sentence-level streaming; the body is the audio) and
-``GET /v1/audio/voices``, served by ``actors/speech_app.py``. Concurrent requests share target passes: with ``ar``,
-``draft`` and ``medusa`` a request joins the replica's running decode as soon as a slot frees (continuous batching,
-:class:`rayspec.engine.TranscriptionEngine`) and returns when its own rows finish; the other methods batch dynamically
-with ``@serve.batch``. Decoding runs off the event loop, so health checks and refusals stay fast while it decodes.
+``GET /v1/audio/voices``, served by ``actors/speech_app.py``. Concurrent requests share target passes: a request joins
+the replica's running decode as soon as a slot frees (continuous batching, :class:`rayspec.engine.TranscriptionEngine`,
+every method) and returns when its own rows finish. Decoding runs off the event loop, so health checks and refusals
+stay fast while it decodes.
 
 Every error, validation included, is JSON of one shape, ``{"error": {"message", "type", "code"}}``:
 
@@ -45,7 +45,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from rayspec.audio import DEFAULT_MAX_BYTES, AudioError, AudioLimits, load_audio
 from rayspec.engine import TranscriptionEngine
 from rayspec.manifest import Utterance
-from rayspec.methods import METHODS
 
 api = FastAPI(title="rayspec", description="Speech recognition with exact, batched speculative decoding")
 FORMATS = ("json", "text", "verbose_json")
@@ -202,17 +201,15 @@ class TranscriptionService:
 
     Args:
         transcriber: :class:`~rayspec.pipeline.Transcriber` keyword arguments.
-        max_batch_size: most rows decoded together: the continuous batch's slots (methods ar, draft, medusa, ssd:
-            a request joins the running decode as a slot frees, :class:`rayspec.engine.TranscriptionEngine`), else
-            the largest dynamic batch (``@serve.batch``).
-        batch_wait_timeout_s: how long a dynamic batch waits to fill (methods without continuous batching).
+        max_batch_size: most rows decoded together: the continuous batch's slots (a request joins the running
+            decode as a slot frees, :class:`rayspec.engine.TranscriptionEngine`).
         max_upload_bytes: 413 above this (the audio file; the body may add multipart overhead).
         threads: torch CPU threads (0 = default).
         max_queued: requests admitted at once per replica (decoding or waiting); 503 beyond.
         body_timeout_s: seconds allowed for an upload to arrive (408 after).
     """
 
-    def __init__(self, transcriber: dict, max_batch_size: int = 16, batch_wait_timeout_s: float = 0.02,
+    def __init__(self, transcriber: dict, max_batch_size: int = 16,
                  max_upload_bytes: int = DEFAULT_MAX_BYTES, threads: int = 0, max_queued: int = 256,
                  body_timeout_s: float = 30.0, speech=None, chat: Optional[dict] = None) -> None:
         import torch
@@ -222,32 +219,17 @@ class TranscriptionService:
         if threads:
             torch.set_num_threads(threads)
         self.transcriber = Transcriber(**transcriber)
-        # Continuous batching where the method has it; else dynamic batches (@serve.batch) decoded one at a time.
-        self.engine = (TranscriptionEngine(self.transcriber, max_batch_size)
-                       if METHODS[self.transcriber.options.method].stream else None)
+        self.engine = TranscriptionEngine(self.transcriber, max_batch_size)
         self._requests = itertools.count()
         self.limits = AudioLimits(self.transcriber.limits.max_seconds, max_upload_bytes)
         self.admission = Admission(max_upload_bytes + MULTIPART_OVERHEAD, max_queued, body_timeout_s)
         self.models = {self.transcriber.target.name, *MODEL_ALIASES}
-        self._decode.set_max_batch_size(max_batch_size)
-        self._decode.set_batch_wait_timeout_s(batch_wait_timeout_s)
         self.speech = speech  # a handle to actors.speech_app.SpeechService, or None (synthesis not served)
         self.chat = chat  # {"llm", "voice"} handles (actors.voicechat_app), or None (voice chat not served)
 
-    @serve.batch(max_batch_size=16, batch_wait_timeout_s=0.02)
-    async def _decode(self, requests: list) -> list:
-        """``(name, waveform)`` pairs -> ``(result row, batch size)`` per request (:class:`rayspec.results.ResultRow`);
-        a request whose decoding fails alone gets an error row, its batch-mates are decoded."""
-        utts = [Utterance(f"request-{i}", name) for i, (name, _) in enumerate(requests)]
-        audios = [audio for _, audio in requests]
-        rows = await asyncio.to_thread(self.transcriber.transcribe, utts, audios)
-        return [(row, len(requests)) for row in rows]
-
     async def _transcribe(self, name: str, audio) -> tuple:
-        """``(result row, batch size)`` of one waveform: through the continuous batch (batch size: requests decoding
-        when it finished), or a dynamic batch for methods without one."""
-        if self.engine is None:
-            return await self._decode((name, audio))
+        """``(result row, batch size)`` of one waveform through the continuous batch (batch size: requests decoding
+        when it finished)."""
         return await asyncio.wrap_future(self.engine.submit(Utterance(f"request-{next(self._requests)}", name), audio))
 
     async def _transcribe_text(self, audio) -> str:
@@ -355,7 +337,7 @@ class TranscriptionService:
 
 
 SERVING_OPTIONS = {"target", "draft", "ctc", "device", "dtype", "max_batch_size", "threads", "num_replicas",
-                   "num_cpus", "num_gpus", "max_upload_bytes", "max_queued", "body_timeout_s", "batch_wait_timeout_s",
+                   "num_cpus", "num_gpus", "max_upload_bytes", "max_queued", "body_timeout_s",
                    "tts", "tts_target", "tts_draft", "codec", "tts_method", "tts_theta", "tts_beta",
                    "tts_temperature", "tts_lookahead", "tts_cpus", "chat", "chat_lm", "chat_tts", "chat_cpus",
                    "chat_llm_backend", "chat_vllm_python"}
@@ -410,8 +392,7 @@ def build_app(args: Optional[dict] = None):
         chat = {"llm": ChatLLM.options(ray_actor_options=cpus).bind(args.get("chat_lm"), 1, backend,
                                                                     args.get("chat_vllm_python")),
                 "voice": ChatVoice.options(ray_actor_options=cpus).bind(args.get("chat_tts") or "espeak")}
-    return deployment.bind(transcriber, max_batch, float(args.get("batch_wait_timeout_s", 0.02)),
-                           int(args.get("max_upload_bytes", DEFAULT_MAX_BYTES)), int(args.get("threads", 0)),
+    return deployment.bind(transcriber, max_batch, int(args.get("max_upload_bytes", DEFAULT_MAX_BYTES)), int(args.get("threads", 0)),
                            max_queued, float(args.get("body_timeout_s", 30.0)), speech, chat)
 
 

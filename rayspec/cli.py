@@ -186,8 +186,7 @@ def _serve_parser(sub) -> None:
         "serve", help="OpenAI-compatible transcription endpoint on Ray Serve",
         description="POST /v1/audio/transcriptions (multipart file, model, response_format=json|text|verbose_json), "
                     "GET /v1/models and GET /health. Requests share target passes: continuous batching (a request "
-                    "joins the running decode as a slot frees) for ar, draft, medusa and ssd, dynamic batching "
-                    "(@serve.batch) for ctc-draft. "
+                    "joins the running decode as a slot frees), every method. "
                     "Long audio is segmented. Errors are JSON {\"error\": {message, type, code}}: 400 bad input, "
                     "404 unknown model, 408 slow upload, 413 over 25 MB (checked before reading the body), "
                     "415 undecodable audio, 503 + Retry-After when --max-queued requests wait.",
@@ -199,8 +198,7 @@ def _serve_parser(sub) -> None:
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray on 127.0.0.1)")
     p.add_argument("--max-batch-size", type=int, default=16,
-                   help="rows decoded together per replica: the continuous batch's slots (ar, draft, medusa, ssd) or "
-                        "the largest dynamic batch (ctc-draft); default 16")
+                   help="rows decoded together per replica: the continuous batch's slots; default 16")
     p.add_argument("--replicas", type=int, default=1)
     p.add_argument("--replica-cpus", type=float, default=1.0)
     p.add_argument("--replica-gpus", type=float, default=0.0)

@@ -7,8 +7,8 @@ scheduling, Yu et al. OSDI 2022): a request is encoded when a slot is free and j
 and each request resolves as soon as its own rows finish. The decoded tokens are those of
 :meth:`~rayspec.pipeline.Transcriber.transcribe` (rows do not depend on their neighbours).
 
-Used by ``rayspec serve`` replicas for the methods with continuous batching (``ar``, ``draft``, ``medusa``); callers
-in an event loop wrap the returned futures (``asyncio.wrap_future``).
+Used by ``rayspec serve`` replicas (every method); callers in an event loop wrap the returned futures
+(``asyncio.wrap_future``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from typing import Optional
 import numpy as np
 
 from .manifest import Utterance
-from .methods import METHODS
 from .pipeline import Transcriber
 
 
@@ -38,16 +37,14 @@ class TranscriptionEngine:
     """A background thread that decodes submitted waveforms with continuous batching.
 
     Args:
-        transcriber: the models and decoding options (its method must support continuous batching).
+        transcriber: the models and decoding options.
         slots: most rows (speech segments) decoded at once.
 
     Raises:
-        ValueError: a method without continuous batching (``ctc-draft``), or ``slots < 1``.
+        ValueError: ``slots < 1``.
     """
 
     def __init__(self, transcriber: Transcriber, slots: int = 16) -> None:
-        if METHODS[transcriber.options.method].stream is None:
-            raise ValueError(f"method {transcriber.options.method!r} has no continuous batching")
         if slots < 1:
             raise ValueError(f"slots must be >= 1, got {slots}")
         self.transcriber, self.slots = transcriber, slots

@@ -42,7 +42,7 @@ class Method:
             the draft model and serves its proposals).
         exact: ``options -> bool``, whether the output provably equals the target's greedy output.
         stream: ``(target, options, draft model or None, max_cap) -> VerifyLoop`` for continuous batching (rows
-            join as others finish, :meth:`~rayspec.spec.loop.VerifyLoop.decode_stream`); None: static batches only.
+            join as others finish, :meth:`~rayspec.spec.loop.VerifyLoop.decode_stream`; the proposer has ``admit``).
         admission: ``(target, options, row keys, encoded batch) -> Admission``, how an encoded batch joins the
             stream (default: every row starts from the prompt).
     """
@@ -50,10 +50,10 @@ class Method:
     name: str
     summary: str
     decode: Callable[["WhisperASR", "DecodeOptions", "Encoded", Optional["ProposerFactory"]], list[Hypothesis]]
+    stream: Callable[["WhisperASR", "DecodeOptions", Optional["WhisperASR"], int], VerifyLoop]
     needs_ctc: bool = False
     needs_draft: Callable[["DecodeOptions"], bool] = lambda options: False
     exact: Callable[["DecodeOptions"], bool] = lambda options: True
-    stream: Optional[Callable[["WhisperASR", "DecodeOptions", Optional["WhisperASR"], int], VerifyLoop]] = None
     admission: Callable[["WhisperASR", "DecodeOptions", list, "Encoded"], Admission] = (
         lambda target, options, ids, encoded: Admission(ids, encoded.target, encoded.caps, encoded.draft))
 
@@ -71,10 +71,13 @@ def _draft_stream(target, options, draft, max_cap):
     return draft_loop(target, DraftProposer(draft, None, [max_cap], options.speculation), options.speculation)
 
 
+def _ctc_draft_loop(target, hypotheses):
+    proposer = CTCProposer(hypotheses, target.eos_token_id, len(target.prompt_ids), CTC_MAX_DRAFT)
+    return VerifyLoop(target, proposer, max_nodes=CTC_MAX_DRAFT, route="ctc-draft")
+
+
 def _ctc_draft(target, options, encoded, proposers):
-    proposer = CTCProposer(encoded.ctc.tokens, target.eos_token_id, len(target.prompt_ids), CTC_MAX_DRAFT)
-    loop = VerifyLoop(target, proposer, max_nodes=CTC_MAX_DRAFT, route="ctc-draft")
-    return loop.decode(encoded.target, encoded.caps)
+    return _ctc_draft_loop(target, encoded.ctc.tokens).decode(encoded.target, encoded.caps)
 
 
 def _medusa_loop(target, options, draft=None, max_cap=0):
@@ -107,9 +110,9 @@ def _ssd(target, options, encoded, proposers):
 
 def _ssd_stream(target, options, draft, max_cap):
     # One fallback stream for the corpus: each batch's parked rows fill the slots other rows free (SSD 3.2).
-    if options.ssd.fallback == "draft":
-        return _draft_stream(target, options, draft, max_cap)
-    return SSDDecoder(target, options.ssd).loop()
+    ssd = options.ssd
+    proposer = DraftProposer(draft, None, [max_cap], ssd.speculation) if ssd.fallback == "draft" else None
+    return SSDDecoder(target, ssd).loop(proposer)
 
 
 def _ssd_admission(target, options, ids, encoded):
@@ -127,7 +130,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            exact=lambda options: options.ssd.exact and options.ssd.tau_ctc <= 0, stream=_ssd_stream,
            admission=_ssd_admission),
     Method("ctc-draft", "the CTC head's hypothesis is the draft of every round, re-aligned after each correction "
-                        "of the target; output identical to ar, no draft model", _ctc_draft, needs_ctc=True),
+                        "of the target; output identical to ar, no draft model", _ctc_draft, needs_ctc=True,
+           stream=lambda target, options, draft, max_cap: _ctc_draft_loop(target, []),
+           admission=lambda target, options, ids, encoded: Admission(ids, encoded.target, encoded.caps,
+                                                                      encoded.ctc.tokens)),
     Method("medusa", "Medusa heads on the target's own hidden state propose a sparse token tree, verified in one "
                      "pass; greedy acceptance is identical to ar, --acceptance typical is lossy", _medusa,
            exact=lambda options: options.medusa.acceptance == "greedy", stream=_medusa_loop),

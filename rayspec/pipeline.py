@@ -199,13 +199,8 @@ def stream_decode(target: WhisperASR, options: DecodeOptions, batches: Iterable[
 
     Yields:
         ``((key, row), hypothesis)`` per encoded row as it finishes.
-
-    Raises:
-        ValueError: a method without continuous batching (its registry entry has no ``stream``).
     """
     method = METHODS[options.method]
-    if method.stream is None:
-        raise ValueError(f"method {options.method!r} has no continuous batching")
     limit = target.max_target_positions - len(target.prompt_ids) - 1
     loop = method.stream(target, options, draft, limit)
     rows = (None if item is None else
@@ -480,8 +475,8 @@ class Transcriber:
     def transcribe_stream(self, batches: Iterable[Optional[tuple[list[Utterance], Optional[list[np.ndarray]]]]],
                           slots: int) -> Iterator[tuple[int, list[ResultRow]]]:
         """Transcribe batches with continuous batching: up to ``slots`` rows decode at once and the slot of a
-        finished row is refilled from the next batch before the next decoder pass (methods whose registry entry
-        has ``stream``; the others run batch by batch). Batches are encoded one at a time as their rows are needed.
+        finished row is refilled from the next batch before the next decoder pass. Batches are encoded one at a
+        time as their rows are needed.
 
         Faults stay as isolated as in :meth:`transcribe`: a batch whose encoding raises is redone by
         :meth:`transcribe` at once (utterance by utterance if need be), and so is every unfinished batch when
@@ -496,10 +491,6 @@ class Transcriber:
             ``(k, rows)`` once per batch, ``k`` its position among the batches given (Nones not counted), as the
             batch's last row finishes (not in input order).
         """
-        if METHODS[self.options.method].stream is None:
-            for k, item in enumerate(i for i in batches if i is not None):
-                yield k, self.transcribe(*item)
-            return
         t = self.target
         pending: dict[int, tuple[tuple, EncodedBatch, list[Optional[Hypothesis]]]] = {}  # k -> (batch, encoded, hyps)
         finished: list[tuple[int, list[ResultRow]]] = []  # batches done without the decoder (errors, no speech)

@@ -111,13 +111,36 @@ def test_stream_ssd_equals_static(tiny_target, tiny_draft, slots, ssd):
             {k: getattr(h.stats, key) for k, h in expected.items()}, key
 
 
+@pytest.mark.parametrize("slots", [2, 5])
+def test_stream_ctc_draft_equals_static(tiny_target, tiny_draft, slots):
+    """The CTC proposer takes rows mid-batch (its state is per row key): each row equals its static decode."""
+    from rayspec.methods import _ctc_draft_loop
+
+    expected = {}
+    with torch.inference_mode():
+        for ids, enc, caps, drafts, _ in _ssd_chunks(tiny_target, tiny_draft):
+            expected.update(zip(ids, _ctc_draft_loop(tiny_target, drafts.tokens).decode(enc, caps)))
+        admissions = (Admission(ids, enc, caps, drafts.tokens)
+                      for ids, enc, caps, drafts, _ in _ssd_chunks(tiny_target, tiny_draft))
+        got = dict(_ctc_draft_loop(tiny_target, []).decode_stream(admissions, slots, max_cap=max(CAPS)))
+    assert {k: h.tokens for k, h in got.items()} == {k: h.tokens for k, h in expected.items()}
+    for key in ("target_forward_passes", "draft_tokens_proposed", "draft_tokens_accepted"):
+        assert {k: getattr(h.stats, key) for k, h in got.items()} == \
+            {k: getattr(h.stats, key) for k, h in expected.items()}, key
+
+
 def test_stream_errors(tiny_target):
-    from rayspec.decoding.ctc_proposer import CTCProposer
+    class Static:  # a proposer that cannot take rows mid-batch
+        def propose(self, requests):
+            return []
+
+        def update(self, feedback):
+            pass
 
     with pytest.raises(ValueError, match="slots"):
         list(VerifyLoop(tiny_target).decode_stream([], 0, 10))
     with pytest.raises(ValueError, match="admit"):
-        list(VerifyLoop(tiny_target, CTCProposer([], 0, 1)).decode_stream([], 2, 10))
+        list(VerifyLoop(tiny_target, Static()).decode_stream([], 2, 10))
     with pytest.raises(ValueError, match="max_cap"):
         list(VerifyLoop(tiny_target).decode_stream(_admissions(tiny_target), 2, max_cap=5))
 
@@ -146,8 +169,18 @@ def _run(tmp_path, name, utts, transcriber, continuous, max_rows=3):
     return {r["id"]: r for r in read_results(out).to_pylist()}
 
 
+def _static_path_fails(monkeypatch):
+    """Make the static fallback of transcribe_stream (taken after a decoding failure) fail the test."""
+    from rayspec.pipeline import Transcriber
+
+    def static(self, *args, **kwargs):
+        raise AssertionError("the continuous stream fell back to static batches")
+
+    monkeypatch.setattr(Transcriber, "transcribe", static)
+
+
 @pytest.mark.parametrize("method", ["ar", "draft"])
-def test_run_corpus_continuous_equals_static(tmp_path, samples_manifest, tiny_target, tiny_draft, method):
+def test_run_corpus_continuous_equals_static(tmp_path, samples_manifest, tiny_target, tiny_draft, method, monkeypatch):
     from rayspec.manifest import read_manifest
     from rayspec.pipeline import DecodeOptions, Transcriber
 
@@ -155,28 +188,32 @@ def test_run_corpus_continuous_equals_static(tmp_path, samples_manifest, tiny_ta
     transcriber = Transcriber(tiny_target.model.name_or_path, tiny_draft.model.name_or_path,
                               DecodeOptions(method, max_tokens_per_second=4))
     static = _run(tmp_path, "static", utts, transcriber, False)
+    _static_path_fails(monkeypatch)
     stream = _run(tmp_path, "stream", utts, transcriber, True)
     assert len(stream) == len(utts) and set(stream) == set(static)
     for key in ("text", "target_forward_passes", "draft_forward_passes", "draft_tokens_accepted", "error"):
         assert {k: r[key] for k, r in stream.items()} == {k: r[key] for k, r in static.items()}, key
 
 
-@pytest.mark.parametrize("ssd", [dict(tau_ctc=1.0, tau_slm=0.01, exact=False), dict(fallback="draft")])
-def test_run_corpus_ssd_continuous_equals_static(tmp_path, samples_manifest, ssd):
-    """The zoo's SSD (CTC gate, verification, fallback) over the bundled clips: the corpus-wide fallback stream
-    writes the same rows as batch-by-batch decoding."""
+@pytest.mark.parametrize("method, ssd", [("ssd", dict(tau_ctc=1.0, tau_slm=0.01, exact=False)),
+                                         ("ssd", dict(fallback="draft")), ("ctc-draft", {})])
+def test_run_corpus_ctc_methods_continuous_equal_static(tmp_path, samples_manifest, method, ssd, monkeypatch):
+    """The zoo's CTC methods over the bundled clips: SSD's corpus-wide fallback stream (CTC gate, verification,
+    fallback) and ctc-draft's stream write the same rows as batch-by-batch decoding."""
     from dataclasses import replace
 
     from rayspec.manifest import read_manifest
     from rayspec.pipeline import DecodeOptions, Transcriber
 
-    options = DecodeOptions("ssd")
-    options = replace(options, ssd=replace(options.ssd, **ssd))
+    options = DecodeOptions(method)
+    if ssd:
+        options = replace(options, ssd=replace(options.ssd, **ssd))
     utts = read_manifest(samples_manifest)
     transcriber = Transcriber(options=options)
     static = _run(tmp_path, "static", utts, transcriber, False)
+    _static_path_fails(monkeypatch)
     stream = _run(tmp_path, "stream", utts, transcriber, True)
-    assert len(stream) == len(utts) and len({r["route"] for r in stream.values()}) > 1
+    assert len(stream) == len(utts)
     for key in ("text", "route", "target_forward_passes", "draft_tokens_accepted", "ctc_entropy", "error"):
         assert {k: r[key] for k, r in stream.items()} == {k: r[key] for k, r in static.items()}, key
 
@@ -244,8 +281,8 @@ def test_engine_requests_join_the_running_batch(samples_manifest, tiny_target, t
     engine.close()
     with pytest.raises(RuntimeError, match="closed"):
         engine.submit(utts[0], audios[utts[0].id])
-    with pytest.raises(ValueError, match="continuous"):
-        TranscriptionEngine(Transcriber(tiny_target.model.name_or_path, options=DecodeOptions("ctc-draft")))
+    with pytest.raises(ValueError, match="slots"):
+        TranscriptionEngine(t, 0)
 
 
 @pytest.mark.parametrize("method", ["ar", "draft"])

@@ -24,21 +24,35 @@ class CTCProposer:
     """Drafts the rest of each row's CTC hypothesis (see the module docstring).
 
     Args:
-        hypotheses: per batch row, the CTC hypothesis in the target's token ids
-            (:attr:`~rayspec.decoding.ssd.CTCDrafts.tokens`).
+        hypotheses: per batch row (row keys ``0 .. B-1``), the CTC hypothesis in the target's token ids
+            (:attr:`~rayspec.decoding.ssd.CTCDrafts.tokens`); more rows join with :meth:`admit`.
         eos: the target's EOS id; prompt_len: tokens of the decoder prompt (not part of the hypotheses).
         max_draft: most draft tokens per round.
     """
 
     def __init__(self, hypotheses: list[list[int]], eos: int, prompt_len: int, max_draft: int = 64) -> None:
-        self.hyps, self.eos, self.prompt_len, self.max_draft = hypotheses, eos, prompt_len, max_draft
-        self.ptr = [0] * len(hypotheses)  # per row: next hypothesis position to propose
-        self.sent = [0] * len(hypotheses)  # per row: tokens proposed last round
-        self.emitted = [0] * len(hypotheses)  # per row: tokens emitted when last proposing
-        self.accepted: dict[int, int] = {}
-        self.budget = [max_draft] * len(hypotheses)  # per row: draft length of the next round
+        self.eos, self.prompt_len, self.max_draft = eos, prompt_len, max_draft
+        self.hyps: dict = {}  # per row key: its hypothesis
+        self.ptr: dict = {}  # next hypothesis position to propose
+        self.sent: dict = {}  # tokens proposed last round
+        self.emitted: dict = {}  # tokens emitted when last proposing
+        self.budget: dict = {}  # draft length of the next round
+        self.accepted: dict = {}  # draft tokens the target kept last round
+        self.admit([], list(range(len(hypotheses))), hypotheses)
+
+    def admit(self, slots: list[int], ids: list, hypotheses: list[list[int]]) -> None:
+        """Take new rows ``ids`` with their CTC hypotheses (continuous batching; the state is kept per row key, so
+        the cache ``slots`` they go to do not matter here)."""
+        for key, hyp in zip(ids, hypotheses):
+            self.hyps[key], self.ptr[key], self.sent[key], self.emitted[key] = hyp, 0, 0, 0
+            self.budget[key] = self.max_draft
 
     def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
+        """Rows held but not requested are finished: their state is dropped."""
+        for key in set(self.hyps) - {r.index for r in requests}:
+            for state in (self.hyps, self.ptr, self.sent, self.emitted, self.budget):
+                del state[key]
+            self.accepted.pop(key, None)
         out = []
         for r in requests:
             i, hyp = r.index, self.hyps[r.index]

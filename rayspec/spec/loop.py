@@ -84,7 +84,7 @@ class Admission:
         enc: the target's encoder output for the rows (``R`` rows).
         caps: ``R`` caps on generated tokens (EOS not counted).
         extra: what the proposer needs per row, handed to its ``admit`` (the draft model's encoder output for
-            draft-model speculation), or None.
+            draft-model speculation, a list of CTC hypotheses for the CTC proposer), or None.
         start: optional, per row the hypothesis to continue (see :meth:`VerifyLoop.decode`): its tokens are decided
             already (e.g. SSD's verified prefix) and its counters hold the passes spent on them; a row whose start
             is finished or at its cap is yielded at once, without a decoder pass.
@@ -95,7 +95,7 @@ class Admission:
     ids: list
     enc: EncoderOutput
     caps: list[int]
-    extra: Optional[EncoderOutput] = None
+    extra: Any = None
     start: Optional[list[Hypothesis]] = None
     prefix_kv: Optional[list] = None
 
@@ -106,7 +106,8 @@ class Admission:
         """The rows ``keep`` (indices, in that order)."""
         index = torch.tensor(list(keep), dtype=torch.long, device=self.enc.states.device)
         pick = lambda xs: None if xs is None else [xs[k] for k in keep]  # noqa: E731
-        extra = None if self.extra is None else self.extra.select(index.to(self.extra.states.device))
+        extra = (self.extra.select(index.to(self.extra.states.device)) if isinstance(self.extra, EncoderOutput)
+                 else pick(self.extra))
         return Admission(pick(self.ids), self.enc.select(index), pick(self.caps), extra, pick(self.start),
                          pick(self.prefix_kv))
 
