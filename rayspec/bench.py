@@ -72,7 +72,7 @@ def medusa_ablation(heads: Optional[str] = None) -> list[tuple[str, DecodeOption
 
 def ssd_grid(tau_ctc=(0.3, 0.7, 1.5, 3.0), tau_slm=(0.01, 0.1, 0.2)) -> list[tuple[str, DecodeOptions]]:
     """AR, the (tau_CTC, tau_SLM) grid in the paper's relaxed mode, the single-stage ablations, exact mode, and
-    continuous batching for the default point and the exact modes (batch sizes > 1)."""
+    continuous batching for AR, the default point, the exact modes and ctc-draft (batch sizes > 1)."""
     ssd = lambda **k: DecodeOptions("ssd", ssd=SSDOptions(**k))  # noqa: E731
     out = [("ar", DecodeOptions("ar"))]
     out += [(f"ssd c={c} l={s}", ssd(tau_ctc=c, tau_slm=s, exact=False)) for c in tau_ctc for s in tau_slm]
@@ -81,9 +81,9 @@ def ssd_grid(tau_ctc=(0.3, 0.7, 1.5, 3.0), tau_slm=(0.01, 0.1, 0.2)) -> list[tup
     out += [("ssd exact (c=0)", ssd(tau_ctc=0.0, exact=True)), ("ssd exact + draft fallback",
             ssd(tau_ctc=0.0, exact=True, fallback="draft")), ("ctc-draft (exact)", DecodeOptions("ctc-draft"))]
     # Section 3.2 across the corpus (rows that fail verification pooled into one fallback stream), for the CLI's
-    # default point and the exact modes.
-    out += [(name + CONTINUOUS, o) for name, o in list(out)
-            if name in ("ssd c=1.0 l=0.01", "ssd exact (c=0)", "ssd exact + draft fallback")]
+    # default point and the exact modes, beside AR and ctc-draft with the same continuous batching.
+    out += [(name + CONTINUOUS, o) for name, o in list(out) if name in (
+        "ar", "ssd c=1.0 l=0.01", "ssd exact (c=0)", "ssd exact + draft fallback", "ctc-draft (exact)")]
     return out
 
 

@@ -104,3 +104,20 @@ def test_raw_error_rates_keep_spelled_out_numbers_as_words():
     refs, hyps = ["G TWO EIGHTY NINE"], ["G TWO EIGHTY FIVE"]
     assert error_rates(refs, hyps, normalized=False).wer == 0.25
     assert error_rates(refs, hyps).wer == 0.5  # "g 289" vs "g 285"
+
+
+def test_resume_moves_one_group_optimizer_state_into_two_groups():
+    import torch
+
+    from rayspec.train.recipe import _load_optimizer
+
+    params = [torch.nn.Parameter(torch.randn(3, 2)), torch.nn.Parameter(torch.randn(2))]
+    old = torch.optim.AdamW(params, lr=0.1, weight_decay=0.05)
+    sum(p.sum() for p in params).backward()
+    old.step()
+    new = torch.optim.AdamW([{"params": params[:1], "weight_decay": 0.05}, {"params": params[1:], "weight_decay": 0.0}],
+                            lr=0.1)
+    _load_optimizer(new, old.state_dict(), params)
+    for p in params:
+        assert torch.equal(new.state[p]["exp_avg"], old.state[p]["exp_avg"])
+    assert [g["weight_decay"] for g in new.param_groups] == [0.05, 0.0]

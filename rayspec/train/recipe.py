@@ -394,7 +394,7 @@ def train(
         saved = torch.load(ckpt, weights_only=True)
         model.model.load_state_dict(saved["model"])
         ctc.load_state_dict(saved["ctc"])
-        optim.load_state_dict(saved["optim"])
+        _load_optimizer(optim, saved["optim"], params)
         state = RunState(**saved["state"])
         rng.setstate(saved["rng"])
         torch.set_rng_state(saved["torch_rng"])
@@ -493,6 +493,20 @@ def _distillation_examples(teacher_dir: str, examples: list[Example], work_dir: 
             only = [ex.features[s]] * len(SPEEDS)
             out.append(Example(f"{ex.id}@{s}", only, texts[f"{ex.id}@{s}"]))
     return out
+
+
+def _load_optimizer(optim: torch.optim.Optimizer, saved: dict, params: list) -> None:
+    """Resume an optimizer's state; a checkpoint from before weight decay was split into two parameter groups (one
+    group over ``params`` in order) gets its per-parameter moments moved over, with today's groups."""
+    if len(saved["param_groups"]) == len(optim.param_groups):
+        optim.load_state_dict(saved)
+        return
+    order = [i for g in saved["param_groups"] for i in g["params"]]
+    if len(order) != len(params):
+        raise ValueError(f"the checkpoint's optimizer holds {len(order)} parameters, the model {len(params)}")
+    for i, p in zip(order, params):
+        if i in saved["state"]:
+            optim.state[p] = {k: v.to(p.device) if torch.is_tensor(v) else v for k, v in saved["state"][i].items()}
 
 
 def _save_epoch(work_dir, model, ctc, optim, state: RunState, rng, keep: int) -> None:
