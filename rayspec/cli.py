@@ -91,7 +91,7 @@ def _synthesize_parser(sub) -> None:
 def cmd_score(args) -> int:
     from .scoring import format_table, score_results
 
-    scores = score_results(args.results)
+    scores = score_results(args.results, normalized=not args.raw)
     if args.json:
         print(json.dumps(scores["all"]))
     else:
@@ -313,6 +313,9 @@ def build_parser() -> argparse.ArgumentParser:
                                    "RTFx and target passes (NFE) per utterance.")
     p.add_argument("results", help="results .parquet file (or shard folder)")
     p.add_argument("--json", action="store_true", help="print one JSON object (wer, cer, n, errors, ...) instead")
+    p.add_argument("--raw", action="store_true",
+                   help="fold only case and white space, no normalizer: spelled-out numbers stay words (how "
+                        "ESPnet scores AN4: \"TWO EIGHTY NINE\" is three words, not \"289\")")
     p.set_defaults(func=cmd_score)
 
     _synthesize_parser(sub)

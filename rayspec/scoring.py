@@ -9,10 +9,10 @@ from .metrics import error_rates
 from .results import read_results
 
 
-def _score(rows: list[dict]) -> dict:
+def _score(rows: list[dict], normalized: bool) -> dict:
     ok = [r for r in rows if not r["error"]]
     scored = [r for r in ok if r["reference"]]
-    rates = error_rates([r["reference"] for r in scored], [r["text"] or "" for r in scored])
+    rates = error_rates([r["reference"] for r in scored], [r["text"] or "" for r in scored], normalized)
     audio = sum(r["duration_s"] or 0.0 for r in ok)
     decode = sum(r["decode_s"] or 0.0 for r in ok)
     nfe = sum(r["target_forward_passes"] or 0 for r in ok)
@@ -25,9 +25,11 @@ def _score(rows: list[dict]) -> dict:
     }
 
 
-def score_results(path: str) -> dict:
+def score_results(path: str, normalized: bool = True) -> dict:
     """Scores of a results file: ``{"all": {...}, "corpora": {name: {...}}}``; each entry has wer, cer (fractions),
     n (rows), scored, words, errors (failed rows), audio_s, decode_s, rtfx, nfe_per_utt, tokens_per_nfe.
+    ``normalized``: texts through Whisper's normalizer, else only case and white space folded
+    (:func:`~rayspec.metrics.error_rates`).
 
     Raises:
         FileNotFoundError: no results at ``path``.
@@ -36,7 +38,8 @@ def score_results(path: str) -> dict:
     by_corpus: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         by_corpus[r["corpus"] or "-"].append(r)
-    return {"all": _score(rows), "corpora": {c: _score(rs) for c, rs in sorted(by_corpus.items())}}
+    return {"all": _score(rows, normalized),
+            "corpora": {c: _score(rs, normalized) for c, rs in sorted(by_corpus.items())}}
 
 
 def _pct(x) -> str:

@@ -48,6 +48,8 @@ def test_bad_input_corpus_completes(tmp_path, samples_manifest, tiny_target, cap
     assert main(["score", out, "--json"]) == 0
     scored = json.loads(capsys.readouterr().out)
     assert scored["n"] == 7 and scored["errors"] == 4 and 0 <= scored["wer"]
+    assert main(["score", out, "--json", "--raw"]) == 0  # no normalizer: case and white space only
+    assert json.loads(capsys.readouterr().out)["n"] == 7
 
 
 def test_killed_run_resumes_without_duplicates(tmp_path, samples_manifest, tiny_target, capsys):
