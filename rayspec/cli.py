@@ -39,13 +39,14 @@ def cmd_transcribe(args) -> int:
     from tqdm import tqdm
 
     from .manifest import read_manifest
+    from .methods import METHODS
     from .pipeline import run_corpus
 
     utts = read_manifest(args.input)
     transcriber = build_transcriber(args)
     with tqdm(total=len(utts), desc="transcribe", unit="utt", disable=args.quiet) as bar:
         summary = run_corpus(utts, transcriber, args.output, budget_from_args(args), progress=bar.update,
-                             continuous=not args.no_continuous)
+                             continuous=not args.no_continuous and METHODS[args.method].continuous)
     print_summary(summary, args.output)
     return EXIT_SOME_FAILED if summary.failed else 0
 

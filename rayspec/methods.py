@@ -45,6 +45,7 @@ class Method:
             join as others finish, :meth:`~rayspec.spec.loop.VerifyLoop.decode_stream`; the proposer has ``admit``).
         admission: ``(target, options, row keys, encoded batch) -> Admission``, how an encoded batch joins the
             stream (default: every row starts from the prompt).
+        continuous: whether corpus runs (``rayspec transcribe``) batch continuously by default; Serve always does.
     """
 
     name: str
@@ -56,6 +57,7 @@ class Method:
     exact: Callable[["DecodeOptions"], bool] = lambda options: True
     admission: Callable[["WhisperASR", "DecodeOptions", list, "Encoded"], Admission] = (
         lambda target, options, ids, encoded: Admission(ids, encoded.target, encoded.caps, encoded.draft))
+    continuous: bool = True
 
 
 def _ar(target, options, encoded, proposers):
@@ -133,7 +135,10 @@ METHODS: dict[str, Method] = {m.name: m for m in (
                         "of the target; output identical to ar, no draft model", _ctc_draft, needs_ctc=True,
            stream=lambda target, options, draft, max_cap: _ctc_draft_loop(target, []),
            admission=lambda target, options, ids, encoded: Admission(ids, encoded.target, encoded.caps,
-                                                                      encoded.ctc.tokens)),
+                                                                      encoded.ctc.tokens),
+           # Measured slower in a corpus stream (bench-ssd.md, AN4 test, batch 16: 0.77x vs 0.94x of AR): each
+           # newcomer's first round drafts its whole hypothesis, and a round is as wide as its widest row.
+           continuous=False),
     Method("medusa", "Medusa heads on the target's own hidden state propose a sparse token tree, verified in one "
                      "pass; greedy acceptance is identical to ar, --acceptance typical is lossy", _medusa,
            exact=lambda options: options.medusa.acceptance == "greedy", stream=_medusa_loop),

@@ -69,9 +69,10 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="token budget per batch: rows x (padded encoder frames + expected tokens); default 16000")
     b.add_argument("--max-batch", type=int, default=64, help="most utterances per batch (default 64)")
     b.add_argument("--no-continuous", action="store_true",
-                   help="decode the planned batches one after another. By default (in-process runs) a finished "
-                        "row's slot is refilled from the next batch before the next decoder pass (continuous "
-                        "batching; same output; ssd pools the rows that fail verification across batches)")
+                   help="decode the planned batches one after another. By default (in-process runs; ctc-draft "
+                        "always runs batch by batch, measured faster) a finished row's slot is refilled from the next "
+                        "batch before the next decoder pass (continuous batching; same output; ssd pools the rows "
+                        "that fail verification across batches)")
     b.add_argument("--max-audio-seconds", type=float, default=None,
                    help="reject longer files (default 14400 = 4 h). Files longer than the model's window (30 s) are "
                         "cut in pauses, decoded as segments and re-joined")
