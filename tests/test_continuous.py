@@ -75,10 +75,9 @@ def _ssd_chunks(target, draft):
         yield list(range(s, s + 4)), enc, caps, CTCDrafts(hyps, [0.5, 2.0, 2.0, 0.5]), _encode(draft, a)
 
 
-@pytest.mark.parametrize("slots", [2, 5])
 @pytest.mark.parametrize("ssd", [dict(), dict(tau_ctc=1.0, exact=False, tau_slm=0.05), dict(verify=False),
                                  dict(fallback="draft"), dict(tau_ctc=1.0, fallback="draft")])
-def test_stream_ssd_equals_static(tiny_target, tiny_draft, slots, ssd):
+def test_stream_ssd_equals_static(tiny_target, tiny_draft, ssd, slots=3):
     """SSD 3.2 across batches: every batch is gated and verified as it arrives and its parked rows join one
     fallback stream; each row equals the batch-by-batch result (tokens, route and counters)."""
     from rayspec.decoding.ssd import SSDDecoder, SSDOptions
@@ -111,8 +110,7 @@ def test_stream_ssd_equals_static(tiny_target, tiny_draft, slots, ssd):
             {k: getattr(h.stats, key) for k, h in expected.items()}, key
 
 
-@pytest.mark.parametrize("slots", [2, 5])
-def test_stream_ctc_draft_equals_static(tiny_target, tiny_draft, slots):
+def test_stream_ctc_draft_equals_static(tiny_target, tiny_draft, slots=3):
     """The CTC proposer takes rows mid-batch (its state is per row key): each row equals its static decode."""
     from rayspec.methods import _ctc_draft_loop
 
