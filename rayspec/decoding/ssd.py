@@ -208,9 +208,8 @@ class SSDDecoder:
         if self.opt.fallback == "draft" and proposer is None:
             raise ValueError("fallback='draft' needs a draft proposer")
         sub = enc.select(torch.tensor([x.index for x in parked], device=enc.states.device))
-        kv = [x.kv for x in parked]
         return self.loop(proposer).decode(sub, [x.cap for x in parked], [x.start for x in parked],
-                                          kv if any(v is not None for v in kv) else None)
+                                          [x.kv for x in parked])
 
     def loop(self, proposer: Optional[Proposer] = None) -> VerifyLoop:
         """The fallback's verify loop: greedy AR, or draft-model speculation over ``proposer``."""
