@@ -157,6 +157,30 @@ def test_cache_place_pads_cross_attention(tiny_target):
         assert torch.equal(cache.cross_k[0][1], ref.cross_k[0][0])
 
 
+def test_cache_drop_moves_only_the_rows_that_fill_holes(tiny_target):
+    """Swap-remove: dropping rows copies only the tail rows into their slots, in place; after ``reserve`` the cache
+    grows back without a copy, and nothing else changes."""
+    with torch.inference_mode():
+        cache = tiny_target.new_cache(_encode(tiny_target, AUDIO[:6]), 8)
+        cache.import_rows([[(torch.full_like(k[r, :, :2], float(r)), torch.full_like(v[r, :, :2], -r))
+                            for k, v in zip(cache.self_k, cache.self_v)] for r in range(6)])
+        cache.reserve(8)
+        ref = cache.select(range(6))
+        ptr = cache.self_k[0].data_ptr()
+        order = cache.drop([1, 4])
+        assert order == [0, 5, 2, 3]
+        assert cache.self_k[0].data_ptr() == ptr and cache.batch_size == 4
+        want = ref.select(order)
+        for got, exp in zip((*cache.self_k, *cache.cross_k, *cache.cross_v), (*want.self_k, *want.cross_k,
+                                                                            *want.cross_v)):
+            assert torch.equal(got, exp)
+        assert cache.host_lengths.tolist() == [2] * 4
+        cache.extend(4)  # up to the 8 reserved rows: the same buffers
+        assert cache.self_k[0].data_ptr() == ptr and cache.batch_size == 8
+        assert cache.cross_mask[:, 0, 0].any(1).tolist() == [True] * 4 + [False] * 4
+        assert cache.host_lengths.tolist() == [2] * 4 + [0] * 4
+
+
 def _run(tmp_path, name, utts, transcriber, continuous, max_rows=3):
     from rayspec.batching import BatchBudget
     from rayspec.pipeline import run_corpus

@@ -181,21 +181,23 @@ class DraftProposer:
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
-        """Draft for the live rows in ``requests`` (a subsequence of the rows still held; dropped rows are freed).
+        """Draft for the live rows in ``requests`` (rows still held, in the verify loop's order; rows not requested
+        are freed with the same swap-remove as the loop's cache, so both keep one row order).
 
         Raises:
-            ValueError: a request for a row this proposer no longer holds, or out of order.
+            ValueError: a request for a row this proposer no longer holds.
         """
-        pos = {b: k for k, b in enumerate(self.rows)}
-        try:
-            keep = [pos[r.index] for r in requests]
-        except KeyError as exc:
-            raise ValueError(f"row {exc.args[0]} is not held by this proposer") from None
-        if keep != sorted(keep):
-            raise ValueError("requests must keep the batch's row order")
-        if len(keep) < len(self.rows):
-            self.cache = self.cache.select(keep)
-            self.rows = [r.index for r in requests]
+        wanted = [r.index for r in requests]
+        if wanted != self.rows:
+            held = set(wanted)
+            missing = held - set(self.rows)
+            if missing:
+                raise ValueError(f"row {missing.pop()} is not held by this proposer")
+            order = self.cache.drop([k for k, key in enumerate(self.rows) if key not in held])
+            self.rows = [self.rows[k] for k in order]
+            if self.rows != wanted:  # a different order than the loop's (not from the verify loop): reorder
+                pos = {key: k for k, key in enumerate(self.rows)}
+                self.cache, self.rows = self.cache.select([pos[key] for key in wanted]), wanted
             live = set(self.rows)
             self.valid = {k: v for k, v in self.valid.items() if k in live}
             self.old_suffix = {k: v for k, v in self.old_suffix.items() if k in live}

@@ -10,7 +10,7 @@ into consecutive positions. Cross-attention keys/values are computed once from t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 import numpy as np
@@ -32,6 +32,9 @@ class DecoderCache:
         host_lengths: int64 numpy ``[B]``, committed positions per row (prompt + accepted tokens).
         lengths: int64 ``[B]`` on the cache's device, the same numbers.
         pending: number of positions the last decoder call wrote past ``lengths`` (0 after a commit).
+
+    After :meth:`reserve` the per-row tensors above are views of the first ``B`` rows of larger buffers, so that
+    :meth:`extend` copies nothing and :meth:`drop` moves only the rows that fill holes.
     """
 
     self_k: list[torch.Tensor]
@@ -42,6 +45,7 @@ class DecoderCache:
     host_lengths: np.ndarray
     lengths: torch.Tensor
     pending: int = 0
+    _buffers: Optional[dict] = field(default=None, repr=False)  # per-row tensors of the reserved rows, by field
 
     @staticmethod
     def empty(self_k, self_v, cross_k, cross_v, cross_mask, device) -> "DecoderCache":
@@ -124,24 +128,84 @@ class DecoderCache:
         )
         return out
 
+    def reserve(self, rows: int) -> None:
+        """Make room for ``rows`` rows (the most a continuous batch will hold) so that :meth:`extend` up to that many
+        copies nothing: the per-row tensors become views of buffers of ``rows`` rows. Copies every layer's
+        keys/values once when the buffers must grow; none when they already hold ``rows`` rows."""
+        b = self.batch_size
+        held = {"self_k": self.self_k, "self_v": self.self_v, "cross_k": self.cross_k, "cross_v": self.cross_v,
+                "cross_mask": [] if self.cross_mask is None else [self.cross_mask]}
+        if self._buffers is None and rows <= b:
+            self._buffers = held  # the tensors themselves are the buffers
+            return
+        if self._buffers is not None and self._buffers["self_k"][0].shape[0] >= rows:
+            return
+        grow = lambda ts: [torch.cat([t, t.new_zeros((rows - b, *t.shape[1:]))]) for t in ts]  # noqa: E731
+        self._buffers = {name: grow(ts) for name, ts in held.items()}
+        self._view(b)
+
+    def _view(self, b: int) -> None:
+        """Point the per-row tensors at the first ``b`` rows of the buffers."""
+        view = {name: [t[:b] for t in ts] for name, ts in self._buffers.items()}
+        self.self_k, self.self_v, self.cross_k, self.cross_v = (view["self_k"], view["self_v"], view["cross_k"],
+                                                                view["cross_v"])
+        self.cross_mask = view["cross_mask"][0] if view["cross_mask"] else None
+
     def extend(self, n: int) -> None:
         """Append ``n`` empty rows (no committed positions, every encoder position masked) for :meth:`place` to fill:
-        a continuous batch that runs below its slot count grows as new rows arrive. Copies every layer's keys/values
-        once (concatenation)."""
+        a continuous batch that runs below its slot count grows as new rows arrive. Copies nothing within the rows
+        :meth:`reserve` d; past them every layer's keys/values are copied once into larger buffers."""
         if self.pending:
             raise ValueError("cannot extend a cache with pending positions")
-        grow = lambda ts: [torch.cat([t, t.new_zeros((n, *t.shape[1:]))]) for t in ts]  # noqa: E731
-        self.self_k, self.self_v = grow(self.self_k), grow(self.self_v)
+        b = self.batch_size
+        self.reserve(b + n)
         if self.cross_k:
-            self.cross_k, self.cross_v = grow(self.cross_k), grow(self.cross_v)
-            self.cross_mask = grow([self._full_cross_mask()])[0]
+            self._explicit_mask()
+            self._buffers["cross_mask"][0][b : b + n] = False
+        self._view(b + n)
         self._set_lengths(np.concatenate([self.host_lengths, np.zeros(n, dtype=np.int64)]))
 
-    def _full_cross_mask(self) -> torch.Tensor:
-        """``cross_mask``, made explicit (all True) where it is None: every row sees all encoder positions."""
+    def drop(self, rows: Sequence[int]) -> list[int]:
+        """Remove ``rows`` (host indices) in place by moving the last surviving rows into their slots (swap-remove):
+        only those rows' keys/values are copied, not every row's (continuous batching drops finished rows every few
+        rounds). The survivors are reordered.
+
+        Returns:
+            ``order``: row ``k`` of the cache now holds what row ``order[k]`` held.
+
+        Raises:
+            ValueError: pending positions.
+        """
+        if self.pending:
+            raise ValueError("cannot drop rows of a cache with pending positions")
+        gone, b = set(int(r) for r in rows), self.batch_size
+        n = b - len(gone)
+        holes = sorted(h for h in gone if h < n)
+        tail = [k for k in range(n, b) if k not in gone]
+        self.reserve(b)
+        if holes:
+            src = torch.tensor(tail, dtype=torch.long, device=self.device)
+            dst = torch.tensor(holes, dtype=torch.long, device=self.device)
+            for ts in self._buffers.values():
+                for t in ts:
+                    t.index_copy_(0, dst, t.index_select(0, src))
+        order = list(range(n))
+        for h, k in zip(holes, tail):
+            order[h] = k
+        self._view(n)
+        self._set_lengths(self.host_lengths[order])
+        return order
+
+    def _explicit_mask(self) -> None:
+        """Make ``cross_mask`` explicit where it is None (all True: every row sees every encoder position), in the
+        buffers so that it covers the reserved rows too."""
         if self.cross_mask is not None:
-            return self.cross_mask
-        return torch.ones((self.batch_size, 1, 1, self.cross_k[0].shape[2]), dtype=torch.bool, device=self.device)
+            return
+        self.reserve(self.batch_size)
+        full = self._buffers["cross_k"][0]
+        self._buffers["cross_mask"] = [torch.ones((full.shape[0], 1, 1, full.shape[2]), dtype=torch.bool,
+                                                  device=self.device)]
+        self._view(self.batch_size)
 
     def place(self, slots: Sequence[int], new: "DecoderCache") -> None:
         """Put the rows of ``new`` into rows ``slots`` of this cache, in place: continuous batching refills the slots
@@ -161,15 +225,18 @@ class DecoderCache:
             raise ValueError(f"cannot place {new.batch_size} rows into {len(slots)} slots (pending positions?)")
         index = torch.tensor(list(slots), dtype=torch.long, device=self.device)
         s, s_new = (self.cross_k[0].shape[2], new.cross_k[0].shape[2]) if self.cross_k else (0, 0)
-        if s_new > s:
+        if s_new > s:  # pad the buffers (new positions masked), so that reserved rows keep their room
+            self._explicit_mask()
+            buf = self._buffers
             grow = lambda ts: [torch.nn.functional.pad(t, (0, 0, 0, s_new - s)) for t in ts]  # noqa: E731
-            self.cross_mask = torch.nn.functional.pad(self._full_cross_mask(), (0, s_new - s))
-            self.cross_k, self.cross_v = grow(self.cross_k), grow(self.cross_v)
+            buf["cross_k"], buf["cross_v"] = grow(buf["cross_k"]), grow(buf["cross_v"])
+            buf["cross_mask"] = [torch.nn.functional.pad(buf["cross_mask"][0], (0, s_new - s))]
+            self._view(self.batch_size)
             s = s_new
         for dst, src in zip((*self.cross_k, *self.cross_v), (*new.cross_k, *new.cross_v)):
             dst[:, :, :s_new].index_copy_(0, index, src.to(dst.dtype))
         if self.cross_k and (self.cross_mask is not None or new.cross_mask is not None or s_new < s):
-            self.cross_mask = self._full_cross_mask()
+            self._explicit_mask()
             mask = torch.zeros((new.batch_size, 1, 1, s), dtype=torch.bool, device=self.device)
             mask[..., :s_new] = True if new.cross_mask is None else new.cross_mask
             self.cross_mask.index_copy_(0, index, mask)

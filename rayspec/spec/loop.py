@@ -198,15 +198,11 @@ class VerifyLoop:
         rows = [_new_row(i, c, h, prompt, self.route) for i, (c, h) in enumerate(zip(caps, start))]
         if prefix_kv is not None:
             _import_prefixes(cache, list(range(len(rows))), rows, prefix_kv)
-        live = [r for r in rows if not _done(r.hyp, r.cap)]
-        if len(live) < len(rows):
-            cache = cache.select([r.index for r in live])
+        live = _drop(cache, rows, [k for k, r in enumerate(rows) if _done(r.hyp, r.cap)])
         while live:
-            done = set(self._step(live, cache))
+            done = self._step(live, cache)
             if done:
-                keep = [k for k in range(len(live)) if k not in done]
-                cache = cache.select(keep)
-                live = [live[k] for k in keep]
+                live = _drop(cache, live, done)
         return [r.hyp for r in rows]
 
     @torch.inference_mode()
@@ -292,6 +288,7 @@ class VerifyLoop:
         if not parts:
             return
         cache = t.new_cache(EncoderOutput.cat([p.enc for p in parts]), capacity)
+        cache.reserve(slots)  # growing toward ``slots`` rows and dropping finished ones then copy no other row
         live = start_rows(parts, list(range(sum(len(p) for p in parts))), cache, place=False)
         while live:
             done = self._step(live, cache)
@@ -311,10 +308,7 @@ class VerifyLoop:
             yield from instant
             instant.clear()
             if free:
-                gone = set(free)
-                keep = [k for k in range(len(live)) if k not in gone]
-                cache = cache.select(keep)
-                live = [live[k] for k in keep]
+                live = _drop(cache, live, free)
 
     def _step(self, live: list[_Row], cache) -> list[int]:
         """One round over the live rows (propose -> verify -> commit); the proposer hears what was kept of the rows
@@ -376,6 +370,14 @@ class VerifyLoop:
                     break
         cache.commit(keep, counts)
         return feedback
+
+
+def _drop(cache, live: list[_Row], gone: list[int]) -> list[_Row]:
+    """Remove the rows ``gone`` (indices into ``live``) from the cache in place (swap-remove: only the rows that
+    fill their slots move); returns the remaining rows in the cache's new order."""
+    if not gone:
+        return live
+    return [live[k] for k in cache.drop(gone)]
 
 
 def _import_prefixes(cache, slots: list[int], rows: list[_Row], prefix_kv: list) -> None:
