@@ -123,6 +123,7 @@ def cmd_train(args) -> int:
         d_model=args.d_model or base.d_model, encoder_layers=args.encoder_layers or base.encoder_layers,
         decoder_layers=args.decoder_layers or base.decoder_layers, heads=args.heads or base.heads,
         ffn=args.ffn or base.ffn, frame_stack=args.frame_stack or base.frame_stack,
+        position_scale=base.position_scale if args.position_scale is None else args.position_scale,
     )
     opt = TrainOptions(epochs=args.epochs, batch_frames=args.batch_frames, lr=args.lr, seed=args.seed,
                        threads=args.threads, ctc_weight=args.ctc_weight, eval_every=args.eval_every,
@@ -279,6 +280,8 @@ def _train_parser(sub) -> None:
     p.add_argument("--medusa-heads", type=int, default=4, help="medusa: number of heads K (default 4)")
     for name in ("d-model", "encoder-layers", "decoder-layers", "heads", "ffn", "frame-stack"):
         p.add_argument(f"--{name}", type=int, default=None, help="architecture override")
+    p.add_argument("--position-scale", type=float, default=None,
+                   help="initial encoder position embeddings = Whisper's sinusoids x this (default 0.1)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (smoke runs)")
     p.add_argument("--max-utterances", type=int, default=None, help="use only the first N utterances (smoke runs)")
     p.set_defaults(func=cmd_train)

@@ -40,14 +40,15 @@ from .data import SPEEDS, Example, load_examples, split_manifests
 class Architecture:
     """Whisper-architecture sizes (``WhisperConfig`` fields)."""
 
-    d_model: int = 256
+    d_model: int = 192
     encoder_layers: int = 6
     decoder_layers: int = 3
     heads: int = 4
-    ffn: int = 1024
+    ffn: int = 768
     max_source_positions: int = 750  # 30 s at 25 encoder positions / s
     max_target_positions: int = 448
     frame_stack: int = 2  # log-mel frames (10 ms hop) stacked per encoder input frame; 25 positions / s either way
+    position_scale: float = 0.1  # initial encoder position embeddings = Whisper's sinusoids x this (see _init_front_end)
 
 
 TARGET_ARCH = Architecture()
@@ -129,7 +130,7 @@ def new_model(arch: Architecture, dropout: float, out_dir: str, feature_stats=No
     if feature_stats is not None:
         cfg.rayspec_feature_mean, cfg.rayspec_feature_std = [list(map(float, v)) for v in feature_stats]
     model = WhisperForConditionalGeneration(cfg)
-    _init_front_end(model.model.encoder)
+    _init_front_end(model.model.encoder, arch.position_scale)
     gen = GenerationConfig(
         decoder_start_token_id=sot, eos_token_id=eot, pad_token_id=eot, bos_token_id=eot,
         no_timestamps_token_id=nots, is_multilingual=False, max_length=arch.max_target_positions,
@@ -152,19 +153,20 @@ def architecture_of(config) -> Architecture:
     )
 
 
-def _init_front_end(encoder) -> None:
+def _init_front_end(encoder, position_scale: float = 0.1) -> None:
     """Give the audio path a fair start against the position embeddings.
 
     With Whisper's init (std 0.02) and Whisper's log-mel scale (std ~0.35), the conv front-end's output is ~40x
     smaller than the sinusoidal position embeddings it is added to. Trained from scratch on an hour of speech, CTC then
     sat on the blank plateau for 900+ steps (measured, CTC loss 2.8, dev WER 100%). Kaiming-normal convs and position
-    embeddings scaled by 0.1 (stored in the checkpoint, so loading and inference are unchanged) fix the ratio.
+    embeddings scaled by ``position_scale`` (0.1 by default; stored in the checkpoint, so loading and inference are
+    unchanged) fix the ratio. The zoo target's first phase kept Whisper's own scale (1.0), without regularization.
     """
     with torch.no_grad():
         for conv in (encoder.conv1, encoder.conv2):
             torch.nn.init.kaiming_normal_(conv.weight, nonlinearity="relu")
             conv.bias.zero_()
-        encoder.embed_positions.weight.mul_(0.1)
+        encoder.embed_positions.weight.mul_(position_scale)
 
 
 def feature_stats(examples: list[Example], frame_stack: int) -> tuple[np.ndarray, np.ndarray]:
