@@ -202,9 +202,9 @@ def generate(target: SpeechLM, draft: Optional[SpeechDraft], phones: Sequence[np
         proposed[st.rows] += k
         kept[st.rows] += accepted
         st.done = st.done + counts
-        live = np.flatnonzero(st.done < st.frames)
-        if len(live) < len(st.rows):
-            cache = cache.select(live)
+        finished = np.flatnonzero(st.done >= st.frames)
+        if len(finished):  # swap-remove in place: only the rows that fill the finished rows' slots move
+            live = np.asarray(cache.drop(finished), dtype=np.int64)
             idx = torch.from_numpy(live).to(dev)
             st = _Live(st.rows[live], st.rows_dev[idx], st.seeds[idx], st.frames[live], st.done[live])
     # 5. fine codebooks of every frame at once (they do not feed back into the coarse stream)
