@@ -288,7 +288,6 @@ class VerifyLoop:
         if not parts:
             return
         cache = t.new_cache(EncoderOutput.cat([p.enc for p in parts]), capacity)
-        cache.reserve(slots)  # growing toward ``slots`` rows and dropping finished ones then copy no other row
         live = start_rows(parts, list(range(sum(len(p) for p in parts))), cache, place=False)
         while live:
             done = self._step(live, cache)
@@ -298,7 +297,8 @@ class VerifyLoop:
             parts = pull(len(done) + slots - len(live)) if done or len(live) < slots else []
             free, arriving = list(done), sum(len(p) for p in parts)
             extra = arriving - len(free)
-            if extra > 0:
+            if extra > 0:  # room grows geometrically up to ``slots`` rows, so growing copies O(slots) rows in all
+                cache.reserve(min(slots, max(len(live) + extra, 2 * len(live))))
                 cache.extend(extra)
                 free += list(range(len(live), len(live) + extra))
                 live += [None] * extra
