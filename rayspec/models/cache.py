@@ -154,7 +154,7 @@ class DecoderCache:
     def extend(self, n: int) -> None:
         """Append ``n`` empty rows (no committed positions, every encoder position masked) for :meth:`place` to fill:
         a continuous batch that runs below its slot count grows as new rows arrive. Copies nothing within the rows
-        :meth:`reserve` d; past them every layer's keys/values are copied once into larger buffers."""
+        reserved by :meth:`reserve`; past them every layer's keys/values are copied once into larger buffers."""
         if self.pending:
             raise ValueError("cannot extend a cache with pending positions")
         b = self.batch_size

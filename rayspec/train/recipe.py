@@ -153,13 +153,13 @@ def architecture_of(config) -> Architecture:
     )
 
 
-def _init_front_end(encoder, position_scale: float = 0.1) -> None:
+def _init_front_end(encoder, position_scale: float) -> None:
     """Give the audio path a fair start against the position embeddings.
 
     With Whisper's init (std 0.02) and Whisper's log-mel scale (std ~0.35), the conv front-end's output is ~40x
     smaller than the sinusoidal position embeddings it is added to. Trained from scratch on an hour of speech, CTC then
     sat on the blank plateau for 900+ steps (measured, CTC loss 2.8, dev WER 100%). Kaiming-normal convs and position
-    embeddings scaled by ``position_scale`` (0.1 by default; stored in the checkpoint, so loading and inference are
+    embeddings scaled by ``position_scale`` (:attr:`Architecture.position_scale`, 0.1 by default; stored in the checkpoint, so loading and inference are
     unchanged) fix the ratio. The zoo target's first phase kept Whisper's own scale (1.0), without regularization.
     """
     with torch.no_grad():
