@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Optional
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -41,14 +42,16 @@ CONTINUOUS = " +continuous"
 
 SPEC_ABLATION = [
     ("ar", DecodeOptions("ar")),
-    ("fixed-8", DecodeOptions("draft", speculation=SpeculationOptions(8, 0.0, recycle=False, tree=False))),
-    ("fixed-16", DecodeOptions("draft", speculation=SpeculationOptions(16, 0.0, recycle=False, tree=False))),
-    ("+adaptive", DecodeOptions("draft", speculation=SpeculationOptions(recycle=False, tree=False))),
-    ("+recycle", DecodeOptions("draft", speculation=SpeculationOptions(tree=False))),
-    ("+tree", DecodeOptions("draft", speculation=SpeculationOptions())),
+    ("fixed-4", DecodeOptions("draft", speculation=SpeculationOptions(4, 0.0, recycle=False))),
+    ("fixed-8", DecodeOptions("draft", speculation=SpeculationOptions(8, 0.0, recycle=False))),
+    ("fixed-16", DecodeOptions("draft", speculation=SpeculationOptions(16, 0.0, recycle=False))),
+    ("+adaptive", DecodeOptions("draft", speculation=SpeculationOptions(recycle=False))),
+    ("+recycle (default)", DecodeOptions("draft")),
+    ("+tree", DecodeOptions("draft", speculation=SpeculationOptions(tree=True))),
     ("ar" + CONTINUOUS, DecodeOptions("ar")),
-    ("+recycle" + CONTINUOUS, DecodeOptions("draft", speculation=SpeculationOptions(tree=False))),
-    ("+tree" + CONTINUOUS, DecodeOptions("draft", speculation=SpeculationOptions())),
+    ("fixed-4" + CONTINUOUS, DecodeOptions("draft", speculation=SpeculationOptions(4, 0.0, recycle=False))),
+    ("+recycle (default)" + CONTINUOUS, DecodeOptions("draft")),
+    ("+tree" + CONTINUOUS, DecodeOptions("draft", speculation=SpeculationOptions(tree=True))),
 ]
 
 
@@ -61,8 +64,7 @@ def medusa_ablation(heads: Optional[str] = None) -> list[tuple[str, DecodeOption
     """AR, draft speculation, Medusa by heads in use (the default tree cut to that depth), by tree shape (a chain of
     top-1 candidates, the default sparse tree, a wide tree) and with typical acceptance."""
     m = lambda **k: DecodeOptions("medusa", medusa=MedusaOptions(heads=heads, **k))  # noqa: E731
-    out = [("ar", DecodeOptions("ar")), ("draft +recycle", DecodeOptions("draft", speculation=SpeculationOptions(
-        tree=False)))]
+    out = [("ar", DecodeOptions("ar")), ("draft (default)", DecodeOptions("draft"))]
     out += [(f"medusa {k} head{'s' if k > 1 else ''}", m(tree=tuple(p for p in DEFAULT_TREE if len(p) <= k)))
             for k in (1, 2, 3)]
     out += [("medusa 4 heads (default tree)", m()), ("medusa chain tree", m(tree=CHAIN_TREE)),
@@ -113,15 +115,19 @@ def _hf_assisted(target, draft, audio, cap) -> Hypothesis:
 
     feats, lengths = target.features([audio])
     enc = target.encode(feats, lengths)
-    dfeats, dlengths = draft.features([audio])
+    dfeats = feats
     calls = {"n": 0}
     hook = target.model.register_forward_hook(lambda *_: calls.__setitem__("n", calls["n"] + 1))
-    # The draft's transformers encoder insists on a 30 s window; at batch 1 our adapter's encoder is the same
-    # computation on the unpadded input, so the assistant's encoder is routed through it.
-    encoder = draft.model.model.encoder
-    original = encoder.forward
-    encoder.forward = lambda input_features, *a, **k: BaseModelOutput(
-        last_hidden_state=draft.encode(input_features, dlengths).states)
+    encoder = original = None
+    if draft.has_encoder:
+        # The draft's transformers encoder insists on a 30 s window; at batch 1 our adapter's encoder is the same
+        # computation on the unpadded input, so the assistant's encoder is routed through it. (A decoder-only draft
+        # reads the target's encoder outputs, as transformers does for distil-whisper's assistant decoders.)
+        dfeats, dlengths = draft.features([audio])
+        encoder = draft.model.model.encoder
+        original = encoder.forward
+        encoder.forward = lambda input_features, *a, **k: BaseModelOutput(
+            last_hidden_state=draft.encode(input_features, dlengths).states)
     try:
         out = GenerationMixin.generate(
             target.model, input_features=dfeats, encoder_outputs=BaseModelOutput(last_hidden_state=enc.states),
@@ -131,7 +137,8 @@ def _hf_assisted(target, draft, audio, cap) -> Hypothesis:
             pad_token_id=target.eos_token_id,
         )
     finally:
-        encoder.forward = original
+        if encoder is not None:
+            encoder.forward = original
         hook.remove()
     ids = out[0, len(target.prompt_ids):].tolist()
     finished = target.eos_token_id in ids
@@ -235,8 +242,9 @@ HEADERS = {
 }
 
 
-def write_outputs(rows: list[BenchRow], out_dir: str, title: str, suite: str) -> str:
-    """Write ``bench-<suite>.md``, ``.csv`` and ``.png`` to ``out_dir``; returns the Markdown."""
+def write_outputs(rows: list[BenchRow], out_dir: str, title: str, suite: str, notes: str = "") -> str:
+    """Write ``bench-<suite>.md`` (table, then ``notes``), ``.csv`` and ``.png`` to ``out_dir``; returns the
+    Markdown."""
     os.makedirs(out_dir, exist_ok=True)
     header = HEADERS[suite]
     cells = []
@@ -244,9 +252,40 @@ def write_outputs(rows: list[BenchRow], out_dir: str, title: str, suite: str) ->
         ar = next(x for x in rows if x.batch_size == r.batch_size and x.config == "ar")
         cells.append(_cells(r, suite, ar.wer))
     stem = os.path.join(out_dir, f"bench-{suite}")
-    text = write_table(stem, title, header, cells)
+    text = write_table(stem, title, header, cells, notes)
     _plot(rows, stem + ".png", title, suite)
     return text
+
+
+@torch.inference_mode()
+def decoder_pass_ms(model, encoder_output, batch: int, passes: int = 200) -> float:
+    """Mean wall time in milliseconds of one decoder pass of ``model`` over one new token per row, ``batch`` rows
+    that all read ``encoder_output``'s first row (the best of 3 runs of ``passes`` passes, after a warm-up run)."""
+    enc = encoder_output.select(torch.zeros(batch, dtype=torch.long, device=encoder_output.states.device))
+    cache = model.new_cache(enc, passes + 1)
+    tokens = torch.full((batch, 1), model.prompt_ids[0], device=model.device)
+    kept, best = np.zeros((batch, 1), dtype=np.int64), float("inf")
+    for _ in range(4):
+        cache.crop([0] * batch)
+        t0 = time.perf_counter()
+        for _ in range(passes):
+            model.decode(cache, tokens)
+            cache.commit(kept, np.ones(batch, dtype=np.int64))
+        best = min(best, (time.perf_counter() - t0) / passes)
+    return 1e3 * best
+
+
+def pass_time_notes(target, draft, audio) -> str:
+    """A Markdown line: target and draft decoder pass times at batch 1 and 16 over ``audio``'s encoder states."""
+    with torch.inference_mode():
+        enc = target.encode(*target.features([audio]))
+        denc = draft.encode(*draft.features([audio])) if draft.has_encoder else enc
+    cells = []
+    for bs in (1, 16):
+        t, d = decoder_pass_ms(target, enc, bs), decoder_pass_ms(draft, denc, bs)
+        cells.append(f"batch {bs}: target {t:.2f} ms, draft {d:.2f} ms (**{t / d:.1f}x**)")
+    return (f"\nDecoder pass time (one token per row, {len(audio) / target.sample_rate:.1f} s utterance, same "
+            f"threads): {'; '.join(cells)}.\n")
 
 
 def write_table(stem: str, title: str, header: list[str], cells: list[list], notes: str = "") -> str:
@@ -371,7 +410,8 @@ def cmd_bench(args) -> int:
              f"{', '.join(os.path.basename(os.path.dirname(os.path.abspath(m))) for m in args.manifests)} "
              f"({len(audios)} utterances, {sum(len(a) for a in audios) / target.sample_rate:.0f} s audio), "
              f"{args.device}, {torch.get_num_threads()} threads")
-    print(write_outputs(rows, args.output, title, args.suite))
+    notes = pass_time_notes(target, draft, audios[0]) if args.suite == "spec" else ""
+    print(write_outputs(rows, args.output, title, args.suite, notes))
     return 0
 
 

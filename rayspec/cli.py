@@ -115,6 +115,19 @@ def cmd_train(args) -> int:
         print(json.dumps({"dev_top1": summary["dev_top1"]}))
         return 0
 
+    if args.kind == "draft-decoder":
+        from .train.draft_decoder import train_draft_decoder
+
+        if not args.target:
+            print("rayspec train: error: draft-decoder needs --target (the model whose encoder it reads)",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        summary = train_draft_decoder(args.target, args.manifests, args.output, args.work_dir,
+                                      args.decoder_layers or 1, args.epochs, args.lr, seed=args.seed,
+                                      threads=args.threads, max_utterances=args.max_utterances)
+        print(json.dumps({"dev_top1": summary["dev_top1"]}))
+        return 0
+
     if args.kind.startswith("tts-"):
         return _train_tts(args)
 
@@ -245,6 +258,8 @@ def _train_parser(sub) -> None:
               draft   a small model with the same tokenizer, distilled from --target's greedy transcripts
               ctc     a CTC head over the frozen encoder of --target
               medusa  Medusa heads over the frozen decoder of --target, on its own greedy transcripts
+              draft-decoder  a shallow decoder (WhisperForCausalLM, --decoder-layers, default 1) over the frozen
+                      encoder of --target, distilled from its output distributions (distil-whisper's assistant)
               tts-target  the speech-token TTS target (phones + durations -> Lyra codes), on aligned clips
               tts-draft   the TTS draft, distilled from --target (a TTS target directory)
 
@@ -256,7 +271,8 @@ def _train_parser(sub) -> None:
                   -o rayspec/zoo/target --ctc-output rayspec/zoo/ctc --work-dir runs/zoo/target --epochs 60
             """),
     )
-    p.add_argument("kind", choices=["target", "draft", "ctc", "medusa", "tts-target", "tts-draft"])
+    p.add_argument("kind", choices=["target", "draft", "draft-decoder", "ctc", "medusa", "tts-target",
+                                                "tts-draft"])
     p.add_argument("manifests", nargs="+", help="training manifests (JSONL/CSV/Parquet with id, audio, text)")
     p.add_argument("-o", "--output", required=True, help="model directory to write")
     p.add_argument("--work-dir", required=True, help="checkpoints, feature cache and logs (resumable)")

@@ -20,7 +20,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
     g.add_argument("--target", help="target model directory (from_pretrained); default: the bundled zoo target")
-    g.add_argument("--draft", help="draft model directory for --method draft; default: the bundled zoo draft")
+    g.add_argument("--draft", help="draft model directory for --method draft: a Whisper model with the target's "
+                   "tokenizer, or a decoder-only one (WhisperForCausalLM, distil-whisper style) of the target's "
+                   "width that reads the target's encoder; default: the bundled zoo draft")
     g.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1); default cpu")
     g.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="model dtype; float32 is the exact reference, bfloat16/float16 for GPUs (default float32)")
@@ -28,6 +30,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def add_decode_args(p: argparse.ArgumentParser) -> None:
+    from .decoding.speculative import SpeculationOptions
     from .methods import METHODS
 
     g = p.add_argument_group("decoding")
@@ -35,21 +38,28 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    help=" ".join(f"{m.name}: {m.summary}." for m in METHODS.values()) + " default: ar")
     g.add_argument("--max-tokens-per-second", type=float, default=30.0,
                    help="cap on generated tokens per second of audio, against runaway repetition (default 30)")
-    g.add_argument("--draft-max", type=int, default=24, help="longest draft per round (SpecASR IV.A; default 24)")
-    g.add_argument("--draft-threshold", type=float, default=0.4,
+    d = SpeculationOptions()
+    g.add_argument("--draft-max", type=int, default=d.max_draft,
+                   help=f"longest draft per round (SpecASR IV.A; default {d.max_draft}; SpecASR used 24 on a GPU)")
+    g.add_argument("--draft-threshold", type=float, default=d.threshold,
                    help="adaptive drafting stops at the first draft token whose probability is below this "
-                        "(SpecASR IV.A; default 0.4; 0 = fixed length --draft-max)")
-    g.add_argument("--no-recycle", action="store_true", help="disable draft sequence recycling (SpecASR IV.B)")
-    g.add_argument("--no-tree", action="store_true", help="disable the two-pass sparse token tree (SpecASR IV.C)")
-    g.add_argument("--tree-threshold", type=float, default=0.6,
-                   help="trunk positions whose top-1 probability is below this get a 2nd-best branch (default 0.6)")
-    g.add_argument("--tree-branches", type=int, default=2, help="most branches per token tree (default 2)")
+                        f"(SpecASR IV.A; default {d.threshold}; 0 = fixed length --draft-max)")
+    g.add_argument("--recycle", action=argparse.BooleanOptionalAction, default=d.recycle,
+                   help=f"draft sequence recycling (SpecASR IV.B; default {'on' if d.recycle else 'off'})")
+    g.add_argument("--tree", action=argparse.BooleanOptionalAction, default=d.tree,
+                   help="the two-pass sparse token tree (SpecASR IV.C; default "
+                        f"{'on' if d.tree else 'off: on a CPU its second drafting pass costs more than it saves'})")
+    g.add_argument("--tree-threshold", type=float, default=d.tree_threshold,
+                   help="trunk positions whose top-1 probability is below this get a 2nd-best branch "
+                        f"(default {d.tree_threshold})")
+    g.add_argument("--tree-branches", type=int, default=d.tree_branches,
+                   help=f"most branches per token tree (default {d.tree_branches})")
     c = p.add_argument_group("ssd (CTC gating, verification, fallback)")
     c.add_argument("--ctc", help="CTC head directory; default: the bundled zoo CTC head")
     c.add_argument("--tau-ctc", type=float, default=1.0,
                    help="accept the CTC hypothesis with no target pass if every frame's entropy (nats) is below "
                         "this; 0 = gate off. Default 1.0 (with --tau-slm 0.01): the zoo's measured high-accuracy "
-                        "point (AN4 test WER 46.4%% vs AR 63.4%%, 1.1-1.6x RTFx; 1.5 is 1.6-3.4x at 54.5%%; see README)")
+                        "point (AN4 test WER 22.9%% vs AR 31.2%%; see README, bench-ssd)")
     c.add_argument("--tau-slm", type=float, default=0.01,
                    help="verification accepts a token whose target probability exceeds this (default 0.01)")
     c.add_argument("--exact", action=argparse.BooleanOptionalAction, default=False,
@@ -88,8 +98,8 @@ def speculation_options(args):
     from .decoding.speculative import SpeculationOptions
 
     return SpeculationOptions(
-        max_draft=args.draft_max, threshold=args.draft_threshold, recycle=not args.no_recycle,
-        tree=not args.no_tree, tree_threshold=args.tree_threshold, tree_branches=args.tree_branches,
+        max_draft=args.draft_max, threshold=args.draft_threshold, recycle=args.recycle,
+        tree=args.tree, tree_threshold=args.tree_threshold, tree_branches=args.tree_branches,
     )
 
 

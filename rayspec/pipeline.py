@@ -120,7 +120,8 @@ def needs_draft(options: DecodeOptions) -> bool:
 @torch.inference_mode()
 def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.ndarray], durations: list[float],
                  draft: Optional[WhisperASR] = None, ctc=None) -> Encoded:
-    """The drafting side of one batch: features, the target's encoder, and the CTC head or the draft's encoder.
+    """The drafting side of one batch: features, the target's encoder, and the CTC head or the draft's encoder (a
+    decoder-only draft shares the target's encoder states).
 
     Args:
         audios: ``B`` mono float32 waveforms at the target's sample rate; durations: their lengths in seconds.
@@ -131,9 +132,8 @@ def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
     out = Encoded(enc, [token_cap(d, options.max_tokens_per_second, limit) for d in durations])
     if METHODS[options.method].needs_ctc:
         out.ctc = ctc_drafts(ctc, target, enc)
-    if needs_draft(options):
-        dfeats, dlengths = draft.features(audios)
-        out.draft = draft.encode(dfeats, dlengths)
+    if needs_draft(options):  # a decoder-only draft reads the target's encoder states (no second encoder)
+        out.draft = draft.encode(*draft.features(audios)) if draft.has_encoder else enc
     return out
 
 

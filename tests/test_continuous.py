@@ -50,7 +50,7 @@ def test_stream_ar_equals_static(request, fixture, slots):
 
 @pytest.mark.parametrize("slots", [2, 5])
 def test_stream_draft_equals_static(tiny_target, tiny_draft, slots):
-    opt = SpeculationOptions()
+    opt = SpeculationOptions(tree=True)
     with torch.inference_mode():
         expected = _static(lambda a, c: speculative_decode(tiny_target, _encode(tiny_target, a), tiny_draft,
                                                            _encode(tiny_draft, a), c, opt))
@@ -311,7 +311,7 @@ def test_engine_requests_join_the_running_batch(samples_manifest, tiny_target, t
 def test_stream_grows_when_rows_arrive_later(tiny_target, tiny_draft, method):
     """An online source: one row, then "nothing ready" for a while, then the rest one at a time; the batch grows from
     1 row toward its slots (cache and draft cache extended) and every row still equals its static decode."""
-    opt = SpeculationOptions()
+    opt = SpeculationOptions(tree=True)
 
     left = [len(AUDIO)]
 

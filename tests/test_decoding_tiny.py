@@ -13,9 +13,9 @@ CAP = 40
 CONFIGS = {
     "fixed-8": SpeculationOptions(max_draft=8, threshold=0.0, recycle=False, tree=False),
     "fixed-16": SpeculationOptions(max_draft=16, threshold=0.0, recycle=False, tree=False),
-    "adaptive": SpeculationOptions(recycle=False, tree=False),
-    "recycle": SpeculationOptions(tree=False),
-    "tree": SpeculationOptions(),
+    "adaptive": SpeculationOptions(max_draft=24, recycle=False),
+    "recycle": SpeculationOptions(max_draft=24),
+    "tree": SpeculationOptions(max_draft=24, tree=True),
 }
 
 
@@ -116,3 +116,38 @@ def test_released_halves_raise_clearly(tmp_path):
         model.new_cache(enc, 8)
     with pytest.raises(ValueError):
         model.release("both")
+
+
+def test_decoder_only_draft_reads_the_target_encoder(tiny_target, tmp_path):
+    """A distil-whisper-style draft (WhisperForCausalLM, no encoder) loads with from_pretrained, drafts over the
+    target's encoder states, and speculative decoding with it still equals AR."""
+    from rayspec.pipeline import DecodeOptions, decode_batch
+    from rayspec.train.draft_decoder import new_draft_decoder
+
+    new_draft_decoder(tiny_target, 1, 0.0).model.save_pretrained(tmp_path / "dd")
+    tiny_target.generation_config.save_pretrained(tmp_path / "dd")
+    tiny_target.tokenizer.save_pretrained(tmp_path / "dd")
+    draft = type(tiny_target).from_pretrained(str(tmp_path / "dd"))
+    assert not draft.has_encoder and draft.model.config.architectures == ["WhisperForCausalLM"]
+    with pytest.raises(RuntimeError, match="encoder does not exist"):
+        draft.encode(torch.zeros(1, 80, 10), torch.tensor([10]))
+    seconds = [len(a) / 16000 for a in AUDIO[:8]]
+    with torch.inference_mode():
+        expected = [h.tokens for h in decode_batch(tiny_target, DecodeOptions("ar"), AUDIO[:8], seconds)]
+    for name in ("fixed-8", "tree"):
+        with torch.inference_mode():
+            hyps = decode_batch(tiny_target, DecodeOptions("draft", speculation=CONFIGS[name]), AUDIO[:8], seconds,
+                                draft)
+        assert [h.tokens for h in hyps] == expected
+        assert sum(h.stats.draft_tokens_accepted for h in hyps) > 0
+
+
+def test_decoder_only_draft_of_another_width_rejected(tiny_target, tiny_fixed):
+    from rayspec.decoding.proposer import check_compatible
+    from rayspec.train.draft_decoder import new_draft_decoder
+
+    other = new_draft_decoder(tiny_fixed, 1, 0.0)
+    if other.config.d_model == tiny_target.config.d_model:
+        other.config.d_model += 1  # only the declared width matters to the check
+    with pytest.raises(ValueError, match="decoder-only draft"):
+        check_compatible(tiny_target, other)

@@ -42,6 +42,18 @@ def test_train_draft_distills_and_ctc_trains_on_frozen_encoder(trained_target, s
     assert CTCHead.from_pretrained(str(tmp / "ctc2")).proj.in_features == 32
 
 
+def test_train_draft_decoder_loss_falls(trained_target, samples_manifest):
+    """The distil-whisper-style draft: a decoder over the frozen target's encoder, distilled from its outputs."""
+    tmp, out, _ = trained_target
+    work = tmp / "work" / "draft-decoder"
+    assert main(["train", "draft-decoder", samples_manifest, "-o", str(tmp / "dd"), "--target", str(out),
+                 "--work-dir", str(work), "--epochs", "4", "--lr", "3e-3", "--threads", "1"]) == 0
+    log = [json.loads(line) for line in open(work / "log.jsonl")]
+    assert log[-1]["loss"] < log[0]["loss"]
+    draft = WhisperASR.from_pretrained(str(tmp / "dd"))
+    assert not draft.has_encoder and draft.config.decoder_layers == 1
+
+
 def test_train_help():
     for kind in ("target", "draft", "ctc"):
         with pytest.raises(SystemExit) as exc:

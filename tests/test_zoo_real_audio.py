@@ -16,9 +16,9 @@ from rayspec.pipeline import zoo_path
 CONFIGS = {
     "fixed-8": SpeculationOptions(8, 0.0, recycle=False, tree=False),
     "fixed-16": SpeculationOptions(16, 0.0, recycle=False, tree=False),
-    "adaptive": SpeculationOptions(recycle=False, tree=False),
-    "recycle": SpeculationOptions(tree=False),
-    "tree": SpeculationOptions(),
+    "adaptive": SpeculationOptions(max_draft=24, recycle=False),
+    "recycle": SpeculationOptions(max_draft=24),
+    "tree": SpeculationOptions(max_draft=24, tree=True),
 }
 
 
@@ -39,6 +39,11 @@ def _enc(model, audios):
     return model.encode(f, l)
 
 
+def _draft_enc(target, draft, audios):
+    """The draft's encoder states: its own, or the target's for a decoder-only draft (the zoo's)."""
+    return _enc(draft if draft.has_encoder else target, audios)
+
+
 def test_zoo_models_transcribe_and_finish(zoo):
     target, _, _, _, _, reference = zoo
     assert all(h.finished for h in reference)  # EOS, not the cap
@@ -53,8 +58,8 @@ def test_speculative_equals_ar_on_real_audio(zoo, name, batch_size):
     with torch.inference_mode():
         for s in range(0, len(audios), batch_size):
             a = audios[s : s + batch_size]
-            hyps = speculative_decode(target, _enc(target, a), draft, _enc(draft, a), caps[s : s + batch_size],
-                                      CONFIGS[name])
+            hyps = speculative_decode(target, _enc(target, a), draft, _draft_enc(target, draft, a),
+                                      caps[s : s + batch_size], CONFIGS[name])
             got += hyps
     assert [h.tokens for h in got] == [h.tokens for h in reference]
     assert all(h.finished for h in got)
@@ -71,7 +76,7 @@ def test_exact_ssd_equals_ar_on_real_audio(zoo, fallback):
         if parked:
             proposer = None
             if fallback == "draft":
-                d = _enc(draft, [audios[x.index] for x in parked])
+                d = _draft_enc(target, draft, [audios[x.index] for x in parked])
                 proposer = DraftProposer(draft, d, [x.cap for x in parked], SpeculationOptions())
             for x, h in zip(parked, decoder.fallback(enc, parked, proposer)):
                 hyps[x.index] = h

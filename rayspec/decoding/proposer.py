@@ -37,10 +37,15 @@ from ..spec.tree import DraftTree
 
 @dataclass(frozen=True)
 class SpeculationOptions:
-    """Options of draft-model speculation (defaults: all three SpecASR techniques on).
+    """Options of draft-model speculation (defaults: SpecASR's adaptive length and recycling, no token tree).
+
+    The defaults are the fastest exact configuration measured with the zoo on a CPU (``rayspec bench --suite spec``):
+    a draft pass there costs about a third of a target pass (per-call overhead dominates at these sizes), so long
+    drafts (SpecASR's 24 tokens, chosen for whisper-medium on a GPU) and the tree's second drafting pass cost more
+    than the target passes they save. On a GPU with a large target, raise ``max_draft`` and try ``tree``.
 
     Attributes:
-        max_draft: most trunk tokens per round (SpecASR: 24).
+        max_draft: most trunk tokens per round (SpecASR: 24; default 8).
         threshold: adaptive drafting stops after the first token whose draft top-1 probability is below this
             (SpecASR IV.A: 0.4); 0 drafts exactly ``max_draft`` tokens (fixed-length speculation).
         recycle: reuse the rejected draft suffix where the new draft re-joins it (IV.B).
@@ -50,10 +55,10 @@ class SpeculationOptions:
         branch_max: most tokens per branch.
     """
 
-    max_draft: int = 24
+    max_draft: int = 8
     threshold: float = 0.4
     recycle: bool = True
-    tree: bool = True
+    tree: bool = False
     tree_threshold: float = 0.6
     tree_branches: int = 2
     branch_max: int = 8
@@ -104,11 +109,15 @@ class _Sent:
 
 
 def check_compatible(target: WhisperASR, draft: WhisperASR) -> None:
-    """Raise ValueError unless draft and target share the tokenizer (prompt, EOS and vocabulary size)."""
+    """Raise ValueError unless draft and target share the tokenizer (prompt, EOS and vocabulary size) and a
+    decoder-only draft (``WhisperForCausalLM``) reads encoder states of the target's width."""
     if draft.prompt_ids != target.prompt_ids or draft.eos_token_id != target.eos_token_id:
         raise ValueError("draft and target must share the tokenizer: prompts or EOS differ")
     if draft.vocab_size != target.vocab_size:
         raise ValueError(f"vocabulary sizes differ: target {target.vocab_size}, draft {draft.vocab_size}")
+    if not draft.has_encoder and draft.config.d_model != target.config.d_model:
+        raise ValueError(f"a decoder-only draft reads the target's encoder states: its width {draft.config.d_model} "
+                         f"differs from the target's {target.config.d_model}")
 
 
 def rejoin(new: list[int], old: list[int]) -> Optional[int]:

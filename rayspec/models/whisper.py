@@ -144,22 +144,31 @@ class WhisperASR:
     ) -> "WhisperASR":
         """Load model, feature extractor, tokenizer and generation config from a local directory.
 
+        A ``WhisperForCausalLM`` checkpoint (a decoder that reads another model's encoder states, as distil-whisper's
+        assistant decoders do) loads without a feature extractor: :attr:`has_encoder` is False and it can only
+        decode over a target's :class:`EncoderOutput`.
+
         Raises:
             ModelLoadError: missing directory or files, or a tokenizer that loads empty (transformers returns an
                 empty tokenizer instead of raising when files are missing offline).
         """
         from transformers import (
+            AutoConfig,
             AutoTokenizer,
             GenerationConfig,
             WhisperFeatureExtractor,
+            WhisperForCausalLM,
             WhisperForConditionalGeneration,
         )
 
         path = os.fspath(path)
         _require_files(path)
-        model = WhisperForConditionalGeneration.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        config = AutoConfig.from_pretrained(path)
+        decoder_only = "WhisperForCausalLM" in (getattr(config, "architectures", None) or [])
+        cls_ = WhisperForCausalLM if decoder_only else WhisperForConditionalGeneration
+        model = cls_.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
         model.to(device).eval()
-        feature_extractor = WhisperFeatureExtractor.from_pretrained(path)
+        feature_extractor = None if decoder_only else WhisperFeatureExtractor.from_pretrained(path)
         tokenizer = AutoTokenizer.from_pretrained(path)
         if len(tokenizer) == 0:
             raise ModelLoadError(f"the tokenizer in {path} loaded empty: tokenizer files are missing")
@@ -168,6 +177,11 @@ class WhisperASR:
         except OSError:
             generation_config = GenerationConfig.from_model_config(model.config)
         return cls(model, feature_extractor, tokenizer, generation_config, name=os.path.basename(path.rstrip("/")))
+
+    @property
+    def has_encoder(self) -> bool:
+        """False for a decoder-only checkpoint (``WhisperForCausalLM``), which decodes over a target's encoder."""
+        return hasattr(self.model.model, "encoder")  # released encoders are set to None, not deleted
 
     @property
     def device(self) -> torch.device:
@@ -467,9 +481,11 @@ class WhisperASR:
             raise ValueError(f"part must be 'encoder' or 'decoder', not {part!r}")
 
     def _half(self, part: str):
-        module = getattr(self.model.model, part)
+        module = getattr(self.model.model, part, None)
         if module is None:
-            raise RuntimeError(f"this model's {part} was released (it runs on another actor)")
+            why = "was released (it runs on another actor)" if self.has_encoder else "does not exist (a " \
+                "decoder-only checkpoint reads its target's encoder states)"
+            raise RuntimeError(f"this model's {part} {why}")
         return module
 
     def decode_text(self, ids: Sequence[int]) -> str:

@@ -199,7 +199,7 @@ def _spec_augment(x: torch.Tensor, lengths: torch.Tensor, opt: TrainOptions, rng
     return x
 
 
-def _batches(lengths: list[int], budget: int, rng: random.Random) -> list[list[int]]:
+def length_batches(lengths: list[int], budget: int, rng: random.Random) -> list[list[int]]:
     """Length-sorted batches under a padded-frame budget, in random order."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
     out, cur = [], []
@@ -214,7 +214,9 @@ def _batches(lengths: list[int], budget: int, rng: random.Random) -> list[list[i
     return out
 
 
-def _collate(examples: list[Example], speed_idx: list[int], tokenizer, device, frame_stack: int):
+def collate_features(examples: list[Example], speed_idx: list[int], tokenizer, device, frame_stack: int):
+    """One padded batch of ``examples``, each at its speed index: ``(features [B, n_mels * frame_stack, T] float32,
+    frame lengths int64 [B], token id lists of the transcripts)``."""
     feats = [stack_frames(torch.from_numpy(ex.features[s].astype(np.float32)), frame_stack)
              for ex, s in zip(examples, speed_idx)]
     lengths = torch.tensor([f.shape[1] for f in feats])
@@ -261,8 +263,8 @@ def evaluate(model: WhisperASR, ctc: Optional[CTCHead], examples: list[Example],
     order = sorted(range(len(examples)), key=lambda i: examples[i].features[SPEEDS.index(1.0)].shape[1])
     for s in range(0, len(order), 16):
         batch = [examples[i] for i in order[s : s + 16]]
-        x, lengths, _ = _collate(batch, [SPEEDS.index(1.0)] * len(batch), model.tokenizer, model.device,
-                                 model.frame_stack)
+        x, lengths, _ = collate_features(batch, [SPEEDS.index(1.0)] * len(batch), model.tokenizer, model.device,
+                                         model.frame_stack)
         enc = model.encode(x, lengths)
         refs += [ex.text for ex in batch]
         if ctc is not None:
@@ -381,7 +383,7 @@ def train(
                                {"params": [p for p in params if id(p) not in ids], "weight_decay": 0.0}],
                               lr=opt.lr, betas=(0.9, 0.98))
     lengths = [e.features[1].shape[1] // model.frame_stack for e in train_ex]  # encoder input frames
-    steps_per_epoch = len(_batches(lengths, opt.batch_frames, random.Random(0)))
+    steps_per_epoch = len(length_batches(lengths, opt.batch_frames, random.Random(0)))
     total = max(1, opt.epochs * steps_per_epoch)
 
     def lr_at(step: int) -> float:
@@ -408,14 +410,15 @@ def train(
     t_start = time.time()
     while state.epoch < opt.epochs and (max_steps is None or state.step < max_steps):
         t0 = time.time()
-        batches = _batches(lengths, opt.batch_frames, rng)
+        batches = length_batches(lengths, opt.batch_frames, rng)
         sums = np.zeros(3)
         bar = tqdm(batches, desc=f"{kind} epoch {state.epoch + 1}/{opt.epochs}", leave=False)
         for idx in bar:
             if max_steps is not None and state.step >= max_steps:
                 break
             ex = [train_ex[i] for i in idx]
-            x, xl, toks = _collate(ex, [rng.randrange(len(SPEEDS)) for _ in ex], tok, model.device, model.frame_stack)
+            x, xl, toks = collate_features(ex, [rng.randrange(len(SPEEDS)) for _ in ex], tok, model.device,
+                                           model.frame_stack)
             regularize = state.step >= opt.regularize_after
             if regularize:
                 x = _spec_augment(x, xl, opt, rng, model.frame_stack, model.feature_mean)
@@ -482,7 +485,8 @@ def _distillation_examples(teacher_dir: str, examples: list[Example], work_dir: 
             order = sorted(range(len(examples)), key=lambda i: examples[i].features[s].shape[1])
             for k in tqdm(range(0, len(order), 16), desc=f"teacher transcripts x{SPEEDS[s]}"):
                 batch = [examples[i] for i in order[k : k + 16]]
-                x, xl, _ = _collate(batch, [s] * len(batch), teacher.tokenizer, teacher.device, teacher.frame_stack)
+                x, xl, _ = collate_features(batch, [s] * len(batch), teacher.tokenizer, teacher.device,
+                                            teacher.frame_stack)
                 with torch.no_grad():
                     hyps = greedy_decode(teacher, teacher.encode(x, xl), [min(200, int(l) // 2) for l in xl])
                 for ex, h in zip(batch, hyps):
