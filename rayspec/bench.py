@@ -170,12 +170,15 @@ def _run(name, options, models, audios, durations, batches) -> list[Hypothesis]:
     return [out[i] for i in range(len(audios)) if i in out]  # all of them, except in a warm-up
 
 
-def run_bench(models, audios, references, configs, batch_sizes=(1, 16), hf_assisted=False, progress=True):
+def run_bench(models, audios, references, configs, batch_sizes=(1, 16), hf_assisted=False, progress=True,
+              repeats: int = 1):
     """Run ``configs`` (name, :class:`~rayspec.pipeline.DecodeOptions`; the first must be AR) at each batch size.
 
     Args:
         models: ``(target, draft or None, ctc head or None)``.
         audios: float32 waveforms at the target's sample rate; references: their transcripts (or None).
+        repeats: timed runs per configuration after its warm-up; the fastest counts (as ``timeit`` does: slower
+            runs measure the machine's interference, not the decoder).
 
     Returns:
         :class:`BenchRow` s; speed-ups and NFE reductions are relative to the AR row of the same batch size.
@@ -190,9 +193,11 @@ def run_bench(models, audios, references, configs, batch_sizes=(1, 16), hf_assis
         reference = None
         for name, options in tqdm(todo, desc=f"bench batch {bs}", disable=not progress):
             _run(name, options, models, audios, durations, batches[:1])  # warm-up
-            t0 = time.perf_counter()
-            hyps = _run(name, options, models, audios, durations, batches)
-            wall = time.perf_counter() - t0
+            wall = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                hyps = _run(name, options, models, audios, durations, batches)
+                wall = min(wall, time.perf_counter() - t0)
             if reference is None:
                 reference = [h.tokens for h in hyps]
             st = [h.stats for h in hyps]
@@ -404,12 +409,13 @@ def cmd_bench(args) -> int:
     else:
         configs = ssd_grid(tuple(args.tau_ctc), tuple(args.tau_slm))
     rows = run_bench((target, draft, ctc), audios, [u.text for u in utts], configs, tuple(args.batch_sizes),
-                     hf_assisted=args.suite == "spec" and not args.no_hf)
+                     hf_assisted=args.suite == "spec" and not args.no_hf, repeats=args.repeats)
     helper = {"spec": draft.name, "ssd": "ctc", "medusa": "medusa heads"}[args.suite]
     title = (f"{args.suite}: {target.name} + {helper} on "
              f"{', '.join(os.path.basename(os.path.dirname(os.path.abspath(m))) for m in args.manifests)} "
              f"({len(audios)} utterances, {sum(len(a) for a in audios) / target.sample_rate:.0f} s audio), "
-             f"{args.device}, {torch.get_num_threads()} threads")
+             f"{args.device}, {torch.get_num_threads()} threads"
+             + (f", wall = best of {args.repeats} runs" if args.repeats > 1 else ""))
     notes = pass_time_notes(target, draft, audios[0]) if args.suite == "spec" else ""
     print(write_outputs(rows, args.output, title, args.suite, notes))
     return 0
@@ -440,6 +446,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--limit", type=int, default=0, help="use only the first N utterances (peers: default 64)")
     p.add_argument("--max-draft", type=int, default=0, help="spec: override max draft length of adaptive configs")
     p.add_argument("--no-hf", action="store_true", help="spec: skip transformers' assisted generation")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="spec/ssd/medusa: timed runs per configuration, the fastest reported (default 1)")
     p.add_argument("--tau-ctc", type=float, nargs="+", default=[0.3, 0.7, 1.5, 3.0], help="ssd: gate thresholds")
     p.add_argument("--tau-slm", type=float, nargs="+", default=[0.01, 0.1, 0.2], help="ssd: verification thresholds")
     p.add_argument("--ctc", help="ssd: CTC head directory; default: the bundled zoo CTC head")

@@ -271,8 +271,7 @@ def _train_parser(sub) -> None:
                   -o rayspec/zoo/target --ctc-output rayspec/zoo/ctc --work-dir runs/zoo/target --epochs 60
             """),
     )
-    p.add_argument("kind", choices=["target", "draft", "draft-decoder", "ctc", "medusa", "tts-target",
-                                                "tts-draft"])
+    p.add_argument("kind", choices=["target", "draft", "draft-decoder", "ctc", "medusa", "tts-target", "tts-draft"])
     p.add_argument("manifests", nargs="+", help="training manifests (JSONL/CSV/Parquet with id, audio, text)")
     p.add_argument("-o", "--output", required=True, help="model directory to write")
     p.add_argument("--work-dir", required=True, help="checkpoints, feature cache and logs (resumable)")
