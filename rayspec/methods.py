@@ -124,8 +124,8 @@ def _ssd_admission(target, options, ids, encoded):
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("ar", "target greedy, one target pass per token", _ar,
            stream=lambda target, options, draft, max_cap: VerifyLoop(target)),
-    Method("draft", "a draft model proposes token trees (SpecASR), the target verifies them in one pass; output "
-                    "identical to ar", _draft, needs_draft=lambda options: True, stream=_draft_stream),
+    Method("draft", "a draft model proposes tokens (SpecASR; token trees with --tree), the target verifies them in "
+                    "one pass; output identical to ar", _draft, needs_draft=lambda options: True, stream=_draft_stream),
     Method("ssd", "the CTC head's hypothesis is gated by entropy, verified by the target in one pass, and decoding "
                   "falls back from the verified prefix (lossy unless --exact and --tau-ctc 0)", _ssd, needs_ctc=True,
            needs_draft=lambda options: options.ssd.fallback == "draft",
