@@ -136,7 +136,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            stream=lambda target, options, draft, max_cap: _ctc_draft_loop(target, []),
            admission=lambda target, options, ids, encoded: Admission(ids, encoded.target, encoded.caps,
                                                                       encoded.ctc.tokens),
-           # Measured slower in a corpus stream (bench-ssd.md, AN4 test, batch 16: 0.77x vs 0.94x of AR); probably
+           # Measured slower in a corpus stream (bench-ssd.md, AN4 test, batch 16: 0.92x vs 1.11x of AR); probably
            # (not profiled) because each newcomer's first round drafts its whole hypothesis and a round is as wide
            # as its widest row.
            continuous=False),
