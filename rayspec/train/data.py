@@ -8,6 +8,7 @@ import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import soxr
@@ -99,3 +100,26 @@ def split_manifests(paths: list[str], dev_fraction: float, seed: int) -> tuple[l
             train += rows[:-n]
             dev += rows[-n:]
     return train, dev
+
+
+def frozen_teacher(target_dir: str, manifests: list[str], work_dir: str, dev_fraction: float, seed: int,
+                   threads: int, max_utterances: Optional[int] = None):
+    """The opening of a recipe that learns from a frozen target (Medusa heads, a draft decoder): torch threads and
+    seed set, ``work_dir`` created, the target loaded with gradients off, the manifests split as
+    :func:`split_manifests` does.
+
+    Returns:
+        ``(target, train utterances, dev utterances)``; ``max_utterances`` (smoke runs) keeps the first N training
+        utterances and a quarter as many dev ones (at least 2).
+    """
+    from ..models.whisper import WhisperASR
+
+    torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    os.makedirs(work_dir, exist_ok=True)
+    target = WhisperASR.from_pretrained(target_dir)
+    target.model.requires_grad_(False)
+    train_utts, dev_utts = split_manifests(manifests, dev_fraction, seed)
+    if max_utterances:
+        train_utts, dev_utts = train_utts[:max_utterances], dev_utts[: max(2, max_utterances // 4)]
+    return target, train_utts, dev_utts

@@ -32,7 +32,7 @@ from tqdm import tqdm
 
 from ..decoding.ar import greedy_decode
 from ..models.whisper import EncoderOutput, WhisperASR
-from .data import SPEEDS, load_examples, split_manifests
+from .data import SPEEDS, frozen_teacher, load_examples
 from .recipe import collate_features, length_batches
 
 RAYSPEC_FEATURE_KEYS = ("rayspec_encoder_masking", "rayspec_frame_stack", "rayspec_feature_mean", "rayspec_feature_std")
@@ -153,15 +153,8 @@ def train_draft_decoder(target_dir: str, manifests: list[str], out_dir: str, wor
     Returns:
         Summary dict (dev top-1 agreement, epochs, minutes, parameters), also in ``<work_dir>/summary.json``.
     """
-    torch.set_num_threads(threads)
-    torch.manual_seed(seed)
-    rng = random.Random(seed)
-    os.makedirs(work_dir, exist_ok=True)
-    target = WhisperASR.from_pretrained(target_dir)
-    target.model.requires_grad_(False)
-    train_utts, dev_utts = split_manifests(manifests, dev_fraction, seed)
-    if max_utterances:
-        train_utts, dev_utts = train_utts[:max_utterances], dev_utts[: max(2, max_utterances // 4)]
+    target, train_utts, dev_utts = frozen_teacher(target_dir, manifests, work_dir, dev_fraction, seed, threads,
+                                                  max_utterances)
     cached = os.path.join(work_dir, "teacher.pt")
     if os.path.exists(cached):
         saved = torch.load(cached, weights_only=True)
@@ -177,6 +170,7 @@ def train_draft_decoder(target_dir: str, manifests: list[str], out_dir: str, wor
         os.replace(cached + ".tmp", cached)
     student = new_draft_decoder(target, layers, dropout)
     del target
+    rng = random.Random(seed)
     params = [p for p in student.model.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
     lengths = [r.states.shape[0] for r in train]

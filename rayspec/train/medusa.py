@@ -28,7 +28,7 @@ from ..audio import load_audio
 from ..decoding.ar import greedy_decode
 from ..models.medusa import MedusaHeads
 from ..models.whisper import WhisperASR
-from .data import split_manifests
+from .data import frozen_teacher
 
 
 @torch.inference_mode()
@@ -98,15 +98,9 @@ def train_medusa(target_dir: str, manifests: list[str], out_dir: str, work_dir: 
     Returns:
         Summary dict (per-head dev top-1 accuracy, epochs, minutes), also in ``<work_dir>/summary.json``.
     """
-    torch.set_num_threads(threads)
-    torch.manual_seed(seed)
+    target, train_utts, dev_utts = frozen_teacher(target_dir, manifests, work_dir, dev_fraction, seed, threads,
+                                                  max_utterances)
     rng = random.Random(seed)
-    os.makedirs(work_dir, exist_ok=True)
-    target = WhisperASR.from_pretrained(target_dir)
-    target.model.requires_grad_(False)
-    train_utts, dev_utts = split_manifests(manifests, dev_fraction, seed)
-    if max_utterances:
-        train_utts, dev_utts = train_utts[:max_utterances], dev_utts[: max(2, max_utterances // 4)]
     cached = os.path.join(work_dir, "states.pt")
     if os.path.exists(cached):
         saved = torch.load(cached, weights_only=True)
