@@ -259,7 +259,9 @@ def _train_parser(sub) -> None:
               ctc     a CTC head over the frozen encoder of --target
               medusa  Medusa heads over the frozen decoder of --target, on its own greedy transcripts
               draft-decoder  a shallow decoder (WhisperForCausalLM, --decoder-layers, default 1) over the frozen
-                      encoder of --target, distilled from its output distributions (distil-whisper's assistant)
+                      encoder of --target, distilled from its output distributions (distil-whisper's assistant);
+                      reads --epochs, --lr, --seed, --threads (dropout 0.1, 200 warm-up steps, 12,000 positions
+                      per batch: the recipe's own)
               tts-target  the speech-token TTS target (phones + durations -> Lyra codes), on aligned clips
               tts-draft   the TTS draft, distilled from --target (a TTS target directory)
 

@@ -39,7 +39,7 @@ class Method:
         decode: ``(target, options, encoded, proposers) -> hypotheses`` for one encoded batch (the target side).
         needs_ctc: the drafting side runs the CTC head over the target's encoder states (SSD's drafter).
         needs_draft: ``options -> bool``, whether a draft model proposes (then the drafting side also encodes with
-            the draft model and serves its proposals).
+            the draft model, unless it is decoder-only, and serves its proposals).
         exact: ``options -> bool``, whether the output provably equals the target's greedy output.
         stream: ``(target, options, draft model or None, max_cap) -> VerifyLoop`` for continuous batching (rows
             join as others finish, :meth:`~rayspec.spec.loop.VerifyLoop.decode_stream`; the proposer has ``admit``).

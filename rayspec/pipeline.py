@@ -3,7 +3,8 @@
 Each batch goes through two sides that only exchange plain data:
 
 - :class:`Drafter` (the drafting side): loads audio, computes features, runs the target's encoder and the drafter
-  (the CTC head for "ssd", the draft model's encoder for "draft") -> :class:`EncodedBatch`; during decoding it also
+  (the CTC head for "ssd", the draft model's encoder for "draft" unless the draft is decoder-only)
+  -> :class:`EncodedBatch`; during decoding it also
   answers draft proposals (:class:`~rayspec.decoding.proposer.DraftProposer`).
 - :class:`TargetDecoder` (the target side): runs the target decoder (AR, verification, fallback) -> result rows.
 
@@ -97,7 +98,8 @@ class Encoded:
         target: the target's encoder output (``states`` ``[B, S, D]`` in the model dtype, ``lengths`` int64 ``[B]``).
         caps: ``B`` caps on generated tokens (from the audio durations).
         ctc: the CTC drafts (method "ssd"), else None.
-        draft: the draft model's encoder output (method "draft", or "ssd" with the draft fallback), else None.
+        draft: the encoder output the draft model reads (method "draft", or "ssd" with the draft fallback): its own,
+            or ``target`` itself for a decoder-only draft; else None.
     """
 
     target: EncoderOutput
@@ -108,8 +110,9 @@ class Encoded:
     def to(self, device, dtype: Optional[torch.dtype] = None) -> "Encoded":
         """The same batch with its tensors on ``device`` (CPU before crossing Ray's object store) and the target's
         encoder states cast to ``dtype`` if given."""
-        draft = self.draft.to(device) if self.draft else None
-        return Encoded(self.target.to(device, dtype), self.caps, self.ctc, draft)
+        target = self.target.to(device, dtype)
+        draft = target if self.draft is self.target else self.draft.to(device) if self.draft else None
+        return Encoded(target, self.caps, self.ctc, draft)
 
 
 def needs_draft(options: DecodeOptions) -> bool:

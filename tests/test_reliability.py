@@ -224,6 +224,13 @@ def test_a_method_means_the_same_in_the_cli_the_job_and_serve():
     assert decode_options_from({"method": "ssd", "exact": "true", "tau_ctc": "0"}).mode == "exact"
     with pytest.raises(ValueError, match="unknown decoding options"):
         decode_options_from({"methd": "ar"})
+    from rayspec.decoding.speculative import SpeculationOptions
+
+    flags = ["transcribe", "x.jsonl", "-o", "y.parquet", "--method", "draft"]
+    assert decode_options(build_parser().parse_args(flags)).speculation == SpeculationOptions()
+    spec = decode_options(build_parser().parse_args(flags + ["--tree", "--no-recycle"])).speculation
+    assert spec.tree and not spec.recycle
+    assert decode_options_from({"method": "draft", "tree": "1", "recycle": "0"}).speculation == spec
 
 
 def test_bfloat16_models_decode(samples_manifest, tiny_target):

@@ -29,7 +29,8 @@ def speculative_decode(
 
     Args:
         target, target_enc: the target model and its encoder output for the batch (``B`` rows).
-        draft, draft_enc: the draft model (same tokenizer) and its encoder output for the same rows.
+        draft, draft_enc: the draft model (same tokenizer) and the encoder output it reads for the same rows (its
+            own, or ``target_enc`` for a decoder-only draft).
         caps: ``B`` caps on generated tokens (EOS not counted).
         options: :class:`SpeculationOptions`.
 

@@ -105,14 +105,16 @@ class WhisperASR:
     """A Whisper-architecture ASR model ready for batched (speculative) decoding.
 
     Args:
-        model: a ``WhisperForConditionalGeneration``, eval mode unless training.
-        feature_extractor: its ``WhisperFeatureExtractor``.
+        model: a ``WhisperForConditionalGeneration``, or a decoder-only ``WhisperForCausalLM`` (a draft that reads
+            its target's encoder states); eval mode unless training.
+        feature_extractor: its ``WhisperFeatureExtractor`` (None for a decoder-only model).
         tokenizer: its Whisper tokenizer (for ``decode_text``); may be None for tokenizer-free uses.
         generation_config: the model's ``GenerationConfig`` (decoder prompt, EOS, suppress lists).
     """
 
     def __init__(self, model, feature_extractor, tokenizer, generation_config, name: str = "") -> None:
         self.model = model
+        self._decoder_only = not hasattr(model.model, "encoder")  # WhisperForCausalLM (before any release)
         self.feature_extractor = feature_extractor
         self.tokenizer = tokenizer
         self.generation_config = generation_config
@@ -181,7 +183,7 @@ class WhisperASR:
     @property
     def has_encoder(self) -> bool:
         """False for a decoder-only checkpoint (``WhisperForCausalLM``), which decodes over a target's encoder."""
-        return hasattr(self.model.model, "encoder")  # released encoders are set to None, not deleted
+        return not self._decoder_only
 
     @property
     def device(self) -> torch.device:
@@ -193,7 +195,13 @@ class WhisperASR:
 
     @property
     def sample_rate(self) -> int:
+        self._need_encoder()
         return int(self.feature_extractor.sampling_rate)
+
+    def _need_encoder(self) -> None:
+        if self._decoder_only:
+            raise RuntimeError("a decoder-only checkpoint has no feature extractor or encoder: it reads its target's "
+                               "encoder states")
 
     @property
     def frames_per_second(self) -> float:
@@ -245,6 +253,7 @@ class WhisperASR:
         Raises:
             ValueError: an utterance longer than :attr:`max_audio_seconds`.
         """
+        self._need_encoder()
         fe = self.feature_extractor
         feats = []
         for audio in audios:
@@ -483,8 +492,8 @@ class WhisperASR:
     def _half(self, part: str):
         module = getattr(self.model.model, part, None)
         if module is None:
-            why = "was released (it runs on another actor)" if self.has_encoder else "does not exist (a " \
-                "decoder-only checkpoint reads its target's encoder states)"
+            why = "does not exist (a decoder-only checkpoint reads its target's encoder states)" if (
+                self._decoder_only and part == "encoder") else "was released (it runs on another actor)"
             raise RuntimeError(f"this model's {part} {why}")
         return module
 

@@ -152,9 +152,15 @@ def train_draft_decoder(target_dir: str, manifests: list[str], out_dir: str, wor
 
     Returns:
         Summary dict (dev top-1 agreement, epochs, minutes, parameters), also in ``<work_dir>/summary.json``.
+
+    Raises:
+        ValueError: a fixed-window target (no encoder masking), or ``layers`` out of range.
     """
     target, train_utts, dev_utts = frozen_teacher(target_dir, manifests, work_dir, dev_fraction, seed, threads,
                                                   max_utterances)
+    if not target.encoder_masking:
+        raise ValueError("draft-decoder needs a target with a masked, variable-length encoder (rayspec's recipes): "
+                         "a fixed-window target's draft reads the whole 30 s window, which this recipe does not train")
     cached = os.path.join(work_dir, "teacher.pt")
     if os.path.exists(cached):
         saved = torch.load(cached, weights_only=True)
