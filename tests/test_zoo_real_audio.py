@@ -15,6 +15,7 @@ from rayspec.pipeline import zoo_path
 
 CONFIGS = {
     "fixed-8": SpeculationOptions(8, 0.0, recycle=False, tree=False),
+    "fixed-16": SpeculationOptions(16, 0.0, recycle=False, tree=False),
     "default": SpeculationOptions(),
     "adaptive": SpeculationOptions(max_draft=24, recycle=False),
     "recycle": SpeculationOptions(max_draft=24),
