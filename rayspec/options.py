@@ -40,7 +40,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="cap on generated tokens per second of audio, against runaway repetition (default 30)")
     d = SpeculationOptions()
     g.add_argument("--draft-max", type=int, default=d.max_draft,
-                   help=f"longest draft per round (SpecASR IV.A; default {d.max_draft}; SpecASR used 24 on a GPU)")
+                   help=f"longest draft per round (SpecASR IV.A; default {d.max_draft}; SpecASR used 24)")
     g.add_argument("--draft-threshold", type=float, default=d.threshold,
                    help="adaptive drafting stops at the first draft token whose probability is below this "
                         f"(SpecASR IV.A; default {d.threshold}; 0 = fixed length --draft-max)")

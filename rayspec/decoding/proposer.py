@@ -39,10 +39,11 @@ from ..spec.tree import DraftTree
 class SpeculationOptions:
     """Options of draft-model speculation (defaults: SpecASR's adaptive length and recycling, no token tree).
 
-    The defaults are the fastest exact configuration measured with the zoo on a CPU (``rayspec bench --suite spec``):
-    a draft pass there costs about a third of a target pass (per-call overhead dominates at these sizes), so long
-    drafts (SpecASR's 24 tokens, chosen for whisper-medium on a GPU) and the tree's second drafting pass cost more
-    than the target passes they save. On a GPU with a large target, raise ``max_draft`` and try ``tree``.
+    The defaults were the fastest exact configuration at batch 1 and within 1% of the fastest at batch 16 with the zoo
+    on a CPU (``rayspec bench --suite spec --repeats 3``, AN4 test): a draft pass there costs about a third of a
+    target pass (per-call overhead dominates at these sizes), so long drafts (SpecASR used 24 tokens) and the tree's
+    second drafting pass cost more than the target passes they save. On a GPU with a large target, raise
+    ``max_draft`` and try ``tree``.
 
     Attributes:
         max_draft: most trunk tokens per round (SpecASR: 24; default 8).

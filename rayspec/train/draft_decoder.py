@@ -30,10 +30,9 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..decoding.ar import greedy_decode
 from ..models.whisper import EncoderOutput, WhisperASR
 from .data import SPEEDS, frozen_teacher, load_examples
-from .recipe import collate_features, length_batches
+from .recipe import length_batches, teacher_greedy
 
 RAYSPEC_FEATURE_KEYS = ("rayspec_encoder_masking", "rayspec_frame_stack", "rayspec_feature_mean", "rayspec_feature_std")
 """Config entries of the target's front-end, meaningless for a decoder without an encoder (dropped from its config)."""
@@ -55,21 +54,14 @@ class TeacherRecord:
 
 
 @torch.inference_mode()
-def teacher_pass(target: WhisperASR, examples, speeds: list[int], cap: int = 200, batch: int = 16
-                 ) -> list[TeacherRecord]:
+def teacher_pass(target: WhisperASR, examples, speeds: list[int]) -> list[TeacherRecord]:
     """:class:`TeacherRecord` s of ``examples`` (training :class:`~rayspec.train.data.Example` s) at each speed
     index in ``speeds`` (speed-major order)."""
     p, eos = len(target.prompt_ids), target.eos_token_id
     out: list[TeacherRecord] = []
     for s in speeds:
         got: dict[int, TeacherRecord] = {}
-        order = sorted(range(len(examples)), key=lambda i: examples[i].features[s].shape[1])
-        for k in tqdm(range(0, len(order), batch), desc=f"teacher pass x{SPEEDS[s]}"):
-            idx = order[k : k + batch]
-            x, xl, _ = collate_features([examples[i] for i in idx], [s] * len(idx), target.tokenizer,
-                                        target.device, target.frame_stack)
-            enc = target.encode(x, xl)
-            hyps = greedy_decode(target, enc, [min(cap, int(n) // 2) for n in xl])
+        for idx, enc, hyps in teacher_greedy(target, examples, s):
             seqs = [h.tokens + ([eos] if h.finished else []) for h in hyps]
             width = max(len(q) for q in seqs)
             tokens = torch.tensor([target.prompt_ids + q[:-1] + [eos] * (width - len(q)) for q in seqs])

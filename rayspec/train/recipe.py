@@ -159,8 +159,9 @@ def _init_front_end(encoder, position_scale: float) -> None:
     With Whisper's init (std 0.02) and Whisper's log-mel scale (std ~0.35), the conv front-end's output is ~40x
     smaller than the sinusoidal position embeddings it is added to. Trained from scratch on an hour of speech, CTC then
     sat on the blank plateau for 900+ steps (measured, CTC loss 2.8, dev WER 100%). Kaiming-normal convs and position
-    embeddings scaled by ``position_scale`` (:attr:`Architecture.position_scale`, 0.1 by default; stored in the checkpoint, so loading and inference are
-    unchanged) fix the ratio. The zoo target's first phase kept Whisper's own scale (1.0), without regularization.
+    embeddings scaled by ``position_scale`` (:attr:`Architecture.position_scale`, 0.1 by default; stored in the
+    checkpoint, so loading and inference are unchanged) fix the ratio. The zoo target's first phase kept Whisper's
+    own scale (1.0), without regularization.
     """
     with torch.no_grad():
         for conv in (encoder.conv1, encoder.conv2):
@@ -482,15 +483,9 @@ def _distillation_examples(teacher_dir: str, examples: list[Example], work_dir: 
         teacher = WhisperASR.from_pretrained(teacher_dir)
         texts = {}
         for s in range(len(SPEEDS)):
-            order = sorted(range(len(examples)), key=lambda i: examples[i].features[s].shape[1])
-            for k in tqdm(range(0, len(order), 16), desc=f"teacher transcripts x{SPEEDS[s]}"):
-                batch = [examples[i] for i in order[k : k + 16]]
-                x, xl, _ = collate_features(batch, [s] * len(batch), teacher.tokenizer, teacher.device,
-                                            teacher.frame_stack)
-                with torch.no_grad():
-                    hyps = greedy_decode(teacher, teacher.encode(x, xl), [min(200, int(l) // 2) for l in xl])
-                for ex, h in zip(batch, hyps):
-                    texts[f"{ex.id}@{s}"] = teacher.decode_text(h.tokens)
+            for idx, _, hyps in teacher_greedy(teacher, examples, s):
+                for i, h in zip(idx, hyps):
+                    texts[f"{examples[i].id}@{s}"] = teacher.decode_text(h.tokens)
         with open(path, "w") as f:
             json.dump(texts, f)
     out = []
@@ -499,6 +494,20 @@ def _distillation_examples(teacher_dir: str, examples: list[Example], work_dir: 
             only = [ex.features[s]] * len(SPEEDS)
             out.append(Example(f"{ex.id}@{s}", only, texts[f"{ex.id}@{s}"]))
     return out
+
+
+@torch.inference_mode()
+def teacher_greedy(teacher: WhisperASR, examples: list[Example], speed: int, batch: int = 16, cap: int = 200):
+    """The teacher's greedy decode of ``examples`` at speed index ``speed``, in length-sorted batches: yields
+    ``(example indices, encoder output, hypotheses)`` per batch (at most ``cap`` tokens, and at most one per two
+    encoder input frames)."""
+    order = sorted(range(len(examples)), key=lambda i: examples[i].features[speed].shape[1])
+    for k in tqdm(range(0, len(order), batch), desc=f"teacher pass x{SPEEDS[speed]}"):
+        idx = order[k : k + batch]
+        x, xl, _ = collate_features([examples[i] for i in idx], [speed] * len(idx), teacher.tokenizer,
+                                    teacher.device, teacher.frame_stack)
+        enc = teacher.encode(x, xl)
+        yield idx, enc, greedy_decode(teacher, enc, [min(cap, int(n) // 2) for n in xl])
 
 
 def _load_optimizer(optim: torch.optim.Optimizer, saved: dict, params: list) -> None:
