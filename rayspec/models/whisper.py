@@ -76,6 +76,20 @@ class EncoderOutput:
         return EncoderOutput(states, torch.cat([p.lengths for p in parts]), parts[0].masked)
 
 
+def _linear(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` without the module call (what ``nn.Linear.forward`` computes)."""
+    return F.linear(x, layer.weight, layer.bias)
+
+
+def _layer_norm(layer: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` without the module call (what ``nn.LayerNorm.forward`` computes)."""
+    return F.layer_norm(x, layer.normalized_shape, layer.weight, layer.bias, layer.eps)
+
+
+def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    return F.dropout(x, p=p, training=True) if training and p else x
+
+
 def stack_frames(features: torch.Tensor | np.ndarray, k: int):
     """Stack ``k`` consecutive log-mel frames into one: ``[..., M, T]`` -> ``[..., k * M, T // k]``.
 
@@ -391,30 +405,30 @@ class WhisperASR:
         positions, slots, top, visible = cache.attention_layout(q, ancestors, depths, self.max_target_positions)
 
         x = dec.embed_tokens(tokens) * dec.embed_scale + dec.embed_positions.weight[positions]
-        x = F.dropout(x, p=dec.dropout, training=dec.training)
+        x = _dropout(x, dec.dropout, dec.training)
         write = slots[:, None, :, None].expand(b, self.num_heads, q, self.head_dim)
+        # Layers are run through their weights (F.linear / F.layer_norm), not their modules' __call__: the same
+        # arithmetic, without the module-call overhead that dominates a CPU decoder step of a small model at batch 1.
         for i, layer in enumerate(dec.layers):
             attn = layer.self_attn
-            h = layer.self_attn_layer_norm(x)
-            qh = self._heads(attn.q_proj(h) * attn.scaling)
-            cache.self_k[i].scatter_(2, write, self._heads(attn.k_proj(h)))
-            cache.self_v[i].scatter_(2, write, self._heads(attn.v_proj(h)))
+            h = _layer_norm(layer.self_attn_layer_norm, x)
+            qh = self._heads(_linear(attn.q_proj, h) * attn.scaling)
+            cache.self_k[i].scatter_(2, write, self._heads(_linear(attn.k_proj, h)))
+            cache.self_v[i].scatter_(2, write, self._heads(_linear(attn.v_proj, h)))
             k = cache.self_k[i][:, :, :top]
             v = cache.self_v[i][:, :, :top]
-            out = self._attend(attn, qh, k, v, visible)
-            x = x + F.dropout(out, p=layer.dropout, training=layer.training)
+            x = x + _dropout(self._attend(attn, qh, k, v, visible), layer.dropout, layer.training)
 
             cross = layer.encoder_attn
-            h = layer.encoder_attn_layer_norm(x)
-            qh = self._heads(cross.q_proj(h) * cross.scaling)
+            h = _layer_norm(layer.encoder_attn_layer_norm, x)
+            qh = self._heads(_linear(cross.q_proj, h) * cross.scaling)
             out = self._attend(cross, qh, cache.cross_k[i], cache.cross_v[i], cache.cross_mask)
-            x = x + F.dropout(out, p=layer.dropout, training=layer.training)
+            x = x + _dropout(out, layer.dropout, layer.training)
 
-            h = layer.final_layer_norm(x)
-            h = layer.activation_fn(layer.fc1(h))
-            h = F.dropout(h, p=layer.activation_dropout, training=layer.training)
-            x = x + F.dropout(layer.fc2(h), p=layer.dropout, training=layer.training)
-        x = dec.layer_norm(x[:, logits_from:])
+            h = layer.activation_fn(_linear(layer.fc1, _layer_norm(layer.final_layer_norm, x)))
+            h = _dropout(h, layer.activation_dropout, layer.training)
+            x = x + _dropout(_linear(layer.fc2, h), layer.dropout, layer.training)
+        x = _layer_norm(dec.layer_norm, x[:, logits_from:])
         cache.pending = q
         logits = self.project(x)
         return (logits, x) if return_hidden else logits
@@ -427,7 +441,7 @@ class WhisperASR:
         p = attn.dropout if attn.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)
         b, _, n, _ = out.shape
-        return attn.out_proj(out.transpose(1, 2).reshape(b, n, -1))
+        return _linear(attn.out_proj, out.transpose(1, 2).reshape(b, n, -1))
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """Output projection: decoder hidden states ``[..., D]`` -> float logits ``[..., V]``.
