@@ -178,8 +178,9 @@ def run_bench(models, audios, references, configs, batch_sizes=(1, 16), hf_assis
     Args:
         models: ``(target, draft or None, ctc head or None)``.
         audios: float32 waveforms at the target's sample rate; references: their transcripts (or None).
-        repeats: timed runs per configuration after its warm-up; the fastest counts (as ``timeit`` does: slower
-            runs measure the machine's interference, not the decoder).
+        repeats: timed runs per configuration after the warm-ups, taken round-robin over the configurations; the
+            fastest of each counts (as ``timeit`` does: slower runs measure the machine's interference, not the
+            decoder).
 
     Returns:
         :class:`BenchRow` s; speed-ups and NFE reductions are relative to the AR row of the same batch size.
@@ -191,14 +192,19 @@ def run_bench(models, audios, references, configs, batch_sizes=(1, 16), hf_assis
         batches = plan_batches(list(range(len(audios))), durations, BatchBudget(tokens=10**9, max_rows=bs))
         todo = [c for c in configs if bs > 1 or not c[0].endswith(CONTINUOUS)]  # at batch 1 it is the same
         todo += [("hf-assisted", None)] if hf_assisted and bs == 1 else []
-        reference = None
-        for name, options in tqdm(todo, desc=f"bench batch {bs}", disable=not progress):
+        for name, options in todo:
             _run(name, options, models, audios, durations, batches[:1])  # warm-up
-            wall = float("inf")
-            for _ in range(repeats):
+        # Repeats go round-robin over the configurations, so a slow phase of the machine costs every configuration
+        # one run rather than all the runs of one configuration; the fastest run of each counts.
+        walls, results = {name: float("inf") for name, _ in todo}, {}
+        for _ in tqdm(range(repeats), desc=f"bench batch {bs}", disable=not progress):
+            for name, options in todo:
                 t0 = time.perf_counter()
-                hyps = _run(name, options, models, audios, durations, batches)
-                wall = min(wall, time.perf_counter() - t0)
+                results[name] = _run(name, options, models, audios, durations, batches)
+                walls[name] = min(walls[name], time.perf_counter() - t0)
+        reference = None
+        for name, _ in todo:
+            hyps, wall = results[name], walls[name]
             if reference is None:
                 reference = [h.tokens for h in hyps]
             st = [h.stats for h in hyps]
@@ -282,13 +288,16 @@ def decoder_pass_ms(model, encoder_output, batch: int, passes: int = 200) -> flo
 
 
 def pass_time_notes(target, draft, audio) -> str:
-    """A Markdown line: target and draft decoder pass times at batch 1 and 16 over ``audio``'s encoder states."""
+    """A Markdown line: target and draft decoder pass times at batch 1 and 16 over ``audio``'s encoder states (the
+    fastest of three alternating measurements each)."""
     with torch.inference_mode():
         enc = target.encode(*target.features([audio]))
         denc = draft.encode(*draft.features([audio])) if draft.has_encoder else enc
     cells = []
     for bs in (1, 16):
-        t, d = decoder_pass_ms(target, enc, bs), decoder_pass_ms(draft, denc, bs)
+        t = d = float("inf")
+        for _ in range(3):  # alternating, so that a slow phase of the machine does not fall on one model only
+            t, d = min(t, decoder_pass_ms(target, enc, bs)), min(d, decoder_pass_ms(draft, denc, bs))
         cells.append(f"batch {bs}: target {t:.2f} ms, draft {d:.2f} ms (**{t / d:.1f}x**)")
     return (f"\nDecoder pass time (one token per row, {len(audio) / target.sample_rate:.1f} s utterance, same "
             f"threads): {'; '.join(cells)}.\n")
@@ -455,7 +464,8 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--max-draft", type=int, default=0, help="spec: override max draft length of adaptive configs")
     p.add_argument("--no-hf", action="store_true", help="spec: skip transformers' assisted generation")
     p.add_argument("--repeats", type=_positive, default=1,
-                   help="spec/ssd/medusa: timed runs per configuration, the fastest reported (default 1)")
+                   help="spec/ssd/medusa: timed runs per configuration, taken round-robin over the "
+                        "configurations, the fastest reported (default 1)")
     p.add_argument("--tau-ctc", type=float, nargs="+", default=[0.3, 0.7, 1.5, 3.0], help="ssd: gate thresholds")
     p.add_argument("--tau-slm", type=float, nargs="+", default=[0.01, 0.1, 0.2], help="ssd: verification thresholds")
     p.add_argument("--ctc", help="ssd: CTC head directory; default: the bundled zoo CTC head")
