@@ -87,6 +87,7 @@ def _layer_norm(layer: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
 
 
 def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """``F.dropout(x, p, training)``, skipped (no call) where it is the identity."""
     return F.dropout(x, p=p, training=True) if training and p else x
 
 
