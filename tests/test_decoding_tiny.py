@@ -71,6 +71,27 @@ def test_speculative_equals_ar(tiny_target, tiny_draft, name, batch_size):
     assert sum(s.target_forward_passes for s in stats) < sum(len(t) + 1 for t in expected)
 
 
+def test_projection_kernels_agree(tiny_target, tiny_draft, monkeypatch):
+    """Several rows take oneDNN's product on a large vocabulary (forced here on the tiny one), one row MKL's against
+    the transposed weight: the logits agree to float32 rounding and speculation stays exact."""
+    import rayspec.models.whisper as whisper
+
+    if whisper._ONEDNN_LINEAR is None:
+        pytest.skip("torch built without oneDNN")
+    monkeypatch.setattr(whisper, "ONEDNN_MIN_WEIGHT", 0)
+    hidden = torch.randn(3, 5, tiny_target.model.proj_out.weight.shape[1])
+    with torch.inference_mode():
+        rows = tiny_target.project(hidden)
+        single = torch.stack([tiny_target.project(hidden[b, i][None, None])[0, 0] for b in range(3) for i in range(5)])
+    want = torch.nn.functional.linear(hidden, tiny_target.model.proj_out.weight)
+    assert torch.allclose(rows, want, atol=1e-5) and torch.allclose(single.view(3, 5, -1), want, atol=1e-5)
+    expected = _ar_single(tiny_target, AUDIO[:6])
+    with torch.inference_mode():
+        hyps = speculative_decode(tiny_target, _encode(tiny_target, AUDIO[:6]), tiny_draft,
+                                  _encode(tiny_draft, AUDIO[:6]), [CAP] * 6, CONFIGS["tree"])
+    assert [h.tokens for h in hyps] == expected
+
+
 def test_length_cap_inside_a_draft(tiny_target, tiny_draft):
     """Ragged caps (some smaller than one draft) end rows exactly where AR ends them."""
     caps = [1, 2, 3, 5, 7, 11, 13, 17]

@@ -29,6 +29,8 @@ class DecoderCache:
         cross_k, cross_v: one tensor per decoder layer, ``[B, H, S, Dh]`` (S encoder positions); empty lists for a
             decoder-only model.
         cross_mask: bool ``[B, 1, 1, S]``, True where the encoder position is real; None when no row is padded.
+        cross_lengths: int64 numpy ``[B]``, real encoder positions per row (``S`` for an unpadded row; zeros for a
+            decoder-only model); :meth:`cross` cuts attention to the longest live row's.
         host_lengths: int64 numpy ``[B]``, committed positions per row (prompt + accepted tokens).
         lengths: int64 ``[B]`` on the cache's device, the same numbers.
         pending: number of positions the last decoder call wrote past ``lengths`` (0 after a commit).
@@ -42,17 +44,22 @@ class DecoderCache:
     cross_k: list[torch.Tensor]
     cross_v: list[torch.Tensor]
     cross_mask: Optional[torch.Tensor]
+    cross_lengths: np.ndarray
     host_lengths: np.ndarray
     lengths: torch.Tensor
     pending: int = 0
     _buffers: Optional[dict] = field(default=None, repr=False)  # per-row tensors of the reserved rows, by field
 
     @staticmethod
-    def empty(self_k, self_v, cross_k, cross_v, cross_mask, device) -> "DecoderCache":
-        """A cache with no committed positions (``B`` = ``self_k[0].shape[0]``)."""
+    def empty(self_k, self_v, cross_k, cross_v, cross_mask, device,
+              cross_lengths: Optional[Sequence[int]] = None) -> "DecoderCache":
+        """A cache with no committed positions (``B`` = ``self_k[0].shape[0]``); ``cross_lengths``: real encoder
+        positions per row (default: all ``S`` of ``cross_k``, none without cross-attention)."""
         b = self_k[0].shape[0]
-        return DecoderCache(self_k, self_v, cross_k, cross_v, cross_mask, np.zeros(b, dtype=np.int64),
-                            torch.zeros(b, dtype=torch.long, device=device))
+        if cross_lengths is None:
+            cross_lengths = np.full(b, cross_k[0].shape[2] if cross_k else 0)
+        return DecoderCache(self_k, self_v, cross_k, cross_v, cross_mask, np.asarray(cross_lengths, dtype=np.int64),
+                            np.zeros(b, dtype=np.int64), torch.zeros(b, dtype=torch.long, device=device))
 
     @property
     def batch_size(self) -> int:
@@ -65,6 +72,16 @@ class DecoderCache:
     @property
     def device(self) -> torch.device:
         return self.lengths.device
+
+    def cross(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """Cross-attention keys, values ``[B, H, S', Dh]`` and mask ``[B, 1, 1, S']`` (or None) of ``layer``, cut
+        (views, no copy) to ``S'``, the longest live row's encoder positions: a continuous batch pads every row to the
+        longest utterance it ever admitted, and its later, shorter rows need not attend over that padding."""
+        s = int(self.cross_lengths.max()) if len(self.cross_lengths) else 0
+        k, v, mask = self.cross_k[layer], self.cross_v[layer], self.cross_mask
+        if 0 < s < k.shape[2]:
+            return k[:, :, :s], v[:, :, :s], None if mask is None else mask[..., :s]
+        return k, v, mask
 
     def attention_layout(self, q: int, ancestors: Optional[torch.Tensor] = None,
                          depths: Optional[torch.Tensor] = None, max_positions: Optional[int] = None):
@@ -123,7 +140,7 @@ class DecoderCache:
         pick = lambda ts: [t.index_select(0, index) for t in ts]  # noqa: E731
         out = DecoderCache(
             pick(self.self_k), pick(self.self_v), pick(self.cross_k), pick(self.cross_v),
-            None if self.cross_mask is None else self.cross_mask.index_select(0, index),
+            None if self.cross_mask is None else self.cross_mask.index_select(0, index), self.cross_lengths[rows],
             self.host_lengths[rows], self.lengths.index_select(0, index), self.pending,
         )
         return out
@@ -163,6 +180,7 @@ class DecoderCache:
             self._explicit_mask()
             self._buffers["cross_mask"][0][b : b + n] = False
         self._view(b + n)
+        self.cross_lengths = np.concatenate([self.cross_lengths, np.zeros(n, dtype=np.int64)])
         self._set_lengths(np.concatenate([self.host_lengths, np.zeros(n, dtype=np.int64)]))
 
     def drop(self, rows: Sequence[int]) -> list[int]:
@@ -193,6 +211,7 @@ class DecoderCache:
         for h, k in zip(holes, tail):
             order[h] = k
         self._view(n)
+        self.cross_lengths = self.cross_lengths[order]
         self._set_lengths(self.host_lengths[order])
         return order
 
@@ -240,6 +259,8 @@ class DecoderCache:
             mask = torch.zeros((new.batch_size, 1, 1, s), dtype=torch.bool, device=self.device)
             mask[..., :s_new] = True if new.cross_mask is None else new.cross_mask
             self.cross_mask.index_copy_(0, index, mask)
+        self.cross_lengths = self.cross_lengths.copy()
+        self.cross_lengths[list(slots)] = new.cross_lengths
         lengths = self.host_lengths.copy()
         lengths[list(slots)] = new.host_lengths
         self._set_lengths(lengths)
