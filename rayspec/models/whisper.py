@@ -464,10 +464,11 @@ class WhisperASR:
         - more rows against a large weight (at least :data:`ONEDNN_MIN_WEIGHT` elements, float32) go through
           oneDNN's linear on the weight as stored (``torch.ops.mkldnn._linear_pointwise``): MKL's product with 8
           rows runs at ~30 GFLOPS here (10.0 ms against oneDNN's 5.6 ms; 16 rows: 11.4 vs 7.2 ms). A small
-          weight stays with MKL, where oneDNN's fixed cost per call dominates (the zoo target, ``V`` = 37, 16 rows:
-          6.9 vs 19.8 us).
+          weight stays with MKL, where oneDNN's fixed cost per call dominates (the zoo target, ``V`` = 37, 16 rows,
+          1 thread: 6.9 vs 19.8 us).
 
-        Each row's logits do not depend on the other rows; the two kernels may round differently in the last bits.
+        The two kernels may round differently in the last bits; tests/test_decoding_tiny.py checks that speculation
+        (several rows per verification) stays equal to AR (one row per step) across them.
         """
         proj = self.model.proj_out
         if hidden.device.type != "cpu" or torch.is_grad_enabled():
