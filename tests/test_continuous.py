@@ -164,14 +164,15 @@ def test_cache_cross_attention_cut_to_the_longest_live_row(tiny_target):
         short, long_ = _encode(tiny_target, [AUDIO[0][:4000]]), _encode(tiny_target, [AUDIO[1]])
         cache = tiny_target.new_cache(EncoderOutput.cat([long_, short]), 8)
         s, s_short = long_.states.shape[1], short.states.shape[1]
-        assert cache.cross_lengths.tolist() == [s, s_short] and cache.cross(0)[0].shape[2] == s
+        assert cache.cross_lengths.tolist() == [s, s_short] and cache.cross()[0][0].shape[2] == s
         cache.reserve(3)
         cache.extend(1)
         assert cache.cross_lengths.tolist() == [s, s_short, 0]
         cache.place([2], tiny_target.new_cache(short, 1))
         ref = cache.select([1, 2])
         assert cache.drop([0]) == [2, 1] and cache.cross_lengths.tolist() == [s_short] * 2
-        k, v, mask = cache.cross(0)
+        ks, vs, mask = cache.cross()
+        k, v = ks[0], vs[0]
         assert k.shape[2] == v.shape[2] == mask.shape[-1] == s_short and k.data_ptr() == cache.cross_k[0].data_ptr()
         tokens = torch.tensor([tiny_target.prompt_ids] * 2)
         got = tiny_target.decode(cache, tokens)

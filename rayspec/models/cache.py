@@ -73,15 +73,15 @@ class DecoderCache:
     def device(self) -> torch.device:
         return self.lengths.device
 
-    def cross(self, layer: int) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        """Cross-attention keys, values ``[B, H, S', Dh]`` and mask ``[B, 1, 1, S']`` (or None) of ``layer``, cut
+    def cross(self) -> tuple[list[torch.Tensor], list[torch.Tensor], Optional[torch.Tensor]]:
+        """Cross-attention keys, values (per layer, ``[B, H, S', Dh]``) and mask (``[B, 1, 1, S']`` or None), cut
         (views, no copy) to ``S'``, the longest live row's encoder positions: a continuous batch pads every row to the
         longest utterance it ever admitted, and its later, shorter rows need not attend over that padding."""
         s = int(self.cross_lengths.max()) if len(self.cross_lengths) else 0
-        k, v, mask = self.cross_k[layer], self.cross_v[layer], self.cross_mask
-        if 0 < s < k.shape[2]:
-            return k[:, :, :s], v[:, :, :s], None if mask is None else mask[..., :s]
-        return k, v, mask
+        if not 0 < s < (self.cross_k[0].shape[2] if self.cross_k else 0):
+            return self.cross_k, self.cross_v, self.cross_mask
+        return ([k[:, :, :s] for k in self.cross_k], [v[:, :, :s] for v in self.cross_v],
+                None if self.cross_mask is None else self.cross_mask[..., :s])
 
     def attention_layout(self, q: int, ancestors: Optional[torch.Tensor] = None,
                          depths: Optional[torch.Tensor] = None, max_positions: Optional[int] = None):

@@ -416,6 +416,7 @@ class WhisperASR:
         x = dec.embed_tokens(tokens) * dec.embed_scale + dec.embed_positions.weight[positions]
         x = _dropout(x, dec.dropout, dec.training)
         write = slots[:, None, :, None].expand(b, self.num_heads, q, self.head_dim)
+        cross_k, cross_v, cross_mask = cache.cross()
         # Layers are run through their weights (F.linear / F.layer_norm), not their modules' __call__: the same
         # arithmetic, without the module-call overhead that dominates a CPU decoder step of a small model at batch 1.
         for i, layer in enumerate(dec.layers):
@@ -431,7 +432,7 @@ class WhisperASR:
             cross = layer.encoder_attn
             h = _layer_norm(layer.encoder_attn_layer_norm, x)
             qh = self._heads(_linear(cross.q_proj, h) * cross.scaling)
-            out = self._attend(cross, qh, *cache.cross(i))
+            out = self._attend(cross, qh, cross_k[i], cross_v[i], cross_mask)
             x = x + _dropout(out, layer.dropout, layer.training)
 
             h = layer.activation_fn(_linear(layer.fc1, _layer_norm(layer.final_layer_norm, x)))
