@@ -30,11 +30,12 @@ class TargetActor:
         import torch
 
         from rayspec.models.whisper import WhisperASR
-        from rayspec.pipeline import TargetDecoder, zoo_path
+        from rayspec.models.registry import DEFAULT_TARGET
+        from rayspec.pipeline import TargetDecoder
 
         if threads:
             torch.set_num_threads(threads)
-        model = WhisperASR.from_pretrained(target or zoo_path("target"), device, dtype or torch.float32)
+        model = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, dtype or torch.float32)
         model.release("encoder")  # the encoder runs on the drafter actors
         self.decoder = TargetDecoder(model, options)
 

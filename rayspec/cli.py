@@ -23,7 +23,8 @@ from .options import (  # noqa: F401 - EXIT_USAGE is part of the CLI's interface
 EPILOG = textwrap.dedent(
     """\
     examples:
-      rayspec transcribe ../shared/data/an4/test.jsonl -o an4.parquet            # target greedy (AR)
+      rayspec transcribe ../shared/data/an4/test.jsonl -o an4.parquet            # Whisper base, greedy (AR)
+      rayspec transcribe clips/ -o out.parquet --target whisper-tiny.en          # a folder, another model
       rayspec transcribe ../shared/data/an4/test.jsonl -o an4-spec.parquet --method draft
       rayspec transcribe ../shared/data/an4/test.jsonl -o an4-medusa.parquet --method medusa
       rayspec score an4.parquet                                                 # WER/CER per corpus
@@ -87,6 +88,28 @@ def _synthesize_parser(sub) -> None:
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_synthesis_args(p)
     p.set_defaults(func=cmd_synthesize)
+
+
+def cmd_convert(args) -> int:
+    import time
+
+    from .models.ct2 import convert_ct2, is_ct2_dir
+    from .models.errors import ModelLoadError
+    from .models.registry import MODELS, resolve_model
+
+    t0 = time.perf_counter()
+    if args.source in MODELS:
+        import shutil
+
+        shutil.copytree(resolve_model(args.source), args.output, dirs_exist_ok=True)
+    elif is_ct2_dir(args.source):
+        convert_ct2(args.source, args.output)
+    else:
+        raise ModelLoadError(f"{args.source} is neither a model name ({', '.join(sorted(MODELS))}) nor a "
+                             "CTranslate2 directory (model.bin + config.json)")
+    print(f"{args.source} -> {args.output} (transformers save_pretrained directory, float32) in "
+          f"{time.perf_counter() - t0:.1f} s")
+    return 0
 
 
 def cmd_score(args) -> int:
@@ -307,8 +330,9 @@ def _train_parser(sub) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="rayspec",
-        description="Batch speech recognition and synthesis with batched speculative decoding. Models load from "
-                    "local directories only (a Whisper checkpoint directory, or the bundled zoo).",
+        description="Batch speech recognition and synthesis with batched speculative decoding. Models are "
+                    "installed names (whisper-base, whisper-tiny.en) or local directories (transformers or "
+                    "CTranslate2 Whisper checkpoints); nothing is downloaded.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EPILOG,
     )
@@ -338,6 +362,19 @@ def build_parser() -> argparse.ArgumentParser:
                    help="fold only case and white space, no normalizer: spelled-out numbers stay words (how "
                         "ESPnet scores AN4: \"TWO EIGHTY NINE\" is three words, not \"289\")")
     p.set_defaults(func=cmd_score)
+
+    p = sub.add_parser("convert", help="CTranslate2 (faster-whisper) Whisper -> transformers directory",
+                       description="Write a CTranslate2 / faster-whisper Whisper directory (or an installed model "
+                                   "name) as a transformers save_pretrained directory: float32 safetensors, config, "
+                                   "tokenizer, feature extractor, generation config (prompt ids, suppress tokens, "
+                                   "alignment heads, language ids). rayspec converts on load by itself (cached); "
+                                   "this is for other tools (transformers' generate, vLLM).",
+                       epilog="example:\n  rayspec convert ~/faster-whisper-base whisper-base-hf\n"
+                              "  rayspec convert whisper-tiny.en whisper-tiny.en-hf",
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("source", help="CTranslate2 model directory, or an installed model name (whisper-base, ...)")
+    p.add_argument("output", help="output directory (replaced)")
+    p.set_defaults(func=cmd_convert)
 
     _synthesize_parser(sub)
     _train_parser(sub)

@@ -10,23 +10,104 @@ is defined in one place. Each method is a proposer (or none) over the shared ver
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import Callable, Optional
+
+import torch
 
 from .decoding.ar import greedy_decode
-from .decoding.common import Hypothesis
+from .decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, Hypothesis
 from .decoding.ctc_proposer import CTCProposer
-from .decoding.medusa_proposer import MedusaProposer, load_heads
-from .decoding.proposer import DraftProposer
+from .decoding.medusa_proposer import MedusaOptions, MedusaProposer, load_heads
+from .decoding.proposer import DraftProposer, SpeculationOptions
 from .decoding.speculative import draft_loop
-from .decoding.ssd import SSDDecoder
+from .decoding.ssd import CTCDrafts, SSDDecoder, SSDOptions
+from .models.registry import default_drafter
+from .models.whisper import EncoderOutput, WhisperASR
 from .spec.acceptance import GREEDY, AcceptanceRule
-from .spec.loop import Admission, VerifyLoop
+from .spec.loop import Admission, Proposer, VerifyLoop
 
 CTC_MAX_DRAFT = 64  # most CTC hypothesis tokens verified per round
+ProposerFactory = Callable[[list[int], list[int]], Proposer]
+"""``(rows, caps) -> proposer`` over those rows (indices into the batch, in that order) with those token caps."""
 
-if TYPE_CHECKING:
-    from .models.whisper import WhisperASR
-    from .pipeline import DecodeOptions, Encoded, ProposerFactory
+@dataclass
+class DecodeOptions:
+    """What decoder to run and how (see ``rayspec transcribe --help``).
+
+    Attributes:
+        method: a :data:`~rayspec.methods.METHODS` name: "ar" (target greedy), "draft" (draft-model speculative
+            decoding, exact) or "ssd" (CTC gating, verification and fallback; exact only with ``ssd.exact`` and the
+            gate off).
+        max_tokens_per_second: cap on generated tokens per second of audio (against runaway repetition).
+        speculation: options of the draft method (:class:`~rayspec.decoding.speculative.SpeculationOptions`).
+        ssd: options of the ssd method (:class:`~rayspec.decoding.ssd.SSDOptions`).
+        medusa: options of the medusa method (:class:`~rayspec.decoding.medusa_proposer.MedusaOptions`).
+        vad: skip recordings without speech (empty text, route "no_speech"); long recordings are cut in pauses
+            either way.
+        segments: fill each row's ``segments`` column (start, end, text of every decoded segment).
+        language: the decoder prompt's language code for multilingual models ("en"), or "auto": detected per
+            segment from one decoder pass over ``<|startoftranscript|>`` (openai/whisper's ``detect_language``).
+        task: "transcribe" or "translate" (into English; multilingual models).
+        no_speech_threshold: a segment whose ``<|nospeech|>`` probability in the target's first pass exceeds this
+            is dropped (route "no_speech"; openai/whisper's ``no_speech_threshold``, applied without its log-prob
+            condition); None keeps every segment.
+        compression_ratio_threshold: rows whose text's zlib compression ratio exceeds this are flagged
+            ``repetitive`` (openai/whisper's hallucination statistic; the text is kept).
+    """
+
+    method: str = "ar"
+    max_tokens_per_second: float = DEFAULT_MAX_TOKENS_PER_SECOND
+    speculation: Optional[SpeculationOptions] = None
+    ssd: Optional[SSDOptions] = None
+    medusa: Optional[MedusaOptions] = None
+    vad: bool = True
+    segments: bool = False
+    language: str = "en"
+    task: str = "transcribe"
+    no_speech_threshold: Optional[float] = 0.6
+    compression_ratio_threshold: float = 2.4
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(sorted(METHODS))}")
+        if self.task not in ("transcribe", "translate"):
+            raise ValueError(f"unknown task {self.task!r}: transcribe or translate")
+        if self.method == "ssd" and self.ssd is None:
+            self.ssd = SSDOptions()
+        if self.method == "draft" and self.speculation is None:
+            self.speculation = SpeculationOptions()
+        if self.method == "medusa" and self.medusa is None:
+            self.medusa = MedusaOptions()
+
+    @property
+    def mode(self) -> str:
+        """"exact" when the output is provably the target's greedy output, else "lossy"."""
+        return "exact" if METHODS[self.method].exact(self) else "lossy"
+
+
+@dataclass
+class Encoded:
+    """What the drafting side computes for a batch of ``B`` waveforms, and the target side decodes from.
+
+    Attributes:
+        target: the target's encoder output (``states`` ``[B, S, D]`` in the model dtype, ``lengths`` int64 ``[B]``).
+        caps: ``B`` caps on generated tokens (from the audio durations).
+        ctc: the CTC drafts (method "ssd"), else None.
+        draft: the encoder output the draft model reads (method "draft", or "ssd" with the draft fallback): its own,
+            or ``target`` itself for a decoder-only draft; else None.
+    """
+
+    target: EncoderOutput
+    caps: list[int]
+    ctc: Optional[CTCDrafts] = None
+    draft: Optional[EncoderOutput] = None
+
+    def to(self, device, dtype: Optional[torch.dtype] = None) -> "Encoded":
+        """The same batch with its tensors on ``device`` (CPU before crossing Ray's object store) and the target's
+        encoder states cast to ``dtype`` if given."""
+        target = self.target.to(device, dtype)
+        draft = target if self.draft is self.target else self.draft.to(device) if self.draft else None
+        return Encoded(target, self.caps, self.ctc, draft)
 
 
 @dataclass(frozen=True)
@@ -83,10 +164,8 @@ def _ctc_draft(target, options, encoded, proposers):
 
 
 def _medusa_loop(target, options, draft=None, max_cap=0):
-    from .pipeline import zoo_path
-
     opt = options.medusa
-    heads = load_heads(opt.heads or zoo_path("medusa"), str(target.device), target.dtype)
+    heads = load_heads(opt.heads or default_drafter(target.name, "medusa"), str(target.device), target.dtype)
     rule = (AcceptanceRule("typical", epsilon=opt.epsilon, delta=opt.delta) if opt.acceptance == "typical"
             else GREEDY)
     return VerifyLoop(target, MedusaProposer(target, heads, opt.tree), rule, max_nodes=opt.max_nodes, route="medusa")

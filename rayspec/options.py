@@ -19,10 +19,15 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models")
-    g.add_argument("--target", help="target model directory (from_pretrained); default: the bundled zoo target")
+    from .models.registry import DEFAULT_TARGET, model_names
+
+    g.add_argument("--target", default=DEFAULT_TARGET,
+                   help=f"target model: {' or '.join(model_names())} (installed with rayspec[models]), a transformers "
+                        "Whisper directory (save_pretrained, e.g. openai/whisper-large-v3) or a CTranslate2 / "
+                        f"faster-whisper directory (converted once, cached); default {DEFAULT_TARGET}")
     g.add_argument("--draft", help="draft model directory for --method draft: a Whisper model with the target's "
                    "tokenizer, or a decoder-only one (WhisperForCausalLM, distil-whisper style) of the target's "
-                   "width that reads the target's encoder; default: the bundled zoo draft")
+                   "width that reads the target's encoder; default: the drafter bundled for the target, if any")
     g.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1); default cpu")
     g.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="model dtype; float32 is the exact reference, bfloat16/float16 for GPUs (default float32)")
@@ -38,6 +43,18 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    help=" ".join(f"{m.name}: {m.summary}." for m in METHODS.values()) + " default: ar")
     g.add_argument("--max-tokens-per-second", type=float, default=30.0,
                    help="cap on generated tokens per second of audio, against runaway repetition (default 30)")
+    g.add_argument("--language", default="en",
+                   help="language code of the decoder prompt for multilingual models (en, fr, de, ...), or auto: "
+                        "detected per segment from one decoder pass, as Whisper does (default en; English-only "
+                        "models take en or auto)")
+    g.add_argument("--task", choices=["transcribe", "translate"], default="transcribe",
+                   help="transcribe, or translate into English (multilingual models; default transcribe)")
+    g.add_argument("--no-speech-threshold", type=float, default=0.6,
+                   help="drop a segment whose <|nospeech|> probability in the target's first pass exceeds this "
+                        "(route no_speech; Whisper's no_speech_threshold; default 0.6, 1 keeps everything)")
+    g.add_argument("--compression-ratio-threshold", type=float, default=2.4,
+                   help="flag rows whose text's zlib compression ratio exceeds this (column repetitive: text that "
+                        "repeats itself, a likely hallucination; the text is kept). Default 2.4, as Whisper")
     d = SpeculationOptions()
     g.add_argument("--draft-max", type=int, default=d.max_draft,
                    help=f"longest draft per round (SpecASR IV.A; default {d.max_draft}; SpecASR used 24)")
@@ -55,7 +72,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tree-branches", type=int, default=d.tree_branches,
                    help=f"most branches per token tree (default {d.tree_branches})")
     c = p.add_argument_group("ssd (CTC gating, verification, fallback)")
-    c.add_argument("--ctc", help="CTC head directory; default: the bundled zoo CTC head")
+    c.add_argument("--ctc", help="CTC head directory; default: the CTC head bundled for the target, if any")
     c.add_argument("--tau-ctc", type=float, default=1.0,
                    help="accept the CTC hypothesis with no target pass if every frame's entropy (nats) is below "
                         "this; 0 = gate off. Default 1.0 (with --tau-slm 0.01): the zoo's measured high-accuracy "
@@ -68,7 +85,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--fallback", choices=["ar", "draft"], default="ar",
                    help="decoder after the verified prefix: greedy ar, or draft-model speculation (default ar)")
     m = p.add_argument_group("medusa (heads on the target's hidden state)")
-    m.add_argument("--medusa", help="Medusa heads directory; default: the bundled zoo heads (for the zoo target)")
+    m.add_argument("--medusa", help="Medusa heads directory; default: the heads bundled for the target, if any")
     m.add_argument("--acceptance", choices=["greedy", "typical"], default="greedy",
                    help="greedy: output identical to ar; typical: Medusa's typical acceptance (lossy, faster)")
     m.add_argument("--typical-epsilon", type=float, default=0.09,
@@ -115,7 +132,9 @@ def decode_options(args):
     return DecodeOptions(args.method, args.max_tokens_per_second,
                          speculation_options(args) if args.method == "draft" else None,
                          ssd if args.method == "ssd" else None, medusa if args.method == "medusa" else None,
-                         vad=not args.no_vad, segments=args.segments)
+                         vad=not args.no_vad, segments=args.segments, language=args.language, task=args.task,
+                         no_speech_threshold=args.no_speech_threshold,
+                         compression_ratio_threshold=args.compression_ratio_threshold)
 
 
 def build_transcriber(args):
@@ -153,7 +172,7 @@ def print_summary(summary, output: str) -> None:
 def user_errors() -> tuple:
     """Exceptions that are the user's input, not a bug: reported in one line with exit status 2."""
     from .manifest import ManifestError
-    from .models.whisper import ModelLoadError
+    from .models.errors import ModelLoadError
     from .results import OutputLockedError
     from .tts.codec import CodecError
 

@@ -24,7 +24,6 @@ import functools
 import os
 import time
 from dataclasses import dataclass, field
-from importlib import resources
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
@@ -32,88 +31,17 @@ import torch
 
 from .audio import AudioError, AudioLimits, load_audio
 from .batching import BatchBudget, plan_batches
-from .decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, DecodeStats, Hypothesis, token_cap
-from .decoding.medusa_proposer import MedusaOptions
+from .decoding.common import DecodeStats, Hypothesis, compression_ratio, token_cap
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
-from .decoding.ssd import CTCDrafts, SSDOptions, ctc_drafts
+from .decoding.ssd import ctc_drafts
 from .manifest import Utterance
-from .methods import METHODS
+from .methods import METHODS, DecodeOptions, Encoded, ProposerFactory
 from .models.ctc import CTCHead
+from .models.registry import DEFAULT_TARGET, default_drafter
 from .models.whisper import EncoderOutput, WhisperASR
 from .results import ResultRow, ResultWriter
 from .spec.loop import Proposer
 from .vad import SegmentOptions, has_speech, segments
-
-def zoo_path(name: str) -> str:
-    """Directory of a bundled zoo model ("target", "draft" or "ctc")."""
-    return str(resources.files("rayspec").joinpath("zoo", name))
-
-
-@dataclass
-class DecodeOptions:
-    """What decoder to run and how (see ``rayspec transcribe --help``).
-
-    Attributes:
-        method: a :data:`~rayspec.methods.METHODS` name: "ar" (target greedy), "draft" (draft-model speculative
-            decoding, exact) or "ssd" (CTC gating, verification and fallback; exact only with ``ssd.exact`` and the
-            gate off).
-        max_tokens_per_second: cap on generated tokens per second of audio (against runaway repetition).
-        speculation: options of the draft method (:class:`~rayspec.decoding.speculative.SpeculationOptions`).
-        ssd: options of the ssd method (:class:`~rayspec.decoding.ssd.SSDOptions`).
-        medusa: options of the medusa method (:class:`~rayspec.decoding.medusa_proposer.MedusaOptions`).
-        vad: skip recordings without speech (empty text, route "no_speech"); long recordings are cut in pauses
-            either way.
-        segments: fill each row's ``segments`` column (start, end, text of every decoded segment).
-    """
-
-    method: str = "ar"
-    max_tokens_per_second: float = DEFAULT_MAX_TOKENS_PER_SECOND
-    speculation: Optional[SpeculationOptions] = None
-    ssd: Optional[SSDOptions] = None
-    medusa: Optional[MedusaOptions] = None
-    vad: bool = True
-    segments: bool = False
-
-    def __post_init__(self):
-        if self.method not in METHODS:
-            raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(sorted(METHODS))}")
-        if self.method == "ssd" and self.ssd is None:
-            self.ssd = SSDOptions()
-        if self.method == "draft" and self.speculation is None:
-            self.speculation = SpeculationOptions()
-        if self.method == "medusa" and self.medusa is None:
-            self.medusa = MedusaOptions()
-
-    @property
-    def mode(self) -> str:
-        """"exact" when the output is provably the target's greedy output, else "lossy"."""
-        return "exact" if METHODS[self.method].exact(self) else "lossy"
-
-
-@dataclass
-class Encoded:
-    """What the drafting side computes for a batch of ``B`` waveforms, and the target side decodes from.
-
-    Attributes:
-        target: the target's encoder output (``states`` ``[B, S, D]`` in the model dtype, ``lengths`` int64 ``[B]``).
-        caps: ``B`` caps on generated tokens (from the audio durations).
-        ctc: the CTC drafts (method "ssd"), else None.
-        draft: the encoder output the draft model reads (method "draft", or "ssd" with the draft fallback): its own,
-            or ``target`` itself for a decoder-only draft; else None.
-    """
-
-    target: EncoderOutput
-    caps: list[int]
-    ctc: Optional[CTCDrafts] = None
-    draft: Optional[EncoderOutput] = None
-
-    def to(self, device, dtype: Optional[torch.dtype] = None) -> "Encoded":
-        """The same batch with its tensors on ``device`` (CPU before crossing Ray's object store) and the target's
-        encoder states cast to ``dtype`` if given."""
-        target = self.target.to(device, dtype)
-        draft = target if self.draft is self.target else self.draft.to(device) if self.draft else None
-        return Encoded(target, self.caps, self.ctc, draft)
-
 
 def needs_draft(options: DecodeOptions) -> bool:
     """Whether ``options`` use a draft model (method "draft", or "ssd" with the draft fallback)."""
@@ -131,6 +59,7 @@ def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
     """
     feats, lengths = target.features(audios)
     enc = target.encode(feats, lengths)
+    enc.prompts = row_prompts(target, options, enc)
     limit = target.max_target_positions - len(target.prompt_ids) - 1
     out = Encoded(enc, [token_cap(d, options.max_tokens_per_second, limit) for d in durations])
     if METHODS[options.method].needs_ctc:
@@ -140,8 +69,18 @@ def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
     return out
 
 
-ProposerFactory = Callable[[list[int], list[int]], Proposer]
-"""``(rows, caps) -> proposer`` over those rows (indices into the batch, in that order) with those token caps."""
+def row_prompts(target: WhisperASR, options: DecodeOptions, enc: EncoderOutput) -> list[list[int]]:
+    """The decoder prompt of each encoded row: the language detected per row with ``language="auto"`` (one decoder
+    pass), else ``options.language`` for every row (English-only models take "en" or "auto" and need no pass).
+
+    Raises:
+        ModelLoadError: a language or task the model does not have.
+    """
+    b = enc.states.shape[0]
+    if options.language == "auto" and target.multilingual:
+        return target.detect_language(enc, options.task)[1]
+    language = None if options.language == "auto" else options.language
+    return [target.prompt_for(language, options.task)] * b
 
 
 def local_proposers(draft: WhisperASR, encoded: Encoded, options: SpeculationOptions) -> ProposerFactory:
@@ -243,7 +182,8 @@ class EncodedBatch:
 
 def merge_hypotheses(hyps: list[Hypothesis], separator: list[int]) -> Hypothesis:
     """One hypothesis from the consecutive segments of an utterance: tokens joined by ``separator`` (e.g. the space
-    token), counters added (the largest CTC entropy), finished only if every segment ended with EOS."""
+    token), counters added (the largest CTC entropy and no-speech probability), finished only if every segment ended
+    with EOS."""
     if len(hyps) == 1:
         return hyps[0]
     tokens: list[int] = []
@@ -263,6 +203,8 @@ def merge_hypotheses(hyps: list[Hypothesis], separator: list[int]) -> Hypothesis
             stats.accepted_prefix = (stats.accepted_prefix or 0) + s.accepted_prefix
         if s.ctc_entropy is not None:
             stats.ctc_entropy = max(stats.ctc_entropy or 0.0, s.ctc_entropy)
+        if s.no_speech_prob is not None:
+            stats.no_speech_prob = max(stats.no_speech_prob or 0.0, s.no_speech_prob)
     routes = {h.route for h in hyps}
     return Hypothesis(tokens, all(h.finished for h in hyps), routes.pop() if len(routes) == 1 else "mixed", stats)
 
@@ -290,12 +232,13 @@ class Drafter:
                  options: DecodeOptions = DecodeOptions(), ctc: Optional[str] = None, device: str = "cpu",
                  dtype: torch.dtype = torch.float32, limits: Optional[AudioLimits] = None) -> None:
         self.options = options
-        self.target = WhisperASR.from_pretrained(target or zoo_path("target"), device, dtype)
+        self.target = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, dtype)
+        self.target.prompt_for(None if options.language == "auto" else options.language, options.task)  # checked
         self.draft = self.ctc = None
         if METHODS[options.method].needs_ctc:
-            self.ctc = CTCHead.from_pretrained(ctc or zoo_path("ctc"), device).to(dtype)
+            self.ctc = CTCHead.from_pretrained(ctc or default_drafter(self.target.name, "ctc"), device).to(dtype)
         if needs_draft(options):
-            self.draft = WhisperASR.from_pretrained(draft or zoo_path("draft"), device, dtype)
+            self.draft = WhisperASR.from_pretrained(draft or default_drafter(self.target.name, "draft"), device, dtype)
             check_compatible(self.target, self.draft)
         self.limits = limits or AudioLimits()
 
@@ -382,14 +325,31 @@ class TargetDecoder:
         for r, i in enumerate(batch.owners):
             owned.setdefault(i, []).append(r)
         total = sum(batch.durations[i] for i in owned) or 1.0
+        prompts = batch.encoded.target.prompts if batch.encoded is not None else None
         for i, rs in owned.items():
             d = batch.durations[i]
+            spoken = [r for r in rs if not self._no_speech(hyps[r])]
             h = merge_hypotheses([hyps[r] for r in rs], self._separator)
+            if not spoken:  # every segment is silence by the target's own judgement (its passes still count)
+                h = Hypothesis([], True, "no_speech", h.stats)
+            elif len(spoken) < len(rs):
+                h = merge_hypotheses([hyps[r] for r in spoken], self._separator)
             rows[i] = self._row(batch.utterances[i], h, seconds * d / total, batch.draft_model, duration=d)
+            if prompts is not None:
+                rows[i].language = self._language(prompts[rs[0]])
             if self.options.segments:
                 rows[i].segments = [{"start_s": batch.spans[r][0], "end_s": batch.spans[r][1],
-                                     "text": self.target.decode_text(hyps[r].tokens)} for r in rs]
+                                     "text": self.target.decode_text(hyps[r].tokens)} for r in spoken]
         return rows
+
+    def _no_speech(self, h: Hypothesis) -> bool:
+        threshold = self.options.no_speech_threshold
+        return threshold is not None and h.stats.no_speech_prob is not None and h.stats.no_speech_prob > threshold
+
+    def _language(self, prompt: list[int]) -> Optional[str]:
+        """The language code named in a decoder prompt (None for English-only models)."""
+        codes = {i: c for c, i in self.target.languages.items()}
+        return next((codes[t] for t in prompt if t in codes), None)
 
     @functools.cached_property
     def _separator(self) -> list[int]:
@@ -412,6 +372,9 @@ class TargetDecoder:
             row.target_forward_passes, row.draft_forward_passes = s.target_forward_passes, s.draft_forward_passes
             row.draft_tokens_proposed, row.draft_tokens_accepted = s.draft_tokens_proposed, s.draft_tokens_accepted
             row.rounds, row.accepted_prefix, row.ctc_entropy = s.rounds, s.accepted_prefix, s.ctc_entropy
+            row.no_speech_prob = s.no_speech_prob
+            row.compression_ratio = compression_ratio(row.text)
+            row.repetitive = row.compression_ratio > self.options.compression_ratio_threshold
         return row
 
 

@@ -41,6 +41,10 @@ SCHEMA = pa.schema(
         pa.field("rounds", pa.int32()),
         pa.field("accepted_prefix", pa.int32()),
         pa.field("ctc_entropy", pa.float64()),
+        pa.field("language", pa.string()),
+        pa.field("no_speech_prob", pa.float64()),
+        pa.field("compression_ratio", pa.float64()),
+        pa.field("repetitive", pa.bool_()),
         pa.field("decode_s", pa.float64()),
         pa.field("model", pa.string()),
         pa.field("draft_model", pa.string()),
@@ -64,7 +68,12 @@ class ResultRow:
     :class:`~rayspec.audio.AudioError` code, or "internal") set when the utterance failed; ``decode_s`` is the
     utterance's share of its batch's wall time (seconds), split by audio duration. ``mode`` is "exact" (identical to
     the target's greedy output) or "lossy". ``segments`` (with ``--segments``) lists ``{start_s, end_s, text}`` of
-    every decoded segment (one for audio within the model's window).
+    every decoded segment (one for audio within the model's window). ``language`` is the decoder prompt's language
+    (detected per utterance with ``--language auto``; None for English-only models), ``no_speech_prob`` the target's
+    ``<|nospeech|>`` probability in its first pass (the largest over an utterance's segments; above
+    ``--no-speech-threshold`` a segment is dropped, route "no_speech"), ``compression_ratio`` the text's zlib ratio
+    and ``repetitive`` whether it exceeds ``--compression-ratio-threshold`` (a likely hallucination: flagged, the
+    text is kept as decoded).
     """
 
     id: str
@@ -83,6 +92,10 @@ class ResultRow:
     rounds: int = 0
     accepted_prefix: Optional[int] = None
     ctc_entropy: Optional[float] = None
+    language: Optional[str] = None
+    no_speech_prob: Optional[float] = None
+    compression_ratio: Optional[float] = None
+    repetitive: bool = False
     decode_s: float = 0.0
     model: str = ""
     draft_model: str = ""

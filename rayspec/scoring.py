@@ -1,5 +1,5 @@
-"""Score a results file: WER/CER per corpus after Whisper's normalizer, RTFx and NFE (open_asr_leaderboard style:
-RTFx = total audio seconds / total decode seconds; normalization at scoring time)."""
+"""Score a results file: WER/CER and space-free CER per corpus after Whisper's normalizer, RTFx and NFE
+(open_asr_leaderboard style: RTFx = total audio seconds / total decode seconds; normalization at scoring time)."""
 
 from __future__ import annotations
 
@@ -18,15 +18,16 @@ def _score(rows: list[dict], normalized: bool) -> dict:
     nfe = sum(r["target_forward_passes"] or 0 for r in ok)
     tokens = sum(r["num_tokens"] or 0 for r in ok)
     return {
-        "wer": rates.wer, "cer": rates.cer, "n": len(rows), "scored": rates.n, "words": rates.words,
-        "errors": len(rows) - len(ok), "audio_s": round(audio, 3), "decode_s": round(decode, 3),
+        "wer": rates.wer, "cer": rates.cer, "cer_nospace": rates.cer_nospace, "n": len(rows), "scored": rates.n,
+        "words": rates.words, "errors": len(rows) - len(ok), "audio_s": round(audio, 3), "decode_s": round(decode, 3),
         "rtfx": audio / decode if decode else None, "nfe_per_utt": nfe / len(ok) if ok else None,
         "tokens_per_nfe": tokens / nfe if nfe else None,
     }
 
 
 def score_results(path: str, normalized: bool = True) -> dict:
-    """Scores of a results file: ``{"all": {...}, "corpora": {name: {...}}}``; each entry has wer, cer (fractions),
+    """Scores of a results file: ``{"all": {...}, "corpora": {name: {...}}}``; each entry has wer, cer, cer_nospace
+    (fractions; cer_nospace: CER with spaces and hyphens removed, see :class:`~rayspec.metrics.ErrorRates`),
     n (rows), scored, words, errors (failed rows), audio_s, decode_s, rtfx, nfe_per_utt, tokens_per_nfe.
     ``normalized``: texts through Whisper's normalizer, else only case and white space folded
     (:func:`~rayspec.metrics.error_rates`).
@@ -51,13 +52,14 @@ def _num(x, fmt="{:.1f}") -> str:
 
 
 def format_table(scores: dict) -> str:
-    """A Markdown table: one line per corpus and one for all."""
-    head = "| corpus | n | errors | WER % | CER % | audio s | RTFx | NFE/utt | tokens/NFE |"
-    lines = [head, "|" + "---|" * 9]
+    """A Markdown table: one line per corpus and one for all (error rates in percent)."""
+    head = "| corpus | n | errors | WER % | CER % | CER (no spaces) % | audio s | RTFx | NFE/utt | tokens/NFE |"
+    lines = [head, "|" + "---|" * 10]
     items = list(scores["corpora"].items()) + [("all", scores["all"])]
     for name, s in items:
         lines.append(
-            f"| {name} | {s['n']} | {s['errors']} | {_pct(s['wer'])} | {_pct(s['cer'])} | {s['audio_s']:.1f} | "
-            f"{_num(s['rtfx'])} | {_num(s['nfe_per_utt'])} | {_num(s['tokens_per_nfe'], '{:.2f}')} |"
+            f"| {name} | {s['n']} | {s['errors']} | {_pct(s['wer'])} | {_pct(s['cer'])} | {_pct(s['cer_nospace'])} | "
+            f"{s['audio_s']:.1f} | {_num(s['rtfx'])} | {_num(s['nfe_per_utt'])} | "
+            f"{_num(s['tokens_per_nfe'], '{:.2f}')} |"
         )
     return "\n".join(lines)

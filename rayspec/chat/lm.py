@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..models.whisper import ModelLoadError
+from ..models.errors import ModelLoadError
 
 SENTENCE_END = (".", "!", "?")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import zlib
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -22,6 +23,8 @@ class DecodeStats:
         rounds: draft-then-verify rounds.
         accepted_prefix: for CTC-verified decoding, the length of the verified prefix (tokens), else None.
         ctc_entropy: for CTC-gated decoding, the largest per-frame CTC entropy (nats; the gate's statistic).
+        no_speech_prob: the target's probability of ``<|nospeech|>`` at ``<|startoftranscript|>`` in its first pass
+            (openai/whisper's ``no_speech_prob``), None without a target pass or such a token.
     """
 
     target_forward_passes: int = 0
@@ -31,6 +34,7 @@ class DecodeStats:
     rounds: int = 0
     accepted_prefix: Optional[int] = None
     ctc_entropy: Optional[float] = None
+    no_speech_prob: Optional[float] = None
 
     @property
     def acceptance_rate(self) -> float:
@@ -65,3 +69,11 @@ def token_cap(duration_s: float, max_tokens_per_second: float, limit: int) -> in
     Returns ``min(limit, max(MIN_TOKEN_CAP, ceil(duration_s * max_tokens_per_second)))``, EOS not counted.
     """
     return int(min(limit, max(MIN_TOKEN_CAP, math.ceil(duration_s * max_tokens_per_second))))
+
+
+def compression_ratio(text: str) -> float:
+    """UTF-8 bytes of ``text`` over its zlib-compressed bytes: openai/whisper's repetition statistic (its
+    ``compression_ratio_threshold`` of 2.4 marks text that repeats itself, the usual form of a hallucination).
+    0.0 for empty text."""
+    raw = text.encode("utf-8")
+    return len(raw) / len(zlib.compress(raw)) if raw else 0.0

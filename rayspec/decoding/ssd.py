@@ -151,10 +151,13 @@ class SSDDecoder:
         seqs = [hyps_ctc[i][: caps[i]] for i in todo]
         # One target pass scores each hypothesis + EOS as a chain after the prompt (eq. 4); eq. 5-6 pick the
         # verified prefix, and the target's argmax after it is known from the same pass (eq. 7).
-        trees = TokenTrees.build([t.prompt_ids] * len(todo), [DraftTree.chain(s + [eos]) for s in seqs])
+        trees = TokenTrees.build(sub.row_prompts(t.prompt_ids), [DraftTree.chain(s + [eos]) for s in seqs])
         cache = t.new_cache(sub, int(trees.sizes.max()) + 1)
         dev = trees.to_device(eos, np.full(len(todo), p - 1), cache.device)
-        logits = t.suppress(t.decode(cache, dev.tokens, dev.ancestors, dev.depths), first=dev.host["first"])
+        raw = t.decode(cache, dev.tokens, dev.ancestors, dev.depths)
+        no_speech = t.no_speech_probability(raw[:, 0])  # node 0 is <|startoftranscript|>
+        no_speech = [None] * len(todo) if no_speech is None else no_speech.tolist()
+        logits = t.suppress(raw, first=dev.host["first"])
         rule = AcceptanceRule("threshold", tau=self.opt.tau_slm, exact=self.opt.exact)
         result = accept_tree(dev.host, score_tree(logits, dev, rule))
         keep_len = []
@@ -164,6 +167,7 @@ class SSDDecoder:
                 h = Hypothesis(list(s), True, "verified")
                 h.stats.target_forward_passes = 1
                 h.stats.accepted_prefix = len(s)
+                h.stats.no_speech_prob = no_speech[k]
                 out[i] = h
                 keep_len.append(None)
                 continue
@@ -173,6 +177,7 @@ class SSDDecoder:
                 h = Hypothesis(prefix[: caps[i]], nxt == eos, "fallback")
                 h.stats.target_forward_passes = 1
                 h.stats.accepted_prefix = j
+                h.stats.no_speech_prob = no_speech[k]
                 out[i] = h
                 keep_len.append(None)
                 continue
@@ -181,6 +186,7 @@ class SSDDecoder:
             start.stats.target_forward_passes = 1  # the verification pass
             start.stats.accepted_prefix = j
             start.stats.ctc_entropy = entropy[i]
+            start.stats.no_speech_prob = no_speech[k]
             parked.append(_Parked(i, int(enc.lengths[i]), start, None, caps[i]))
         for i in todo:
             if out[i] is not None:

@@ -1,6 +1,7 @@
 """Model adapters (Ray-free): :class:`WhisperASR` over transformers' Whisper family and its ragged KV cache."""
 
 from .cache import DecoderCache
-from .whisper import EncoderOutput, ModelLoadError, WhisperASR
+from .errors import ModelLoadError
+from .whisper import EncoderOutput, WhisperASR
 
 __all__ = ["DecoderCache", "EncoderOutput", "ModelLoadError", "WhisperASR"]

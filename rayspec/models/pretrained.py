@@ -8,7 +8,7 @@ import os
 
 import torch
 
-from .whisper import ModelLoadError
+from .errors import ModelLoadError
 
 
 class Pretrained:

