@@ -285,8 +285,12 @@ class TranscriptionService:
             return PlainTextResponse(row.text)
         if response_format == "json":
             return {"text": row.text}
-        return {"task": "transcribe", "language": "english", "model": self.transcriber.target.name,
-                "method": self.transcriber.options.method, "text": row.text, "duration": row.duration_s,
+        from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+        return {"task": self.transcriber.options.task, "language": LANGUAGES.get(row.language or "en", row.language),
+                "model": self.transcriber.target.name, "method": self.transcriber.options.method, "text": row.text,
+                "duration": row.duration_s, "no_speech_prob": row.no_speech_prob,
+                "compression_ratio": row.compression_ratio, "repetitive": row.repetitive,
                 "route": row.route, "finished": row.finished, "target_forward_passes": row.target_forward_passes,
                 "draft_forward_passes": row.draft_forward_passes, "draft_tokens_proposed": row.draft_tokens_proposed,
                 "draft_tokens_accepted": row.draft_tokens_accepted, "decode_s": row.decode_s,

@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
                "share it with fractions (--drafter-gpus 0.3 --target-gpus 0.7); on CPU leave both at 0.",
     )
     p.add_argument("input", nargs="?", default=None,
-                   help="manifest or folder of audio (default: the bundled AN4 sample clips)")
+                   help="manifest or folder of audio (default: the bundled AN4 and LJSpeech sample clips)")
     p.add_argument("-o", "--output", default="results/samples.parquet", help="results .parquet file")
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else an embedded local Ray)")
     p.add_argument("--drafters", type=int, default=1, help="drafter actors (audio, encoder, drafter); default 1")
@@ -77,7 +77,7 @@ def transcribe(args, on_batch=None) -> RunSummary:
     if min(args.drafters, args.targets, args.in_flight) < 1:
         raise SystemExit("--drafters, --targets and --in-flight must be >= 1")
     resolve_paths(args)
-    source = args.input or str(resources.files("rayspec").joinpath("samples", "an4", "manifest.jsonl"))
+    source = args.input or str(resources.files("rayspec").joinpath("samples", "manifest.jsonl"))
     utts = read_manifest(source)
     writer = ResultWriter(args.output)
     try:

@@ -391,19 +391,24 @@ def cmd_bench(args) -> int:
         from .bench_peers import cmd_bench_peers
 
         return cmd_bench_peers(args)
+    if args.suite == "whisper":
+        from .bench_whisper import cmd_bench_whisper
+
+        return cmd_bench_whisper(args)
     if not args.manifests:
         raise ValueError(f"--suite {args.suite} needs at least one manifest")
     from .audio import load_audio
     from .manifest import read_manifest
     from .models.ctc import CTCHead
     from .models.whisper import WhisperASR
-    from .pipeline import zoo_path
+    from .models.registry import default_drafter
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = WhisperASR.from_pretrained(args.target or zoo_path("target"), args.device)
-    draft = WhisperASR.from_pretrained(args.draft or zoo_path("draft"), args.device)
-    ctc = CTCHead.from_pretrained(args.ctc or zoo_path("ctc"), args.device) if args.suite == "ssd" else None
+    target = WhisperASR.from_pretrained(args.target, args.device)
+    draft = WhisperASR.from_pretrained(args.draft or default_drafter(target.name, "draft"), args.device)
+    ctc = (CTCHead.from_pretrained(args.ctc or default_drafter(target.name, "ctc"), args.device)
+           if args.suite == "ssd" else None)
     utts = [u for m in args.manifests for u in read_manifest(m)]
     if args.limit:
         utts = utts[: args.limit]
@@ -415,7 +420,7 @@ def cmd_bench(args) -> int:
                         replace(o, speculation=replace(o.speculation, max_draft=args.max_draft))) for n, o in configs]
     elif args.suite == "medusa":
         configs = medusa_ablation(args.medusa)
-        plot_head_accuracy(target, args.medusa or zoo_path("medusa"), utts, args.output)
+        plot_head_accuracy(target, args.medusa or default_drafter(target.name, "medusa"), utts, args.output)
     else:
         configs = ssd_grid(tuple(args.tau_ctc), tuple(args.tau_slm))
     rows = run_bench((target, draft, ctc), audios, [u.text for u in utts], configs, tuple(args.batch_sizes),
@@ -453,11 +458,14 @@ def add_bench_parser(sub) -> None:
                     "characters per minute, and spoken prompts from the first manifest transcribed as they stream "
                     "in; TTFS, LLM passes to first sentence, audio latency CDF, wasted work), peers (rayspec's "
                     "engine against vLLM and transformers on the published Whisper architectures, same audio, "
-                    "same threads, same tokens per utterance; needs scripts/setup-vllm.sh for the vLLM rows).",
+                    "same threads, same tokens per utterance; needs scripts/setup-vllm.sh for the vLLM rows), "
+                    "whisper (real Whisper on rayspec's engine: WER, space-free CER, RTFx, and token identity "
+                    "against transformers' generate and CTranslate2 on the same features).",
     )
     p.add_argument("manifests", nargs="*", help="manifests (with references for WER) or folders of audio; "
                                                 "voicechat: optional, recordings whose speech serves as prompts")
-    p.add_argument("--suite", choices=["spec", "ssd", "medusa", "tts", "voicechat", "peers"], default="spec")
+    p.add_argument("--suite", choices=["spec", "ssd", "medusa", "tts", "voicechat", "peers", "whisper"],
+                   default="spec")
     p.add_argument("-o", "--output", default="bench", help="output folder (default: bench)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
     p.add_argument("--limit", type=int, default=0, help="use only the first N utterances (peers: default 64)")
@@ -468,8 +476,16 @@ def add_bench_parser(sub) -> None:
                         "configurations, the fastest reported (default 1)")
     p.add_argument("--tau-ctc", type=float, nargs="+", default=[0.3, 0.7, 1.5, 3.0], help="ssd: gate thresholds")
     p.add_argument("--tau-slm", type=float, nargs="+", default=[0.01, 0.1, 0.2], help="ssd: verification thresholds")
-    p.add_argument("--ctc", help="ssd: CTC head directory; default: the bundled zoo CTC head")
-    p.add_argument("--medusa", help="medusa: heads directory; default: the bundled zoo heads")
+    p.add_argument("--ctc", help="ssd: CTC head directory; default: the one bundled for the target, if any")
+    p.add_argument("--medusa", help="medusa: heads directory; default: the ones bundled for the target, if any")
+    r = p.add_argument_group("whisper suite (manifests with references)")
+    r.add_argument("--whisper-targets", default="whisper-base,whisper-tiny.en",
+                   help="targets, comma-separated (default whisper-base,whisper-tiny.en)")
+    r.add_argument("--limits", type=int, nargs="*", default=[],
+                   help="first N utterances of each manifest (one value for all, or one per manifest; 0 = all)")
+    r.add_argument("--identity-limits", type=int, nargs="*", default=[130],
+                   help="first N utterances of each manifest decoded also by transformers and CTranslate2 (one "
+                        "value for all, or one per manifest; default 130)")
     t = p.add_argument_group("tts suite (manifests: LJSpeech-style rows with text and audio)")
     t.add_argument("--tts-target", help="TTS target directory (default: the bundled zoo tts-target)")
     t.add_argument("--tts-draft", help="TTS draft directory (default: the bundled zoo tts-draft)")
@@ -482,7 +498,7 @@ def add_bench_parser(sub) -> None:
     t.add_argument("--temperature", type=float, default=0.8)
     t.add_argument("--lookahead", type=int, default=3)
     t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--no-asr", action="store_true", help="skip the zoo-ASR WER column")
+    t.add_argument("--no-asr", action="store_true", help="skip the rayspec-ASR (--target) WER column")
     v = p.add_argument_group("voicechat suite")
     v.add_argument("--voices", default="espeak,rayspec", help="TTS backends, comma-separated (default both)")
     v.add_argument("--audio-limit", type=int, default=20, help="spoken prompts: first N recordings (default 20)")

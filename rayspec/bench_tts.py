@@ -2,7 +2,7 @@
 
 Every configuration synthesises the same sentences in one run, at each batch size, with the same threads:
 target-only sampling, ``sd`` (exact), ``ssd`` over a beta sweep and ``pcg`` over a theta sweep (the PCG paper's
-Figure 3). Per row: intelligibility (WER/CER by pocketsphinx, an independent recogniser; WER by rayspec's zoo ASR),
+Figure 3). Per row: intelligibility (WER/CER by pocketsphinx, an independent recogniser; WER by rayspec's ASR target, Whisper base by default),
 MCD against the real recordings, acceptance rate, tokens per target pass, target passes per second of audio, RTFx
 and the wall-clock speed-up over target-only at each batch size. Floors: the real recordings and their Lyra
 16-codebook resynthesis, judged the same way. A second table estimates acceptance offline from teacher-forced
@@ -139,7 +139,7 @@ def _fmt(x, spec="{:.1f}"):
 def write_tts_outputs(rows, offline, out_dir: str, title: str, batch_sizes) -> str:
     """``bench-tts.md`` / ``.csv`` / ``.png`` (speed-up vs WER) in ``out_dir``; returns the Markdown."""
     os.makedirs(out_dir, exist_ok=True)
-    header = (["config", "WER % (pocketsphinx)", "CER %", "WER % (zoo ASR)", "MCD dB", "acceptance %",
+    header = (["config", "WER % (pocketsphinx)", "CER %", "WER % (rayspec ASR)", "MCD dB", "acceptance %",
                "tokens / target pass", "target passes / audio s"]
               + [f"RTFx bs{b}" for b in batch_sizes] + [f"speed-up bs{b}" for b in batch_sizes])
     body = []

@@ -154,7 +154,7 @@ def cmd_bench_voicechat(args) -> int:
             streams.append(audio_partials(asr, load_audio(u.audio, asr.sample_rate), asr.sample_rate, args.chunk_s))
         inputs["audio"] = [s for s in streams if s[-1][1]]
         notes.append(f"- audio input: {len(inputs['audio'])} recordings of {args.manifests[0]} (first "
-                     f"{args.audio_limit}), partial transcripts every {args.chunk_s:g} s by rayspec's zoo ASR "
+                     f"{args.audio_limit}), partial transcripts every {args.chunk_s:g} s by rayspec's ASR target "
                      f"(greedy AR); the LLM answers the ASR's text.")
     voices = {name: load_voice(name) for name in args.voices.split(",")}
     opts = methods(args.top_k, options_from_args(args))

@@ -30,7 +30,7 @@ EPILOG = textwrap.dedent(
       rayspec score an4.parquet                                                 # WER/CER per corpus
       rayspec synthesize texts.txt -o tts-out --method pcg                      # speculative TTS
       rayspec chat --text "Once upon a time, there was a little dog named Max."  # voice chat (PredGen)
-      rayspec train target --help                                               # the zoo's recipes
+      rayspec train medusa --help                                               # drafters for a target
       rayspec bench --help                                                      # speculative decoding benchmark
     """
 )
@@ -269,7 +269,7 @@ def _serve_parser(sub) -> None:
 
 def _train_parser(sub) -> None:
     p = sub.add_parser(
-        "train", help="train a zoo model (target, draft, ctc) on real speech",
+        "train", help="train drafters for a target (medusa, draft-decoder), small from-scratch models, TTS models",
         description="Train a Whisper-architecture model with rayspec's recipe: joint CTC-attention loss, "
                     "SpecAugment, speed perturbation 0.9/1.0/1.1, AdamW + warmup/cosine, averaging of the last "
                     "checkpoints. Resumes from --work-dir after an interruption; logs loss and dev WER per epoch "
@@ -291,9 +291,9 @@ def _train_parser(sub) -> None:
             TTS kinds use --epochs, --batch-frames (20 ms codec frames, e.g. 6000), --lr (1e-3), --dropout (0.1)
             and cache Lyra codes + forced alignments in --work-dir.
 
-            example (the zoo target):
-              rayspec train target ../shared/data/an4/train.jsonl ../shared/data/ljspeech/clips.jsonl \\
-                  -o rayspec/zoo/target --ctc-output rayspec/zoo/ctc --work-dir runs/zoo/target --epochs 60
+            example (Medusa heads for the frozen whisper-base):
+              rayspec train medusa ../shared/data/an4/train.jsonl --target whisper-base \\
+                  -o runs/medusa-base --work-dir runs/medusa-base-work
             """),
     )
     p.add_argument("kind", choices=["target", "draft", "draft-decoder", "ctc", "medusa", "tts-target", "tts-draft"])
@@ -389,6 +389,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # "Loading weights" bars on every model load; rayspec shows its own progress
     args = build_parser().parse_args(argv)
     return run_command(args.func, args)
 

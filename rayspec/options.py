@@ -75,8 +75,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     c.add_argument("--ctc", help="CTC head directory; default: the CTC head bundled for the target, if any")
     c.add_argument("--tau-ctc", type=float, default=1.0,
                    help="accept the CTC hypothesis with no target pass if every frame's entropy (nats) is below "
-                        "this; 0 = gate off. Default 1.0 (with --tau-slm 0.01): the zoo's measured high-accuracy "
-                        "point (AN4 test WER 22.9%% vs AR 31.2%%; see README, bench-ssd)")
+                        "this; 0 = gate off (default 1.0, with --tau-slm 0.01; calibrate per CTC head on dev data)")
     c.add_argument("--tau-slm", type=float, default=0.01,
                    help="verification accepts a token whose target probability exceeds this (default 0.01)")
     c.add_argument("--exact", action=argparse.BooleanOptionalAction, default=False,

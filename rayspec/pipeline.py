@@ -216,9 +216,11 @@ class Drafter:
     ``actors.drafter.DrafterActor`` and its :class:`EncodedBatch` travels through the object store.
 
     Args:
-        target: target model directory (default: the zoo target); its encoder runs here.
-        draft: draft model directory for ``method="draft"`` and the ssd draft fallback (default: the zoo draft).
-        ctc: CTC head directory for ``method="ssd"`` (default: the zoo CTC head).
+        target: target model name or directory (default ``whisper-base``; see
+            :func:`~rayspec.models.registry.resolve_model`); its encoder runs here.
+        draft: draft model directory for ``method="draft"`` and the ssd draft fallback (default: the draft bundled
+            for the target, :func:`~rayspec.models.registry.default_drafter`).
+        ctc: CTC head directory for ``method="ssd"`` / ``"ctc-draft"`` (default: the one bundled for the target).
         options: decoder choice and options; device: torch device; dtype: model dtype (fp32 is the exact reference).
         limits: audio byte/duration limits (default :class:`~rayspec.audio.AudioLimits`: 25 MB, 50 ms to 4 h; audio
             longer than the target's window is segmented).
@@ -237,6 +239,8 @@ class Drafter:
         self.draft = self.ctc = None
         if METHODS[options.method].needs_ctc:
             self.ctc = CTCHead.from_pretrained(ctc or default_drafter(self.target.name, "ctc"), device).to(dtype)
+        if options.method == "medusa" and not options.medusa.heads:  # fail here, not in every batch
+            default_drafter(self.target.name, "medusa")
         if needs_draft(options):
             self.draft = WhisperASR.from_pretrained(draft or default_drafter(self.target.name, "draft"), device, dtype)
             check_compatible(self.target, self.draft)

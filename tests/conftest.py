@@ -35,3 +35,28 @@ def samples_manifest():
     from importlib import resources
 
     return str(resources.files("rayspec").joinpath("samples", "an4", "manifest.jsonl"))
+
+
+@pytest.fixture(scope="session")
+def tiny_en_drafters(tmp_path_factory):
+    """Drafter directories for the installed whisper-tiny.en (skips where it is not installed): ``(draft, ctc)``, a
+    decoder-only draft of its first and last decoder layers (untrained, distil-whisper's initialisation) and a
+    random CTC head over its single-letter tokens. Exactness holds for any drafter."""
+    from rayspec.models.ctc import CTCHead
+    from rayspec.models.errors import ModelLoadError
+    from rayspec.models.whisper import WhisperASR
+    from rayspec.train.draft_decoder import new_draft_decoder
+
+    try:
+        target = WhisperASR.from_pretrained("whisper-tiny.en")
+    except ModelLoadError as e:
+        pytest.skip(str(e))
+    root = tmp_path_factory.mktemp("tiny_en_drafters")
+    draft = new_draft_decoder(target, layers=2, dropout=0.0)
+    for part in (draft.model, draft.generation_config, draft.tokenizer):
+        part.save_pretrained(root / "draft")
+    torch.manual_seed(0)
+    vocab = target.tokenizer.get_vocab()
+    letters = [vocab[c] for c in "abcdefghijklmnopqrstuvwxyz"] + [vocab["\u0120" + c] for c in "abcdefghijklmnopqrstuvwxyz"]
+    CTCHead(target.config.d_model, letters).save_pretrained(str(root / "ctc"))
+    return str(root / "draft"), str(root / "ctc")

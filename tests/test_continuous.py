@@ -242,9 +242,10 @@ def test_run_corpus_continuous_equals_static(tmp_path, samples_manifest, tiny_ta
 
 @pytest.mark.parametrize("method, ssd", [("ssd", dict(tau_ctc=1.0, tau_slm=0.01, exact=False)),
                                          ("ssd", dict(fallback="draft")), ("ctc-draft", {})])
-def test_run_corpus_ctc_methods_continuous_equal_static(tmp_path, samples_manifest, method, ssd, monkeypatch):
-    """The zoo's CTC methods over the bundled clips: SSD's corpus-wide fallback stream (CTC gate, verification,
-    fallback) and ctc-draft's stream write the same rows as batch-by-batch decoding."""
+def test_run_corpus_ctc_methods_continuous_equal_static(tmp_path, samples_manifest, method, ssd, monkeypatch,
+                                                        tiny_en_drafters):
+    """The CTC methods on real Whisper (tiny.en) over the bundled clips: SSD's corpus-wide fallback stream (CTC gate,
+    verification, fallback) and ctc-draft's stream write the same rows as batch-by-batch decoding."""
     from dataclasses import replace
 
     from rayspec.manifest import read_manifest
@@ -254,7 +255,8 @@ def test_run_corpus_ctc_methods_continuous_equal_static(tmp_path, samples_manife
     if ssd:
         options = replace(options, ssd=replace(options.ssd, **ssd))
     utts = read_manifest(samples_manifest)
-    transcriber = Transcriber(options=options)
+    draft, ctc = tiny_en_drafters
+    transcriber = Transcriber("whisper-tiny.en", draft, options=options, ctc=ctc)
     static = _run(tmp_path, "static", utts, transcriber, False)
     _static_path_fails(monkeypatch)
     stream = _run(tmp_path, "stream", utts, transcriber, True)

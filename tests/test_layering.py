@@ -15,3 +15,49 @@ def test_no_library_module_imports_ray():
             "loaded = sorted(m for m in sys.modules if m == 'ray' or m.startswith('ray.'))\n"
             "assert not loaded, loaded\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _imports(path, module, top_level_only):
+    """Modules of the rayspec package that ``module`` (its source at ``path``) imports."""
+    import ast
+
+    tree = ast.parse(open(path).read())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    if top_level_only:  # module level, including ``if TYPE_CHECKING:`` blocks
+        nodes = [n for top in nodes for n in (ast.walk(top) if isinstance(top, ast.If) else [top])]
+    package = module.rsplit(".", 1)[0] if not path.endswith("__init__.py") else module
+    out = set()
+    for n in nodes:
+        if isinstance(n, ast.ImportFrom):
+            base = n.module or ""
+            if n.level:
+                parts = package.split(".")[: len(package.split(".")) - n.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            if base.startswith("rayspec"):
+                out.add(base)
+                out.update(f"{base}.{a.name}" for a in n.names)
+        elif isinstance(n, ast.Import):
+            out.update(a.name for a in n.names if a.name.startswith("rayspec"))
+    return out
+
+
+def test_module_level_imports_form_no_cycle():
+    """Data flows one way through the library: no two modules import each other at module level (lazy imports
+    inside functions aside), and methods.py (the method registry) never imports pipeline.py at all."""
+    infos = [m for m in pkgutil.walk_packages(rayspec.__path__, "rayspec.") if ".zoo" not in m.name]
+    paths = {m.name: m.module_finder.find_spec(m.name).origin for m in infos}
+    graph = {name: _imports(path, name, True) & set(paths) for name, path in paths.items()}
+    seen, done = set(), set()
+
+    def visit(node, stack):
+        seen.add(node)
+        for nxt in graph[node]:
+            assert nxt not in stack, f"import cycle: {' -> '.join(stack[stack.index(nxt):] + [nxt])}"
+            if nxt not in done:
+                visit(nxt, stack + [nxt])
+        done.add(node)
+
+    for name in graph:
+        if name not in done:
+            visit(name, [name])
+    assert "rayspec.pipeline" not in _imports(paths["rayspec.methods"], "rayspec.methods", False)

@@ -33,7 +33,7 @@ class MedusaOptions:
     """Options of the medusa method.
 
     Attributes:
-        heads: Medusa heads directory (default: the zoo's, trained for the zoo target).
+        heads: Medusa heads directory (default: the heads bundled for the target, if any).
         acceptance: "greedy" (exact: output == the target's greedy output) or "typical" (Medusa's typical
             acceptance, lossy).
         epsilon, delta: typical acceptance keeps a token whose probability exceeds ``min(epsilon, delta * exp(-H))``.

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from ..models.cache import DecoderCache
+from ..models.errors import ModelPairingError
 from ..models.whisper import EncoderOutput, WhisperASR
 from ..spec.loop import DraftRequest, Feedback, Proposal
 from ..spec.tree import DraftTree
@@ -110,15 +111,23 @@ class _Sent:
 
 
 def check_compatible(target: WhisperASR, draft: WhisperASR) -> None:
-    """Raise ValueError unless draft and target share the tokenizer (prompt, EOS and vocabulary size) and a
-    decoder-only draft (``WhisperForCausalLM``) reads encoder states of the target's width."""
+    """Check that draft and target share the tokenizer (prompt ids, EOS and vocabulary size) and that a decoder-only
+    draft (``WhisperForCausalLM``) reads encoder states of the target's width.
+
+    Raises:
+        ModelPairingError: (a ``ValueError``) naming what differs, e.g. a tiny.en draft (English-only vocabulary)
+            for a multilingual base target.
+    """
+    pair = f"draft {draft.name or '?'} and target {target.name or '?'}"
     if draft.prompt_ids != target.prompt_ids or draft.eos_token_id != target.eos_token_id:
-        raise ValueError("draft and target must share the tokenizer: prompts or EOS differ")
+        raise ModelPairingError(f"{pair} must share the tokenizer: prompt ids {draft.prompt_ids} vs "
+                                f"{target.prompt_ids}, EOS {draft.eos_token_id} vs {target.eos_token_id}")
     if draft.vocab_size != target.vocab_size:
-        raise ValueError(f"vocabulary sizes differ: target {target.vocab_size}, draft {draft.vocab_size}")
+        raise ModelPairingError(f"{pair}: vocabulary sizes differ: target {target.vocab_size}, draft "
+                                f"{draft.vocab_size}")
     if not draft.has_encoder and draft.config.d_model != target.config.d_model:
-        raise ValueError(f"a decoder-only draft reads the target's encoder states: its width {draft.config.d_model} "
-                         f"differs from the target's {target.config.d_model}")
+        raise ModelPairingError(f"{pair}: a decoder-only draft reads the target's encoder states: its width "
+                                f"{draft.config.d_model} differs from the target's {target.config.d_model}")
 
 
 def rejoin(new: list[int], old: list[int]) -> Optional[int]:

@@ -23,6 +23,7 @@ import torch
 from .errors import ModelLoadError
 
 CT2_FILES = ("model.bin", "config.json")
+CONVERTER_VERSION = 1  # part of the conversion cache's key: bump when the written directory changes
 # model.bin dtype codes (CTranslate2's DataType enum)
 _DTYPES = {0: np.float32, 1: np.int8, 2: np.int16, 3: np.int32, 4: np.float16}
 _BFLOAT16 = 5
@@ -151,29 +152,26 @@ def state_dict_from_ct2(v: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Ten
     put(f"{enc}.embed_positions.weight", "encoder/position_encodings/encodings")
     norm(f"{enc}.layer_norm", "encoder/layer_norm")
     n_enc, n_dec = _layers(v, "encoder"), _layers(v, "decoder")
-    for i in range(n_enc):
-        src, dst = f"encoder/layer_{i}", f"{enc}.layers.{i}"
+    def self_attention_and_ffn(dst: str, src: str) -> None:  # what encoder and decoder layers share
         split(f"{dst}.self_attn", ["q_proj", "k_proj", "v_proj"], f"{src}/self_attention/linear_0")
         linear(f"{dst}.self_attn.out_proj", f"{src}/self_attention/linear_1")
         norm(f"{dst}.self_attn_layer_norm", f"{src}/self_attention/layer_norm")
         linear(f"{dst}.fc1", f"{src}/ffn/linear_0")
         linear(f"{dst}.fc2", f"{src}/ffn/linear_1")
         norm(f"{dst}.final_layer_norm", f"{src}/ffn/layer_norm")
+
+    for i in range(n_enc):
+        self_attention_and_ffn(f"{enc}.layers.{i}", f"encoder/layer_{i}")
     put(f"{dec}.embed_tokens.weight", "decoder/embeddings/weight")
     put(f"{dec}.embed_positions.weight", "decoder/position_encodings/encodings")
     norm(f"{dec}.layer_norm", "decoder/layer_norm")
     for i in range(n_dec):
         src, dst = f"decoder/layer_{i}", f"{dec}.layers.{i}"
-        split(f"{dst}.self_attn", ["q_proj", "k_proj", "v_proj"], f"{src}/self_attention/linear_0")
-        linear(f"{dst}.self_attn.out_proj", f"{src}/self_attention/linear_1")
-        norm(f"{dst}.self_attn_layer_norm", f"{src}/self_attention/layer_norm")
+        self_attention_and_ffn(dst, src)
         linear(f"{dst}.encoder_attn.q_proj", f"{src}/attention/linear_0")
         split(f"{dst}.encoder_attn", ["k_proj", "v_proj"], f"{src}/attention/linear_1")
         linear(f"{dst}.encoder_attn.out_proj", f"{src}/attention/linear_2")
         norm(f"{dst}.encoder_attn_layer_norm", f"{src}/attention/layer_norm")
-        linear(f"{dst}.fc1", f"{src}/ffn/linear_0")
-        linear(f"{dst}.fc2", f"{src}/ffn/linear_1")
-        norm(f"{dst}.final_layer_norm", f"{src}/ffn/layer_norm")
     emb = sd[f"{dec}.embed_tokens.weight"]
     heads = v.get("encoder/num_heads", v.get("num_heads"))
     d_model = emb.shape[1]

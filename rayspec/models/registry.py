@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 from dataclasses import dataclass
 from importlib import metadata, resources
 
-from .ct2 import convert_ct2, is_ct2_dir
+from .ct2 import CONVERTER_VERSION, convert_ct2, is_ct2_dir
 from .errors import ModelLoadError
 
 
@@ -126,10 +127,15 @@ def _verified(name: str, files: tuple[PackagedFile, ...]) -> list[str]:
 
 def _converted(src: str, parts: list[str], key: str, label: str) -> str:
     """The cached conversion of the CTranslate2 model in ``src`` (``parts`` of its model.bin) under ``key``."""
+    key = hashlib.sha256(f"{key}:{CONVERTER_VERSION}".encode()).hexdigest()
     dst = os.path.join(cache_dir(), "models", f"{label}-{key[:16]}")
     if not os.path.isfile(os.path.join(dst, "model.safetensors")):
         os.makedirs(os.path.dirname(dst), exist_ok=True)
-        convert_ct2(src, dst, parts)
+        mine = convert_ct2(src, f"{dst}.{os.getpid()}", parts)
+        try:
+            os.rename(mine, dst)  # several processes may convert at once (actors starting together): first wins
+        except OSError:
+            shutil.rmtree(mine, ignore_errors=True)
     return dst
 
 
