@@ -147,7 +147,7 @@ def write_whisper_table(rows: list[dict], out_dir: str, title: str) -> str:
                      f"{pct(r['cer_nospace'])} | {r['rtfx']:.2f} | {r['no_speech']} | {r['repetitive']} | "
                      f"{same(r['hf_same'], r['identity_n'])} | {same(r['ct2_same'], r['identity_n'])} |")
     diffs = [f"- {r['target']} {r['corpus']}: differs from CTranslate2 on {r['ct2_diff'] or 'none'}; from "
-             f"transformers on {r['hf_diff'] or 'none'}" for r in rows]
+             f"transformers on {r['hf_diff'] or 'none'}" for r in rows if r["identity_n"]]
     md = "\n".join(lines + ["", *diffs, ""])
     with open(os.path.join(out_dir, "bench-whisper.md"), "w") as f:
         f.write(md)

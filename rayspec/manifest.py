@@ -68,7 +68,7 @@ def _rows_from_file(path: Path) -> list[dict]:
 
 
 def read_manifest(path: str | os.PathLike) -> list[Utterance]:
-    """Read a manifest file or a folder of audio files.
+    """Read a manifest file, a folder of audio files, or one audio file (one utterance, id its file name).
 
     Relative audio paths are resolved against the manifest's folder. A folder is scanned recursively for files with
     an audio suffix (:data:`AUDIO_SUFFIXES`); ids are the relative paths without suffix, and a ``<name>.txt`` beside
@@ -86,6 +86,10 @@ def read_manifest(path: str | os.PathLike) -> list[Utterance]:
         raise ManifestError(f"manifest not found: {path}")
     corpus = _corpus_name(path)
     out: list[Utterance] = []
+    if path.is_file() and path.suffix.lower() in AUDIO_SUFFIXES:  # one audio file: one utterance
+        ref = path.with_suffix(".txt")
+        text = ref.read_text(encoding="utf-8", errors="replace").strip() if ref.is_file() else None
+        return [Utterance(path.stem, os.path.abspath(path), text, None, corpus)]
     if path.is_dir():
         for audio in sorted(p for p in path.rglob("*") if p.suffix.lower() in AUDIO_SUFFIXES):
             ref = audio.with_suffix(".txt")

@@ -76,3 +76,15 @@ def test_manifest_folder_and_errors(tmp_path):
     (tmp_path / "bad.jsonl").write_text('{"audio": "x"}\n')
     with pytest.raises(ManifestError, match="lacks"):
         read_manifest(tmp_path / "bad.jsonl")
+
+
+def test_one_audio_file_is_a_manifest_of_one(tmp_path):
+    import numpy as np
+    import soundfile as sf
+
+    from rayspec.manifest import read_manifest
+
+    sf.write(tmp_path / "hello.wav", np.zeros(1600, dtype=np.float32), 16000)
+    (tmp_path / "hello.txt").write_text("HELLO\n")
+    [u] = read_manifest(tmp_path / "hello.wav")
+    assert (u.id, u.text, u.audio) == ("hello", "HELLO", str(tmp_path / "hello.wav"))
