@@ -32,6 +32,7 @@ import ray  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from rayspec.manifest import read_manifest  # noqa: E402
+from rayspec.models.registry import resolve_model  # noqa: E402
 from rayspec.options import EXIT_SOME_FAILED, add_decode_args, add_model_args, budget_from_args  # noqa: E402
 from rayspec.options import print_summary, run_command  # noqa: E402
 from rayspec.pipeline import RunSummary, internal_error_row, pending_batches  # noqa: E402
@@ -79,6 +80,9 @@ def transcribe(args, on_batch=None) -> RunSummary:
     resolve_paths(args)
     source = args.input or str(resources.files("rayspec").joinpath("samples", "manifest.jsonl"))
     utts = read_manifest(source)
+    # A model name or path that cannot load is one line here, not an actor's traceback; a CTranslate2 model is
+    # converted once here instead of by every actor (on a cluster, each node without the cache converts its own)
+    resolve_model(args.target)
     writer = ResultWriter(args.output)
     try:
         batches = pending_batches(utts, writer, budget_from_args(args))

@@ -91,17 +91,23 @@ def _synthesize_parser(sub) -> None:
 
 
 def cmd_convert(args) -> int:
+    import os
     import time
 
-    from .models.ct2 import convert_ct2, is_ct2_dir
+    import shutil
+
+    from .models.ct2 import convert_ct2, is_converted_dir, is_ct2_dir
     from .models.errors import ModelLoadError
     from .models.registry import MODELS, resolve_model
 
+    out = args.output
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out) and not is_converted_dir(out)):
+        raise ModelLoadError(f"{out} exists and is not an earlier conversion: choose a new output directory")
     t0 = time.perf_counter()
     if args.source in MODELS:
-        import shutil
-
-        shutil.copytree(resolve_model(args.source), args.output, dirs_exist_ok=True)
+        if os.path.isdir(out):
+            shutil.rmtree(out)
+        shutil.copytree(resolve_model(args.source), out)
     elif is_ct2_dir(args.source):
         convert_ct2(args.source, args.output)
     else:
@@ -373,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
                               "  rayspec convert whisper-tiny.en whisper-tiny.en-hf",
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("source", help="CTranslate2 model directory, or an installed model name (whisper-base, ...)")
-    p.add_argument("output", help="output directory (replaced)")
+    p.add_argument("output", help="output directory: new, empty, or an earlier conversion (replaced)")
     p.set_defaults(func=cmd_convert)
 
     _synthesize_parser(sub)

@@ -51,7 +51,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="transcribe, or translate into English (multilingual models; default transcribe)")
     g.add_argument("--no-speech-threshold", type=float, default=0.6,
                    help="drop a segment whose <|nospeech|> probability in the target's first pass exceeds this "
-                        "(route no_speech; Whisper's no_speech_threshold; default 0.6, 1 keeps everything)")
+                        "(route no_speech; openai/whisper's no_speech_threshold without its average-log-probability "
+                        "condition; default 0.6, 1 keeps everything)")
     g.add_argument("--compression-ratio-threshold", type=float, default=2.4,
                    help="flag rows whose text's zlib compression ratio exceeds this (column repetitive: text that "
                         "repeats itself, a likely hallucination; the text is kept). Default 2.4, as Whisper")

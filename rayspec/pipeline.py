@@ -69,16 +69,18 @@ def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
     return out
 
 
-def row_prompts(target: WhisperASR, options: DecodeOptions, enc: EncoderOutput) -> list[list[int]]:
+def row_prompts(target: WhisperASR, options: DecodeOptions, enc: EncoderOutput) -> Optional[list[list[int]]]:
     """The decoder prompt of each encoded row: the language detected per row with ``language="auto"`` (one decoder
     pass), else ``options.language`` for every row (English-only models take "en" or "auto" and need no pass).
+    None where detection needs the decoder and this process has released it (a drafter actor): the target side
+    then detects (:func:`decode_encoded`).
 
     Raises:
         ModelLoadError: a language or task the model does not have.
     """
     b = enc.states.shape[0]
     if options.language == "auto" and target.multilingual:
-        return target.detect_language(enc, options.task)[1]
+        return target.detect_language(enc, options.task)[1] if target.has_decoder else None
     language = None if options.language == "auto" else options.language
     return [target.prompt_for(language, options.task)] * b
 
@@ -106,6 +108,8 @@ def decode_encoded(target: WhisperASR, options: DecodeOptions, encoded: Encoded,
     """
     if needs_draft(options) and proposers is None:
         raise ValueError(f"method {options.method!r} with these options needs a draft proposer")
+    if encoded.target.prompts is None:  # encoded where the decoder was released: detect the language here
+        encoded.target.prompts = row_prompts(target, options, encoded.target)
     return METHODS[options.method].decode(target, options, encoded, proposers)
 
 
@@ -315,8 +319,9 @@ class TargetDecoder:
         if batch.encoded is None:
             return self.rows(batch, [], 0.0)
         t0 = time.perf_counter()
-        hyps = decode_encoded(self.target, self.options, batch.encoded.to(self.target.device, self.target.dtype),
-                              proposers)
+        encoded = batch.encoded.to(self.target.device, self.target.dtype)
+        hyps = decode_encoded(self.target, self.options, encoded, proposers)
+        batch.encoded.target.prompts = encoded.target.prompts  # as decoded (the language detected here, if it was)
         return self.rows(batch, hyps, batch.encode_s + time.perf_counter() - t0)
 
     def rows(self, batch: EncodedBatch, hyps: list[Hypothesis], seconds: float) -> list[ResultRow]:
@@ -336,8 +341,9 @@ class TargetDecoder:
             h = merge_hypotheses([hyps[r] for r in rs], self._separator)
             if not spoken:  # every segment is silence by the target's own judgement (its passes still count)
                 h = Hypothesis([], True, "no_speech", h.stats)
-            elif len(spoken) < len(rs):
-                h = merge_hypotheses([hyps[r] for r in spoken], self._separator)
+            elif len(spoken) < len(rs):  # text of the spoken segments, counters of all
+                h = Hypothesis(merge_hypotheses([hyps[r] for r in spoken], self._separator).tokens, h.finished,
+                               h.route, h.stats)
             rows[i] = self._row(batch.utterances[i], h, seconds * d / total, batch.draft_model, duration=d)
             if prompts is not None:
                 rows[i].language = self._language(prompts[rs[0]])

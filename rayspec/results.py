@@ -69,7 +69,7 @@ class ResultRow:
     utterance's share of its batch's wall time (seconds), split by audio duration. ``mode`` is "exact" (identical to
     the target's greedy output) or "lossy". ``segments`` (with ``--segments``) lists ``{start_s, end_s, text}`` of
     every decoded segment (one for audio within the model's window). ``language`` is the decoder prompt's language
-    (detected per utterance with ``--language auto``; None for English-only models), ``no_speech_prob`` the target's
+    (detected per segment with ``--language auto``: the first segment's; None for English-only models), ``no_speech_prob`` the target's
     ``<|nospeech|>`` probability in its first pass (the largest over an utterance's segments; above
     ``--no-speech-threshold`` a segment is dropped, route "no_speech"), ``compression_ratio`` the text's zlib ratio
     and ``repetitive`` whether it exceeds ``--compression-ratio-threshold`` (a likely hallucination: flagged, the

@@ -225,3 +225,38 @@ def test_convert_writes_a_loadable_directory(tmp_path):
     model = WhisperASR.from_pretrained(out)
     assert model.vocab_size == 51864 and len(model.tokenizer) == 51864
     assert model.tokenizer.convert_ids_to_tokens(50363) == "<|0.00|>"  # timestamps completed from vocabulary.txt
+
+
+@pytest.mark.skipif(not _installed("whisper-base"), reason="whisper-base is not installed")
+def test_language_auto_on_split_actors(samples_manifest):
+    """A drafter actor frees the target's decoder: `--language auto` is then detected on the target side."""
+    from rayspec.pipeline import Drafter, TargetDecoder, Transcriber
+
+    utts = read_manifest(samples_manifest)[-2:]
+    options = DecodeOptions("ar", language="auto")
+    drafter = Drafter("whisper-base", options=options)
+    drafter.target.release("decoder")
+    batch = drafter.encode(utts)
+    assert batch.encoded.target.prompts is None
+    rows = TargetDecoder(WhisperASR.from_pretrained("whisper-base"), options).decode(batch)
+    local = Transcriber("whisper-base", options=options).transcribe(utts)
+    assert [r.language for r in rows] == ["en", "en"] == [r.language for r in local]
+    assert [r.text for r in rows] == [r.text for r in local]
+
+
+def test_convert_refuses_to_overwrite_other_directories(tmp_path):
+    from rayspec.cli import main
+
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    assert main(["convert", "whisper-tiny.en", str(tmp_path / "mine")]) == 2
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
+    with pytest.raises(ModelLoadError, match="into itself"):
+        convert_ct2(_ct2_tiny_dir(), _ct2_tiny_dir())
+
+
+def test_quantized_ct2_weights_are_refused():
+    from rayspec.models.ct2 import state_dict_from_ct2
+
+    with pytest.raises(ModelLoadError, match="quantized"):
+        state_dict_from_ct2({"encoder/conv1/weight": torch.zeros(4, 4, dtype=torch.int8)})

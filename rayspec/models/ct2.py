@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import struct
+import tempfile
 from typing import BinaryIO, Iterable
 
 import numpy as np
@@ -30,8 +32,7 @@ _BFLOAT16 = 5
 
 
 def is_ct2_dir(path: str) -> bool:
-    """Whether ``path`` is a CTranslate2 model directory (``model.bin`` + ``config.json``, no transformers
-    ``model.safetensors`` / ``pytorch_model.bin``)."""
+    """Whether ``path`` holds a CTranslate2 model (``model.bin`` + ``config.json``)."""
     return all(os.path.isfile(os.path.join(path, n)) for n in CT2_FILES)
 
 
@@ -123,6 +124,11 @@ def state_dict_from_ct2(v: dict[str, torch.Tensor]) -> tuple[dict[str, torch.Ten
         ModelLoadError: variables of another architecture (a missing Whisper weight).
     """
     sd: dict[str, torch.Tensor] = {}
+
+    quantized = sorted(k for k, t in v.items() if k.endswith("weight") and not t.is_floating_point())
+    if quantized:
+        raise ModelLoadError(f"quantized CTranslate2 weights ({v[quantized[0]].dtype}, e.g. {quantized[0]}) are not "
+                             "supported: convert the model with --quantization float16 or float32")
 
     def put(dst: str, src: str) -> torch.Tensor:
         if src not in v:
@@ -219,8 +225,8 @@ def convert_ct2(src: str, dst: str, model_bin: Iterable[str] | None = None) -> s
     Args:
         src: the CTranslate2 directory (``config.json``, ``tokenizer.json``, vocabulary file; ``model.bin`` unless
             ``model_bin`` names its parts).
-        dst: output directory (created; written into a temporary sibling and renamed, so a reader never sees half
-            a model).
+        dst: output directory (created, or an earlier conversion replaced; written into a temporary sibling and
+            renamed, so a reader never sees half a model).
         model_bin: the parts of ``model.bin`` in order (a file split across packages), default ``src/model.bin``.
 
     Returns:
@@ -232,6 +238,8 @@ def convert_ct2(src: str, dst: str, model_bin: Iterable[str] | None = None) -> s
     from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
     parts = list(model_bin) if model_bin else [os.path.join(src, "model.bin")]
+    if os.path.abspath(src) == os.path.abspath(dst):
+        raise ModelLoadError(f"convert {src} into another directory, not into itself")
     for p in parts + [os.path.join(src, "config.json")]:
         if not os.path.isfile(p):
             raise ModelLoadError(f"CTranslate2 model file not found: {p}")
@@ -264,27 +272,35 @@ def convert_ct2(src: str, dst: str, model_bin: Iterable[str] | None = None) -> s
     model.tie_weights()
     lang = {}
     if multilingual:
-        for i in ct2.get("lang_ids", []):
+        ids_ = ct2.get("lang_ids") or range(sot + 1, ids("<|translate|>"))  # openai/whisper's layout
+        for i in ids_:
             lang[tok.convert_ids_to_tokens(int(i))] = int(i)
     gen = dict(
         decoder_start_token_id=sot, eos_token_id=eot, pad_token_id=eot, bos_token_id=eot,
         no_timestamps_token_id=no_ts, max_length=d["target_positions"], max_initial_timestamp_index=50,
-        suppress_tokens=list(ct2.get("suppress_ids", [])), begin_suppress_tokens=list(ct2.get("suppress_ids_begin", [])),
-        alignment_heads=[list(map(int, h)) for h in ct2.get("alignment_heads", [])], is_multilingual=multilingual,
+        suppress_tokens=list(ct2.get("suppress_ids") or []), begin_suppress_tokens=list(ct2.get("suppress_ids_begin") or []),
+        alignment_heads=[list(map(int, h)) for h in ct2.get("alignment_heads") or []], is_multilingual=multilingual,
         return_timestamps=False,
     )
     if multilingual:
         gen.update(lang_to_id=lang, task_to_id={"translate": ids("<|translate|>"), "transcribe": ids("<|transcribe|>")},
                    language="<|en|>", task="transcribe")
-    tmp = f"{dst.rstrip('/')}.tmp-{os.getpid()}"
-    os.makedirs(tmp, exist_ok=True)
-    model.save_pretrained(tmp)
-    GenerationConfig(**gen).save_pretrained(tmp)
-    WhisperFeatureExtractor(feature_size=d["mels"]).save_pretrained(tmp)
-    tok.save_pretrained(tmp)
-    if os.path.isdir(dst):
-        import shutil
-
-        shutil.rmtree(dst)
-    os.replace(tmp, dst)
+    parent = os.path.dirname(os.path.abspath(dst))
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(dst.rstrip('/'))}.", dir=parent)
+    try:
+        model.save_pretrained(tmp)
+        GenerationConfig(**gen).save_pretrained(tmp)
+        WhisperFeatureExtractor(feature_size=d["mels"]).save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if os.path.isdir(dst):  # an earlier conversion (callers refuse anything else)
+            shutil.rmtree(dst)
+        os.replace(tmp, dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return dst
+
+
+def is_converted_dir(path: str) -> bool:
+    """Whether ``path`` holds a transformers model directory (``config.json`` + safetensors weights)."""
+    return os.path.isfile(os.path.join(path, "config.json")) and os.path.isfile(os.path.join(path, "model.safetensors"))

@@ -14,10 +14,11 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import tempfile
 from dataclasses import dataclass
 from importlib import metadata, resources
 
-from .ct2 import CONVERTER_VERSION, convert_ct2, is_ct2_dir
+from .ct2 import CONVERTER_VERSION, convert_ct2, is_converted_dir, is_ct2_dir
 from .errors import ModelLoadError
 
 
@@ -129,13 +130,23 @@ def _converted(src: str, parts: list[str], key: str, label: str) -> str:
     """The cached conversion of the CTranslate2 model in ``src`` (``parts`` of its model.bin) under ``key``."""
     key = hashlib.sha256(f"{key}:{CONVERTER_VERSION}".encode()).hexdigest()
     dst = os.path.join(cache_dir(), "models", f"{label}-{key[:16]}")
-    if not os.path.isfile(os.path.join(dst, "model.safetensors")):
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        mine = convert_ct2(src, f"{dst}.{os.getpid()}", parts)
+    if is_converted_dir(dst):
+        return dst
+    parent = os.path.dirname(dst)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        if os.path.isdir(dst):  # a broken entry (e.g. emptied by hand): moved aside, removed, converted anew
+            aside = tempfile.mkdtemp(dir=parent)
+            os.replace(dst, os.path.join(aside, "old"))
+            shutil.rmtree(aside, ignore_errors=True)
+        mine = convert_ct2(src, tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.", dir=parent), parts)
         try:
             os.rename(mine, dst)  # several processes may convert at once (actors starting together): first wins
         except OSError:
             shutil.rmtree(mine, ignore_errors=True)
+    except OSError as e:
+        raise ModelLoadError(f"cannot write the converted model to {os.path.dirname(dst)} ({e.strerror}): set "
+                             "RAYSPEC_CACHE to a writable folder") from e
     return dst
 
 

@@ -224,6 +224,11 @@ class WhisperASR:
         return not self._decoder_only
 
     @property
+    def has_decoder(self) -> bool:
+        """False once :meth:`release` freed the decoder (a drafter actor only encodes)."""
+        return getattr(self.model.model, "decoder", None) is not None
+
+    @property
     def device(self) -> torch.device:
         return self.model.device
 
@@ -257,15 +262,24 @@ class WhisperASR:
 
     @property
     def multilingual(self) -> bool:
-        """Whether the decoder prompt names a language and a task (multilingual checkpoints; ``*.en`` do not)."""
-        return bool(getattr(self.generation_config, "is_multilingual", False))
+        """Whether the decoder prompt names a language and a task (multilingual checkpoints; ``*.en`` do not): the
+        generation config's ``is_multilingual``, else openai/whisper's rule (a vocabulary of 51,865 ids or more)."""
+        flag = getattr(self.generation_config, "is_multilingual", None)
+        return bool(flag) if flag is not None else self.vocab_size >= 51865
 
     @property
     def languages(self) -> dict[str, int]:
-        """Language code -> its token id (``{"en": 50259, ...}``); empty for an English-only model."""
+        """Language code -> its token id (``{"en": 50259, ...}``): the generation config's ``lang_to_id``, else the
+        ``<|code|>`` tokens the tokenizer has; empty for an English-only model."""
         if not self.multilingual:
             return {}
-        return {k.strip("<|>"): int(v) for k, v in (self.generation_config.lang_to_id or {}).items()}
+        table = getattr(self.generation_config, "lang_to_id", None)
+        if table:
+            return {k.strip("<|>"): int(v) for k, v in table.items()}
+        from transformers.models.whisper.tokenization_whisper import LANGUAGES
+
+        ids = {code: self.tokenizer.convert_tokens_to_ids(f"<|{code}|>") for code in LANGUAGES} if self.tokenizer else {}
+        return {c: i for c, i in ids.items() if isinstance(i, int) and i != self.tokenizer.unk_token_id}
 
     def _no_speech_token(self) -> Optional[int]:
         """Id of ``<|nospeech|>`` (``<|nocaptions|>`` in older vocabularies), or None if the tokenizer has neither."""
@@ -297,7 +311,9 @@ class WhisperASR:
             if lang not in self.languages:
                 raise ModelLoadError(f"{self.name or 'the model'} has no language {lang!r}; it knows "
                                      f"{', '.join(sorted(self.languages))}")
-            prompt += [self.languages[lang], int(gc.task_to_id[task])]
+            task_ids = getattr(gc, "task_to_id", None) or {t: self.tokenizer.convert_tokens_to_ids(f"<|{t}|>")
+                                                          for t in ("transcribe", "translate")}
+            prompt += [self.languages[lang], int(task_ids[task])]
         elif language not in (None, "en") or task != "transcribe":
             raise ModelLoadError(f"{self.name or 'the model'} is English-only: --language {language} --task {task} "
                                  "needs a multilingual model (e.g. whisper-base)")
