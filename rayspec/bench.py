@@ -61,11 +61,11 @@ WIDE_TREE = ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2,
              (1, 0, 0), (0, 0, 0, 0), (0, 0, 0, 1))
 
 
-def medusa_ablation(heads: Optional[str] = None) -> list[tuple[str, DecodeOptions]]:
-    """AR, draft speculation, Medusa by heads in use (the default tree cut to that depth), by tree shape (a chain of
-    top-1 candidates, the default sparse tree, a wide tree) and with typical acceptance."""
+def medusa_ablation(heads: Optional[str] = None, with_draft: bool = True) -> list[tuple[str, DecodeOptions]]:
+    """AR, draft speculation (``with_draft``), Medusa by heads in use (the default tree cut to that depth), by tree
+    shape (a chain of top-1 candidates, the default sparse tree, a wide tree) and with typical acceptance."""
     m = lambda **k: DecodeOptions("medusa", medusa=MedusaOptions(heads=heads, **k))  # noqa: E731
-    out = [("ar", DecodeOptions("ar")), ("draft (default)", DecodeOptions("draft"))]
+    out = [("ar", DecodeOptions("ar"))] + ([("draft (default)", DecodeOptions("draft"))] if with_draft else [])
     out += [(f"medusa {k} head{'s' if k > 1 else ''}", m(tree=tuple(p for p in DEFAULT_TREE if len(p) <= k)))
             for k in (1, 2, 3)]
     out += [("medusa 4 heads (default tree)", m()), ("medusa chain tree", m(tree=CHAIN_TREE)),
@@ -401,12 +401,14 @@ def cmd_bench(args) -> int:
     from .manifest import read_manifest
     from .models.ctc import CTCHead
     from .models.whisper import WhisperASR
-    from .models.registry import default_drafter
+    from .models.registry import DRAFTERS, default_drafter
 
     if args.threads:
         torch.set_num_threads(args.threads)
     target = WhisperASR.from_pretrained(args.target, args.device)
-    draft = WhisperASR.from_pretrained(args.draft or default_drafter(target.name, "draft"), args.device)
+    draft = None
+    if args.draft or args.suite != "medusa" or target.name in DRAFTERS and "draft" in DRAFTERS[target.name]:
+        draft = WhisperASR.from_pretrained(args.draft or default_drafter(target.name, "draft"), args.device)
     ctc = (CTCHead.from_pretrained(args.ctc or default_drafter(target.name, "ctc"), args.device)
            if args.suite == "ssd" else None)
     utts = [u for m in args.manifests for u in read_manifest(m)]
@@ -419,13 +421,13 @@ def cmd_bench(args) -> int:
             configs = [(n, o if o.method == "ar" or n.startswith("fixed") else
                         replace(o, speculation=replace(o.speculation, max_draft=args.max_draft))) for n, o in configs]
     elif args.suite == "medusa":
-        configs = medusa_ablation(args.medusa)
+        configs = medusa_ablation(args.medusa, with_draft=draft is not None)
         plot_head_accuracy(target, args.medusa or default_drafter(target.name, "medusa"), utts, args.output)
     else:
         configs = ssd_grid(tuple(args.tau_ctc), tuple(args.tau_slm))
     rows = run_bench((target, draft, ctc), audios, [u.text for u in utts], configs, tuple(args.batch_sizes),
                      hf_assisted=args.suite == "spec" and not args.no_hf, repeats=args.repeats)
-    helper = {"spec": draft.name, "ssd": "ctc", "medusa": "medusa heads"}[args.suite]
+    helper = {"spec": draft.name if draft else "", "ssd": "ctc", "medusa": "medusa heads"}[args.suite]
     title = (f"{args.suite}: {target.name} + {helper} on "
              f"{', '.join(os.path.basename(os.path.dirname(os.path.abspath(m))) for m in args.manifests)} "
              f"({len(audios)} utterances, {sum(len(a) for a in audios) / target.sample_rate:.0f} s audio), "

@@ -260,3 +260,22 @@ def test_quantized_ct2_weights_are_refused():
 
     with pytest.raises(ModelLoadError, match="quantized"):
         state_dict_from_ct2({"encoder/conv1/weight": torch.zeros(4, 4, dtype=torch.int8)})
+
+
+@pytest.mark.skipif(not _installed("whisper-base"), reason="whisper-base is not installed")
+def test_bundled_medusa_heads_for_base_equal_ar_with_fewer_passes(samples_manifest):
+    """whisper-base's bundled Medusa heads are --method medusa's default; greedy acceptance keeps AR's tokens."""
+    from rayspec.models.registry import default_drafter
+    from rayspec.pipeline import Drafter
+
+    base = WhisperASR.from_pretrained("whisper-base")
+    utts = read_manifest(samples_manifest)[-3:]  # LJSpeech clips
+    audios = [load_audio(u.audio, base.sample_rate) for u in utts]
+    durations = [len(a) / base.sample_rate for a in audios]
+    assert os.path.isdir(default_drafter("whisper-base", "medusa"))
+    ar = decode_batch(base, DecodeOptions("ar"), audios, durations)
+    medusa = decode_batch(base, DecodeOptions("medusa"), audios, durations)
+    assert [h.tokens for h in medusa] == [h.tokens for h in ar]
+    assert sum(h.stats.target_forward_passes for h in medusa) < sum(h.stats.target_forward_passes for h in ar)
+    with pytest.raises(ModelLoadError, match="no bundled ctc drafter for target whisper-base"):
+        Drafter("whisper-base", options=DecodeOptions("ctc-draft"))

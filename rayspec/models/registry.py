@@ -80,7 +80,7 @@ MODELS: dict[str, NamedModel] = {m.name: m for m in (
     ),
 )}
 DEFAULT_TARGET = "whisper-base"
-DRAFTERS: dict[str, dict[str, str]] = {}
+DRAFTERS: dict[str, dict[str, str]] = {"whisper-base": {"medusa": "medusa-whisper-base"}}
 """Target name -> drafter kind ("draft", "ctc", "medusa") -> the bundled drafter's directory under ``rayspec/zoo``."""
 _DRAFTER_FLAGS = {"draft": "--draft", "ctc": "--ctc", "medusa": "--medusa"}
 _CHUNK = 1 << 22
