@@ -19,7 +19,7 @@ import ray  # noqa: E402
 from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
-from rayspec.options import DTYPES, decode_options, limits_from_args  # noqa: E402
+from rayspec.options import DTYPES, decode_options, encoder_dtype, limits_from_args  # noqa: E402
 
 
 def connect(address: str | None, num_cpus: int | None) -> None:
@@ -140,7 +140,7 @@ def start_actors(args) -> ActorPool:
     dtype = DTYPES[args.dtype]
     drafter_kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": options,
                       "device": "cuda" if args.drafter_gpus else args.device, "dtype": dtype,
-                      "limits": limits_from_args(args)}
+                      "limits": limits_from_args(args), "encoder_dtype": encoder_dtype(args)}
     # One bundle per actor, packed onto as few nodes as possible (drafters next to their targets).
     bundles = ([_bundle(args.drafter_cpus, args.drafter_gpus)] * args.drafters
                + [_bundle(args.target_cpus, args.target_gpus)] * args.targets)

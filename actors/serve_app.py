@@ -340,7 +340,7 @@ class TranscriptionService:
         return Response(audio, media_type=media, headers=headers)
 
 
-SERVING_OPTIONS = {"target", "draft", "ctc", "device", "dtype", "max_batch_size", "threads", "num_replicas",
+SERVING_OPTIONS = {"target", "draft", "ctc", "device", "dtype", "encoder_dtype", "max_batch_size", "threads", "num_replicas",
                    "num_cpus", "num_gpus", "max_upload_bytes", "max_queued", "body_timeout_s",
                    "tts", "tts_target", "tts_draft", "codec", "tts_method", "tts_theta", "tts_beta",
                    "tts_temperature", "tts_lookahead", "tts_cpus", "chat", "chat_lm", "chat_tts", "chat_cpus",
@@ -350,7 +350,8 @@ TRUE = ("1", "true", "yes", "on")
 
 def build_app(args: Optional[dict] = None):
     """The Serve application; ``args`` (from ``serve run ... key=value``, ``RAYSPEC_*`` environment variables or
-    ``rayspec serve``) may set ``target``, ``draft``, ``ctc``, ``device``, ``dtype``, ``max_batch_size``, ``threads``,
+    ``rayspec serve``) may set ``target``, ``draft``, ``ctc``, ``device``, ``dtype``, ``encoder_dtype``,
+    ``max_batch_size``, ``threads``,
     ``num_replicas``, ``num_cpus``, ``num_gpus``, ``max_upload_bytes``, ``max_queued``, ``body_timeout_s`` and any
     decoding option of ``rayspec transcribe`` (``method``, ``tau_ctc``, ...: same names, same defaults).
 
@@ -367,7 +368,8 @@ def build_app(args: Optional[dict] = None):
     options = decode_options_from({k: v for k, v in args.items() if k in names})
     transcriber = {"target": args.get("target"), "draft": args.get("draft"), "ctc": args.get("ctc"),
                    "options": options, "device": args.get("device", "cpu"),
-                   "dtype": DTYPES[args.get("dtype") or "float32"]}
+                   "dtype": DTYPES[args.get("dtype") or "float32"],
+                   "encoder_dtype": DTYPES[args["encoder_dtype"]] if args.get("encoder_dtype") else None}
     max_batch = int(args.get("max_batch_size", 16))
     max_queued = int(args.get("max_queued", 256))
     deployment = TranscriptionService.options(

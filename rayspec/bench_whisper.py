@@ -9,6 +9,9 @@ For each target (default ``whisper-base`` and ``whisper-tiny.en``) and each mani
   log-mel features for all three; token caps lifted to the 448-position limit so no engine stops early), on the
   first ``--identity-limits`` utterances of each manifest.
 
+``--whisper-targets`` entries may name an encoder compute type after ``@`` (``whisper-base@bfloat16``: the encoder in
+bfloat16, the decoder in float32), so a lossy compute type's WER and speed sit beside float32's in the same run.
+
 Writes ``bench-whisper.md`` / ``.csv`` into the output folder.
 """
 
@@ -102,9 +105,11 @@ def run_whisper_suite(targets: list[str], manifests: list[str], limits: list[int
                       threads: int) -> list[dict]:
     """One row per (target, manifest): WER, space-free CER, RTFx of the pipeline and identity counts."""
     rows = []
-    for name in targets:
+    for spec in targets:
+        name, _, encoder = spec.partition("@")  # "whisper-base@bfloat16": the encoder computes in bfloat16
         t0 = time.perf_counter()
-        transcriber = Transcriber(name, options=DecodeOptions("ar"))
+        transcriber = Transcriber(name, options=DecodeOptions("ar"),
+                                  encoder_dtype=getattr(torch, encoder) if encoder else None)
         load_s = time.perf_counter() - t0
         model = transcriber.target
         for manifest, limit, identity_limit in zip(manifests, limits, identity_limits):
@@ -120,7 +125,7 @@ def run_whisper_suite(targets: list[str], manifests: list[str], limits: list[int
             k = min(identity_limit, len(utts))
             ident = _identity(name, model, audios[:k]) if k else {"n": 0, "hf_same": None, "ct2_same": None}
             rows.append(dict(
-                target=name, corpus=utts[0].corpus if utts else "-", n=len(utts), wer=rates.wer, cer=rates.cer,
+                target=name + (f" (encoder {encoder})" if encoder else ""), corpus=utts[0].corpus if utts else "-", n=len(utts), wer=rates.wer, cer=rates.cer,
                 cer_nospace=rates.cer_nospace, rtfx=sum(len(a) for a in audios) / model.sample_rate / wall,
                 no_speech=sum(r.route == "no_speech" for r in results),
                 repetitive=sum(bool(r.repetitive) for r in results), load_s=load_s, threads=threads,

@@ -214,7 +214,7 @@ def cmd_serve(args) -> int:
 
     decoding = {k: getattr(args, k) for k in decode_option_names()}
     return serve_forever({**decoding, "target": args.target, "draft": args.draft, "dtype": args.dtype,
-                          "max_batch_size": args.max_batch_size, "num_replicas": args.replicas,
+                          "encoder_dtype": args.encoder_dtype, "max_batch_size": args.max_batch_size, "num_replicas": args.replicas,
                           "num_cpus": args.replica_cpus, "num_gpus": args.replica_gpus, "threads": args.threads,
                           "device": args.device, "max_queued": args.max_queued, "body_timeout_s": args.body_timeout,
                           "tts": args.tts, "tts_target": args.tts_target, "tts_draft": args.tts_draft,

@@ -31,6 +31,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--device", default="cpu", help="torch device (cpu, cuda, cuda:1); default cpu")
     g.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                    help="model dtype; float32 is the exact reference, bfloat16/float16 for GPUs (default float32)")
+    g.add_argument("--encoder-dtype", choices=sorted(DTYPES), default=None,
+                   help="run the encoder in this dtype, its states cast back to --dtype for the decoder: bfloat16 "
+                        "makes whisper-base's 30 s window ~3x faster on a CPU with AVX-512 BF16; lossy against "
+                        "--dtype's transcripts (every method stays exact against ar at the same setting). Default: "
+                        "--dtype")
     g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")
 
 
@@ -146,7 +151,12 @@ def build_transcriber(args):
     if args.threads:
         torch.set_num_threads(args.threads)
     return Transcriber(args.target, args.draft, decode_options(args), args.ctc, args.device, DTYPES[args.dtype],
-                       limits=limits_from_args(args))
+                       limits=limits_from_args(args), encoder_dtype=encoder_dtype(args))
+
+
+def encoder_dtype(args):
+    """``--encoder-dtype`` as a torch dtype, or None (the encoder runs in ``--dtype``)."""
+    return DTYPES[args.encoder_dtype] if getattr(args, "encoder_dtype", None) else None
 
 
 def limits_from_args(args):

@@ -225,7 +225,8 @@ class Drafter:
         draft: draft model directory for ``method="draft"`` and the ssd draft fallback (default: the draft bundled
             for the target, :func:`~rayspec.models.registry.default_drafter`).
         ctc: CTC head directory for ``method="ssd"`` / ``"ctc-draft"`` (default: the one bundled for the target).
-        options: decoder choice and options; device: torch device; dtype: model dtype (fp32 is the exact reference).
+        options: decoder choice and options; device: torch device; dtype: model dtype (fp32 is the exact reference);
+            encoder_dtype: the encoders' compute dtype if not ``dtype`` (a lossy speed option, e.g. bfloat16 on CPU).
         limits: audio byte/duration limits (default :class:`~rayspec.audio.AudioLimits`: 25 MB, 50 ms to 4 h; audio
             longer than the target's window is segmented).
 
@@ -236,9 +237,10 @@ class Drafter:
 
     def __init__(self, target: Optional[str] = None, draft: Optional[str] = None,
                  options: DecodeOptions = DecodeOptions(), ctc: Optional[str] = None, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32, limits: Optional[AudioLimits] = None) -> None:
+                 dtype: torch.dtype = torch.float32, limits: Optional[AudioLimits] = None,
+                 encoder_dtype: Optional[torch.dtype] = None) -> None:
         self.options = options
-        self.target = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, dtype)
+        self.target = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, dtype, encoder_dtype)
         self.target.prompt_for(None if options.language == "auto" else options.language, options.task)  # checked
         self.draft = self.ctc = None
         if METHODS[options.method].needs_ctc:
@@ -246,7 +248,8 @@ class Drafter:
         if options.method == "medusa" and not options.medusa.heads:  # fail here, not in every batch
             default_drafter(self.target.name, "medusa")
         if needs_draft(options):
-            self.draft = WhisperASR.from_pretrained(draft or default_drafter(self.target.name, "draft"), device, dtype)
+            self.draft = WhisperASR.from_pretrained(draft or default_drafter(self.target.name, "draft"), device, dtype,
+                                                    encoder_dtype)
             check_compatible(self.target, self.draft)
         self.limits = limits or AudioLimits()
 
@@ -396,8 +399,9 @@ class Transcriber:
 
     def __init__(self, target: Optional[str] = None, draft: Optional[str] = None,
                  options: DecodeOptions = DecodeOptions(), ctc: Optional[str] = None, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32, limits: Optional[AudioLimits] = None) -> None:
-        self.drafter = Drafter(target, draft, options, ctc, device, dtype, limits)
+                 dtype: torch.dtype = torch.float32, limits: Optional[AudioLimits] = None,
+                 encoder_dtype: Optional[torch.dtype] = None) -> None:
+        self.drafter = Drafter(target, draft, options, ctc, device, dtype, limits, encoder_dtype)
         self.decoder = TargetDecoder(self.drafter.target, options)
         self.options = options
 

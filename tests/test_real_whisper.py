@@ -279,3 +279,18 @@ def test_bundled_medusa_heads_for_base_equal_ar_with_fewer_passes(samples_manife
     assert sum(h.stats.target_forward_passes for h in medusa) < sum(h.stats.target_forward_passes for h in ar)
     with pytest.raises(ModelLoadError, match="no bundled ctc drafter for target whisper-base"):
         Drafter("whisper-base", options=DecodeOptions("ctc-draft"))
+
+
+def test_bfloat16_encoder_keeps_every_method_exact_against_ar(clips, tiny_en_drafters):
+    """--encoder-dtype bfloat16: the encoder computes in bf16, its states reach the fp32 decoder as fp32, and the
+    methods stay identical to ar at that setting (the transcripts may differ from fp32's: a lossy compute type)."""
+    model = WhisperASR.from_pretrained("whisper-tiny.en", encoder_dtype=torch.bfloat16)
+    assert model.dtype == torch.float32 and model.encoder_dtype == torch.bfloat16
+    draft = WhisperASR.from_pretrained(tiny_en_drafters[0])
+    a = clips[:4]
+    d = [len(x) / model.sample_rate for x in a]
+    enc = encode_audio(model, DecodeOptions("ar"), a, d)
+    assert enc.target.states.dtype == torch.float32
+    ar = decode_batch(model, DecodeOptions("ar", max_tokens_per_second=1000.0), a, d)
+    spec = decode_batch(model, DecodeOptions("draft", max_tokens_per_second=1000.0), a, d, draft=draft)
+    assert [h.tokens for h in spec] == [h.tokens for h in ar] and all(h.tokens for h in ar)
