@@ -52,42 +52,39 @@ def _generate_ct2(ct2_model, model: WhisperASR, audios: list[np.ndarray]) -> lis
     return [r.sequences_ids[0] for r in out]
 
 
-def _ct2_source(name: str) -> str | None:
-    """The CTranslate2 directory behind an installed model name, if it is one file in one folder (tiny.en), else
-    None (base's model.bin is split across packages: it is joined into a temporary folder)."""
+def _ct2_model(name: str):
+    """CTranslate2's own Whisper (float32) on the original files of the installed model ``name``; None without the
+    ``ctranslate2`` package or for a model that is not a name. A ``model.bin`` split across packages is joined into a
+    temporary folder, removed once CTranslate2 has read it."""
     import tempfile
     from importlib import metadata
 
     from .models.registry import MODELS
 
+    try:
+        import ctranslate2
+    except ImportError:
+        return None
     m = MODELS.get(name)
     if m is None:
         return None
     locate = lambda f: str(metadata.distribution(f.distribution).locate_file(f.path))  # noqa: E731
-    if len(m.model_bin) == 1:
-        return os.path.dirname(locate(m.model_bin[0]))
-    tmp = tempfile.mkdtemp(prefix=f"{name}-ct2-")
-    with open(os.path.join(tmp, "model.bin"), "wb") as out:
-        for f in m.model_bin:
-            with open(locate(f), "rb") as part:
-                while chunk := part.read(1 << 24):
-                    out.write(chunk)
-    for f in m.support:
-        os.symlink(locate(f), os.path.join(tmp, os.path.basename(f.path)))
-    return tmp
+    with tempfile.TemporaryDirectory(prefix=f"{name}-ct2-") as tmp:
+        with open(os.path.join(tmp, "model.bin"), "wb") as out:
+            for f in m.model_bin:
+                with open(locate(f), "rb") as part:
+                    while chunk := part.read(1 << 24):
+                        out.write(chunk)
+        for f in m.support:
+            os.symlink(locate(f), os.path.join(tmp, os.path.basename(f.path)))
+        return ctranslate2.models.Whisper(tmp, compute_type="float32", intra_threads=torch.get_num_threads())
 
 
-def _identity(name: str, model: WhisperASR, audios: list[np.ndarray]) -> dict:
-    """Counts of utterances whose rayspec ``ar`` tokens equal transformers' and CTranslate2's greedy tokens."""
+def _identity(name: str, model: WhisperASR, ct2_model, audios: list[np.ndarray]) -> dict:
+    """Counts of utterances whose rayspec ``ar`` tokens equal transformers' and CTranslate2's (``ct2_model``, or
+    None) greedy tokens."""
     options = DecodeOptions("ar", max_tokens_per_second=1e6)
     ours, hf, ct = [], [], []
-    try:
-        import ctranslate2
-
-        ct2_model = ctranslate2.models.Whisper(_ct2_source(name), compute_type="float32",
-                                               intra_threads=torch.get_num_threads())
-    except (ImportError, TypeError):
-        ct2_model = None
     for s in tqdm(range(0, len(audios), BATCH), desc=f"identity {name}", leave=False):
         a = audios[s: s + BATCH]
         ours += [h.tokens for h in decode_batch(model, options, a, [len(x) / model.sample_rate for x in a])]
@@ -112,6 +109,7 @@ def run_whisper_suite(targets: list[str], manifests: list[str], limits: list[int
                                   encoder_dtype=getattr(torch, encoder) if encoder else None)
         load_s = time.perf_counter() - t0
         model = transcriber.target
+        ct2_model = _ct2_model(name) if any(identity_limits) else None  # loaded once per target
         for manifest, limit, identity_limit in zip(manifests, limits, identity_limits):
             utts = read_manifest(manifest)
             utts = utts[:limit] if limit else utts
@@ -123,7 +121,7 @@ def run_whisper_suite(targets: list[str], manifests: list[str], limits: list[int
             wall = time.perf_counter() - t0
             rates = error_rates([u.text for u in utts], [r.text for r in results])
             k = min(identity_limit, len(utts))
-            ident = _identity(name, model, audios[:k]) if k else {"n": 0, "hf_same": None, "ct2_same": None}
+            ident = _identity(name, model, ct2_model, audios[:k]) if k else {"n": 0, "hf_same": None, "ct2_same": None}
             rows.append(dict(
                 target=name + (f" (encoder {encoder})" if encoder else ""), corpus=utts[0].corpus if utts else "-", n=len(utts), wer=rates.wer, cer=rates.cer,
                 cer_nospace=rates.cer_nospace, rtfx=sum(len(a) for a in audios) / model.sample_rate / wall,

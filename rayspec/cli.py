@@ -92,9 +92,8 @@ def _synthesize_parser(sub) -> None:
 
 def cmd_convert(args) -> int:
     import os
-    import time
-
     import shutil
+    import time
 
     from .models.ct2 import convert_ct2, is_converted_dir, is_ct2_dir
     from .models.errors import ModelLoadError
@@ -109,11 +108,11 @@ def cmd_convert(args) -> int:
             shutil.rmtree(out)
         shutil.copytree(resolve_model(args.source), out)
     elif is_ct2_dir(args.source):
-        convert_ct2(args.source, args.output)
+        convert_ct2(args.source, out)
     else:
         raise ModelLoadError(f"{args.source} is neither a model name ({', '.join(sorted(MODELS))}) nor a "
                              "CTranslate2 directory (model.bin + config.json)")
-    print(f"{args.source} -> {args.output} (transformers save_pretrained directory, float32) in "
+    print(f"{args.source} -> {out} (transformers save_pretrained directory, float32) in "
           f"{time.perf_counter() - t0:.1f} s")
     return 0
 
@@ -214,7 +213,8 @@ def cmd_serve(args) -> int:
 
     decoding = {k: getattr(args, k) for k in decode_option_names()}
     return serve_forever({**decoding, "target": args.target, "draft": args.draft, "dtype": args.dtype,
-                          "encoder_dtype": args.encoder_dtype, "max_batch_size": args.max_batch_size, "num_replicas": args.replicas,
+                          "encoder_dtype": args.encoder_dtype, "max_batch_size": args.max_batch_size,
+                          "num_replicas": args.replicas,
                           "num_cpus": args.replica_cpus, "num_gpus": args.replica_gpus, "threads": args.threads,
                           "device": args.device, "max_queued": args.max_queued, "body_timeout_s": args.body_timeout,
                           "tts": args.tts, "tts_target": args.tts_target, "tts_draft": args.tts_draft,

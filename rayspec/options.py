@@ -33,7 +33,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="model dtype; float32 is the exact reference, bfloat16/float16 for GPUs (default float32)")
     g.add_argument("--encoder-dtype", choices=sorted(DTYPES), default=None,
                    help="run the encoder in this dtype, its states cast back to --dtype for the decoder: bfloat16 "
-                        "makes whisper-base's 30 s window ~3x faster on a CPU with AVX-512 BF16; lossy against "
+                        "runs whisper-base's 30 s window ~3x faster on a CPU with AVX-512 BF16; lossy against "
                         "--dtype's transcripts (every method stays exact against ar at the same setting). Default: "
                         "--dtype")
     g.add_argument("--threads", type=int, default=0, help="torch CPU threads (0 = torch's default)")

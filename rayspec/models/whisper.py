@@ -23,6 +23,7 @@ result does not depend on its batch-mates.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -196,8 +197,8 @@ class WhisperASR:
 
         Args:
             dtype: the model's dtype (the decoder's: KV caches, logits); float32 is the exact reference.
-            encoder_dtype: run the encoder in this dtype instead (e.g. bfloat16 on a CPU with AVX-512 BF16: Whisper
-                base's 30 s window 3.4x faster here); its states are cast back to ``dtype`` for the decoder, so
+            encoder_dtype: run the encoder in this dtype instead (e.g. bfloat16 on a CPU with AVX-512 BF16: features +
+                encoder of Whisper base 116 vs 378 ms per utterance here, batch 1, 2 threads); its states are cast back to ``dtype`` for the decoder, so
                 every method stays exact against AR at the same setting, while the transcript may differ from
                 ``dtype``'s (a lossy compute type: measure its WER).
         """
@@ -285,10 +286,10 @@ class WhisperASR:
         flag = getattr(self.generation_config, "is_multilingual", None)
         return bool(flag) if flag is not None else self.vocab_size >= 51865
 
-    @property
+    @functools.cached_property
     def languages(self) -> dict[str, int]:
         """Language code -> its token id (``{"en": 50259, ...}``): the generation config's ``lang_to_id``, else the
-        ``<|code|>`` tokens the tokenizer has; empty for an English-only model."""
+        ``<|code|>`` tokens the tokenizer has; empty for an English-only model. Computed once."""
         if not self.multilingual:
             return {}
         table = getattr(self.generation_config, "lang_to_id", None)
