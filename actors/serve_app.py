@@ -82,7 +82,8 @@ class Admission:
 
 class AdmissionMiddleware:
     """ASGI middleware in front of the transcription route: queue bound (503), body size (413 by
-    ``Content-Length`` before reading; streamed bodies are counted while read) and body timeout (408).
+    ``Content-Length`` before reading; streamed bodies are counted while read; either way the rest of the body is
+    drained before the 413 goes out, :func:`_drain`) and body timeout (408).
 
     The body is read here (within the limits) and replayed to the application, so a slow or oversized upload never
     reaches the multipart parser. Other routes (``/health``, ``/v1/models``) pass straight through.
@@ -101,6 +102,8 @@ class AdmissionMiddleware:
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
         if declared is not None and (not declared.isdigit() or int(declared) > limits.max_body_bytes):
+            if headers.get(b"expect", b"").lower() != b"100-continue":  # else the client waits: nothing to drain
+                await _drain(receive, limits.body_timeout_s)
             return await _send(send, 413, f"request body of {declared.decode(errors='replace')} bytes is over the "
                                           f"limit of {limits.max_body_bytes} bytes")
         limits.active += 1
@@ -113,6 +116,7 @@ class AdmissionMiddleware:
                 return await _send(send, 408, f"the request body did not arrive within {limits.body_timeout_s:g} s")
             body = reading.result()
             if body is None:
+                await _drain(receive, limits.body_timeout_s)
                 return await _send(send, 413, f"request body is over the limit of {limits.max_body_bytes} bytes")
             replayed = False
 
@@ -150,6 +154,31 @@ async def _read_body(receive, limit: int) -> Optional[bytes]:
         chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
+
+
+DRAIN_BYTES = 64 << 20
+"""Most bytes of a refused body read and discarded before the refusal is sent (see :func:`_drain`)."""
+
+
+async def _drain(receive, timeout_s: float, limit: int = DRAIN_BYTES) -> None:
+    """Read and discard the rest of a refused request's body (at most ``limit`` bytes and ``timeout_s`` seconds).
+
+    A client that sends its whole body before it reads the answer (urllib, requests, httpx as in OpenAI's SDK) sees
+    a connection reset instead of the 413 when the server closes with unread data in the socket; reading the rest
+    first is the lingering close of HTTP/1.1 servers (RFC 9112 section 9.6). A body past ``limit`` or a client
+    that stalls gets the answer anyway once the bound is hit.
+    """
+    async def rest() -> None:
+        size = 0
+        while size <= limit:
+            message = await receive()
+            size += len(message.get("body", b""))
+            if message["type"] == "http.disconnect" or not message.get("more_body", False):
+                return
+
+    reading = asyncio.ensure_future(rest())
+    await asyncio.wait({reading}, timeout=timeout_s)
+    reading.cancel()
 
 
 async def _send(send, status: int, message: str, headers: Optional[dict] = None) -> None:

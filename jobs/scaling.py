@@ -71,7 +71,8 @@ def in_process(input_path: str, out: str, job_args: list[str], threads: int) -> 
     same batches."""
     args = job_parser().parse_args([input_path, "-o", out, *job_args])
     args.threads = threads
-    return run_corpus(read_manifest(input_path), build_transcriber(args), out, budget_from_args(args),
+    transcriber = build_transcriber(args)
+    return run_corpus(read_manifest(input_path), transcriber, out, budget_from_args(args, transcriber.target.config),
                       continuous=False)
 
 

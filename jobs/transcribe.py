@@ -75,6 +75,8 @@ def transcribe(args, on_batch=None) -> RunSummary:
     """
     from importlib import resources
 
+    from transformers import AutoConfig
+
     if min(args.drafters, args.targets, args.in_flight) < 1:
         raise SystemExit("--drafters, --targets and --in-flight must be >= 1")
     resolve_paths(args)
@@ -82,10 +84,10 @@ def transcribe(args, on_batch=None) -> RunSummary:
     utts = read_manifest(source)
     # A model name or path that cannot load is one line here, not an actor's traceback; a CTranslate2 model is
     # converted once here instead of by every actor (on a cluster, each node without the cache converts its own)
-    resolve_model(args.target)
+    config = AutoConfig.from_pretrained(resolve_model(args.target))
     writer = ResultWriter(args.output)
     try:
-        batches = pending_batches(utts, writer, budget_from_args(args))
+        batches = pending_batches(utts, writer, budget_from_args(args, config))
         summary = RunSummary(skipped=len(utts) - sum(len(b) for b in batches))
         connect(args.address, args.num_cpus)
         t_start = time.perf_counter()

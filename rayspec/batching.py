@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence, TypeVar
 
 T = TypeVar("T")
@@ -11,23 +11,39 @@ T = TypeVar("T")
 
 @dataclass(frozen=True)
 class BatchBudget:
-    """Budget of one batch in tokens: ``rows * (padded encoder frames + expected decoder tokens)``.
+    """Budget of one batch in tokens: ``rows * (padded encoder positions + expected decoder tokens)``.
 
     Attributes:
-        tokens: the budget. With 25 encoder positions and ~15 characters per second of audio, 16,000 tokens hold
-            about 16 utterances of 40 s of audio each, or 160 of 4 s.
+        tokens: the budget. A stock Whisper pads every row to its 30 s window (1,500 encoder positions), so 24,000
+            tokens hold about 15 rows of short clips (whisper-base: about 40 MB of decoder cache per row in
+            float32); a model with a masked encoder at 25 positions and ~15 characters per second holds 15 rows of
+            40 s or 150 of 4 s.
         max_rows: hard cap on rows per batch.
-        frames_per_second: encoder positions per second of audio (model dependent).
+        frames_per_second: encoder positions per second of audio, for a model whose encoder length follows the
+            audio (see :func:`budget_for_model`).
         tokens_per_second: expected decoder tokens per second of audio.
+        window_positions: encoder positions of every row of a fixed-window model (0: they follow the audio).
     """
 
-    tokens: int = 16000
+    tokens: int = 24000
     max_rows: int = 64
     frames_per_second: float = 25.0
     tokens_per_second: float = 15.0
+    window_positions: int = 0
 
     def cost(self, seconds: float) -> float:
-        return seconds * (self.frames_per_second + self.tokens_per_second)
+        """Budget tokens of one row of ``seconds`` of audio."""
+        positions = self.window_positions or seconds * self.frames_per_second
+        return positions + seconds * self.tokens_per_second
+
+
+def budget_for_model(budget: BatchBudget, config) -> BatchBudget:
+    """``budget`` with the encoder geometry of a Whisper-architecture model ``config`` (a transformers config):
+    a stock Whisper encodes a fixed window of ``max_source_positions`` positions whatever the audio's length; a
+    model with rayspec's encoder masking has ``50 / frame_stack`` positions per second of audio."""
+    if getattr(config, "rayspec_encoder_masking", False):
+        return replace(budget, window_positions=0, frames_per_second=50.0 / getattr(config, "rayspec_frame_stack", 1))
+    return replace(budget, window_positions=int(config.max_source_positions))
 
 
 def plan_batches(items: Sequence[T], seconds: Sequence[float], budget: BatchBudget) -> list[list[T]]:

@@ -474,7 +474,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--max-draft", type=int, default=0, help="spec: override max draft length of adaptive configs")
     p.add_argument("--no-hf", action="store_true", help="spec: skip transformers' assisted generation")
     p.add_argument("--repeats", type=_positive, default=1,
-                   help="spec/ssd/medusa: timed runs per configuration, taken round-robin over the "
+                   help="spec/ssd/medusa/peers: timed runs per configuration, taken round-robin over the "
                         "configurations, the fastest reported (default 1)")
     p.add_argument("--tau-ctc", type=float, nargs="+", default=[0.3, 0.7, 1.5, 3.0], help="ssd: gate thresholds")
     p.add_argument("--tau-slm", type=float, nargs="+", default=[0.01, 0.1, 0.2], help="ssd: verification thresholds")
@@ -509,8 +509,14 @@ def add_bench_parser(sub) -> None:
     w = p.add_argument_group("peers suite (manifests: optional, default the bundled AN4 clips; --threads: per "
                              "engine, default 1)")
     w.add_argument("--peer-models", default="tiny.en,base.en,small.en",
-                   help="published Whisper configurations, random weights (default tiny.en,base.en,small.en)")
-    w.add_argument("--engines", default="rayspec,transformers,vllm", help="engines, comma-separated (default all)")
+                   help="published Whisper configurations with random weights and forced token counts (default "
+                        "tiny.en,base.en,small.en), or installed models with their real weights, decoded to EOS "
+                        "and scored (whisper-base,whisper-tiny.en)")
+    w.add_argument("--engines", default="rayspec,transformers,vllm",
+                   help="engines, comma-separated, each NAME[:METHOD][@COMPUTE_TYPE]: rayspec (rayspec:draft, "
+                        "rayspec@bfloat16 = bf16 encoder), transformers, vllm, and on installed models "
+                        "faster-whisper, faster-whisper-batched, ctranslate2 (@int8 or @float32); default "
+                        "rayspec,transformers,vllm")
     w.add_argument("--tokens", type=int, default=32, help="tokens generated per utterance by every engine (default 32)")
     w.add_argument("--models-dir", default=os.path.join(tempfile.gettempdir(), "rayspec-peers"),
                    help="where the random checkpoints are written once (default: $TMPDIR/rayspec-peers)")

@@ -29,7 +29,9 @@ from tqdm import tqdm
 
 from .bench import write_table
 
-ENGINES = ("rayspec", "transformers", "vllm")
+ENGINES = ("rayspec", "transformers", "vllm", "faster-whisper", "faster-whisper-batched", "ctranslate2")
+"""Engine names; a spec may add ``:METHOD`` (rayspec) and ``@COMPUTE_TYPE`` (see :mod:`rayspec.peers.engine_worker`).
+faster-whisper and ctranslate2 run on named models only (the original CTranslate2 files)."""
 
 
 @dataclass
@@ -45,6 +47,9 @@ class PeerRow:
     startup_s: float
     peak_rss_mb: float
     same_tokens: int  # utterances whose tokens equal rayspec's
+    texts: Optional[list] = None  # named models: the transcripts, for WER
+    wer: Optional[float] = None  # percent, Whisper's normalizer
+    cer_nospace: Optional[float] = None  # percent, spaces and hyphens removed
 
     @property
     def tokens_per_s(self) -> float:
@@ -56,7 +61,7 @@ class PeerRow:
 
 
 def run_engine(engine: str, model_dir: str, audio_npz: str, batch_sizes, tokens: int, threads: int,
-               vllm_python: str, vllm_eager: bool = False) -> dict:
+               vllm_python: str, vllm_eager: bool = False, ct2_dir: Optional[str] = None) -> dict:
     """Run one engine's worker process; returns its JSON report. ``vllm_eager``: vLLM without its graph compilation
     (a faster start for smoke tests; benchmarks keep vLLM's default).
 
@@ -73,7 +78,7 @@ def run_engine(engine: str, model_dir: str, audio_npz: str, batch_sizes, tokens:
                    VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "4"))  # GiB; base.en at 64 sequences needs > 2
     else:
         cmd = [sys.executable, "-m", "rayspec.peers.engine_worker", "--engine", engine, "--threads", str(threads),
-               *common]
+               *common] + (["--ct2", ct2_dir] if ct2_dir else [])
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode != 0 or not lines:
@@ -84,16 +89,21 @@ def run_engine(engine: str, model_dir: str, audio_npz: str, batch_sizes, tokens:
 
 def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, threads: int, vllm_python: str,
               models_dir: str, engines=ENGINES, progress: bool = True, runs_dir: Optional[str] = None,
-              vllm_eager: bool = False) -> tuple[list[PeerRow], list[str]]:
+              vllm_eager: bool = False, repeats: int = 1) -> tuple[list[PeerRow], list[str]]:
     """All rows of the suite: every engine on every model at every batch size, same waveforms (16 kHz).
+
+    A model is a published architecture (``tiny.en``: random weights, every engine forced to ``tokens`` tokens per
+    utterance) or a named installed model (``whisper-base``: real weights, decoding to EOS, rows with transcripts).
 
     Args:
         runs_dir: where each engine's report is kept (``<model>-<engine>.json``, written atomically); a re-run with
             the same audio and settings reuses it instead of measuring again. None: nothing kept.
+        repeats: rounds over the engines (alternating); each row keeps its fastest round.
 
     Returns:
         ``(rows, failures)``: an engine that fails on a model is one line in ``failures``, the other rows stand.
     """
+    from .models.registry import MODELS, ct2_folder
     from .models.stock_whisper import random_whisper
 
     tiktoken_path = str(resources.files("rayspec") / "data" / "gpt2.tiktoken")
@@ -105,20 +115,26 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
     with tempfile.TemporaryDirectory() as tmp:
         npz = os.path.join(tmp, "audio.npz")
         np.savez(npz, **{f"a{i}": a.astype(np.float32) for i, a in enumerate(audios)})
-        jobs = [(m, e) for m in model_names for e in engines]
-        for name, engine in tqdm(jobs, desc="peers", disable=not progress):
-            key = {"model": name, "engine": engine, "batch_sizes": list(batch_sizes), "tokens": tokens,
-                   "threads": threads, "audio": digest, "vllm_eager": vllm_eager}
-            saved = os.path.join(runs_dir, f"{name}-{engine}.json") if runs_dir else None
+        jobs = [(m, e, k) for k in range(repeats) for m in model_names for e in engines]
+        reports: dict[tuple, dict] = {}
+        for name, engine, k in tqdm(jobs, desc="peers", disable=not progress):
+            named = name in MODELS
+            key = {"model": name, "engine": engine, "batch_sizes": list(batch_sizes), "tokens": 0 if named else tokens,
+                   "threads": threads, "audio": digest, "vllm_eager": vllm_eager, "round": k}
+            saved = os.path.join(runs_dir, f"{name}-{engine}-{k}.json") if runs_dir else None
             rep = None
             if saved and os.path.exists(saved):
                 with open(saved) as f:
                     kept = json.load(f)
                 rep = kept["report"] if kept.get("key") == key else None
             if rep is None:
-                model_dir = random_whisper(name, os.path.join(models_dir, name), tiktoken_path)
+                if named:
+                    model, ct2 = name, ct2_folder(name, os.path.join(models_dir, f"{name}-ct2"))
+                else:
+                    model, ct2 = random_whisper(name, os.path.join(models_dir, name), tiktoken_path), None
                 try:
-                    rep = run_engine(engine, model_dir, npz, batch_sizes, tokens, threads, vllm_python, vllm_eager)
+                    rep = run_engine(engine, model, npz, batch_sizes, key["tokens"], threads, vllm_python, vllm_eager,
+                                     ct2)
                 except RuntimeError as exc:
                     failures.append(f"{name} / {engine}: {str(exc).splitlines()[-1]}")
                     continue
@@ -127,11 +143,15 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
                     with open(saved + ".tmp", "w") as f:
                         json.dump({"key": key, "report": rep}, f)
                     os.replace(saved + ".tmp", saved)
-            for r in rep["rows"]:
-                outputs[name, engine, r["batch_size"]] = r["tokens"]
-                rows.append(PeerRow(name, engine, rep["version"], r["batch_size"], len(audios),
-                                    sum(len(t) for t in r["tokens"]), audio_s, r["decode_s"], rep["startup_s"],
-                                    rep["peak_rss_mb"], 0))
+            best = reports.setdefault((name, engine), rep)
+            for mine, r in zip(best["rows"], rep["rows"]):  # the fastest round of each batch size
+                mine["decode_s"] = min(mine["decode_s"], r["decode_s"])
+    for (name, engine), rep in reports.items():
+        for r in rep["rows"]:
+            outputs[name, engine, r["batch_size"]] = r["tokens"]
+            rows.append(PeerRow(name, engine, rep["version"], r["batch_size"], len(audios),
+                                sum(len(t) for t in r["tokens"]), audio_s, r["decode_s"], rep["startup_s"],
+                                rep["peak_rss_mb"], 0, r.get("texts")))
     for r in rows:
         ref = outputs.get((r.model, "rayspec", batch_sizes[0]))
         mine = outputs[r.model, r.engine, r.batch_size]
@@ -143,15 +163,16 @@ def write_peer_outputs(rows: list[PeerRow], out_dir: str, title: str, notes: str
     """``bench-peers.md`` / ``.csv`` / ``.png`` (tokens/s against batch size, one line per engine and model)."""
     os.makedirs(out_dir, exist_ok=True)
     header = ["model", "engine", "batch", "utterances", "tokens/utt", "decode s", "tokens/s", "RTFx",
-              "rayspec / engine", "start-up s", "peak RSS MB", "tokens = rayspec"]
+              "rayspec / engine", "start-up s", "peak RSS MB", "tokens = rayspec", "WER %", "space-free CER %"]
     cells = []
     for r in rows:
         ours = next((x for x in rows if x.model == r.model and x.engine == "rayspec" and x.batch_size == r.batch_size),
                     None)
-        cells.append([r.model, f"{r.engine} {r.version}", r.batch_size, r.utterances, f"{r.tokens / r.utterances:g}",
+        cells.append([r.model, f"{r.engine} {r.version}", r.batch_size, r.utterances, f"{r.tokens / r.utterances:.1f}",
                       f"{r.decode_s:.2f}", f"{r.tokens_per_s:.1f}", f"{r.rtfx:.1f}",
-                      f"{ours.tokens_per_s / r.tokens_per_s:.2f}x" if ours else "-", f"{r.startup_s:.1f}",
-                      f"{r.peak_rss_mb:.0f}", f"{r.same_tokens}/{r.utterances}"])
+                      f"{ours.rtfx / r.rtfx:.2f}x" if ours else "-", f"{r.startup_s:.1f}",
+                      f"{r.peak_rss_mb:.0f}", f"{r.same_tokens}/{r.utterances}",
+                      "-" if r.wer is None else f"{r.wer:.1f}", "-" if r.cer_nospace is None else f"{r.cer_nospace:.1f}"])
     stem = os.path.join(out_dir, "bench-peers")
     text = write_table(stem, title, header, cells, notes)
     _plot(rows, stem + ".png", title)
@@ -236,6 +257,8 @@ def cmd_bench_peers(args) -> int:
 
     from .audio import load_audio
     from .manifest import read_manifest
+    from .metrics import error_rates
+    from .models.registry import MODELS
 
     if args.manifests:
         utts = [u for m in args.manifests for u in read_manifest(m)]
@@ -245,26 +268,44 @@ def cmd_bench_peers(args) -> int:
     utts = utts[: args.limit or 64]
     audios = [load_audio(u.audio, 16000) for u in tqdm(utts, desc="audio")]
     engines = [e for e in args.engines.split(",") if e]
-    unknown = set(engines) - set(ENGINES)
+    unknown = {e for e in engines if e.partition("@")[0].partition(":")[0] not in ENGINES}
     if unknown:
         raise ValueError(f"unknown engine(s) {', '.join(sorted(unknown))}; choose from {', '.join(ENGINES)}")
     if "vllm" in engines and not os.path.exists(args.vllm_python):
         raise FileNotFoundError(f"no vLLM interpreter at {args.vllm_python}: run scripts/setup-vllm.sh first, or "
                                 f"pass --engines rayspec,transformers")
     threads = args.threads or 1
-    rows, failures = run_peers(args.peer_models.split(","), audios, tuple(args.batch_sizes), args.tokens, threads,
+    models = args.peer_models.split(",")
+    rows, failures = run_peers(models, audios, tuple(args.batch_sizes), args.tokens, threads,
                                args.vllm_python, args.models_dir, engines,
-                               runs_dir=os.path.join(args.output, "peers-runs"))
+                               runs_dir=os.path.join(args.output, "peers-runs"), repeats=args.repeats)
+    refs = [u.text or "" for u in utts]
+    for r in rows:
+        if r.texts is not None and any(refs):
+            rates = error_rates(refs, r.texts)
+            r.wer, r.cer_nospace = 100 * rates.wer, 100 * rates.cer_nospace
     cpu = platform.processor()
     if os.path.exists("/proc/cpuinfo"):
         with open("/proc/cpuinfo") as f:
             cpu = next((ln.split(":", 1)[1].strip() for ln in f if ln.startswith("model name")), cpu)
-    title = (f"peers: {len(audios)} utterances ({sum(len(a) for a in audios) / 16000:.0f} s audio), "
-             f"{args.tokens} tokens each, float32, {threads} thread(s), {cpu}")
-    notes = ("\n- Random weights in the published configurations; every engine generates exactly the same number of "
-             "tokens per utterance (EOS banned). Timed: features + encoder + decoder after a warm-up batch. "
-             "rayspec / engine: rayspec's tokens/s over the engine's at the same batch size. "
-             "tokens = rayspec: utterances whose tokens equal rayspec's at batch " f"{args.batch_sizes[0]}.\n")
+    audio = f"{len(audios)} utterances ({sum(len(a) for a in audios) / 16000:.0f} s audio)"
+    if all(m in MODELS for m in models):
+        title = (f"peers: real weights, {audio}, greedy to EOS, {threads} thread(s), {args.repeats} alternating "
+                 f"round(s), {cpu}")
+        notes = ("\n- The installed weights: rayspec and transformers on the converted float32 model, "
+                 "faster-whisper and CTranslate2 on the original CTranslate2 files (float16 weights computed in the "
+                 "compute type named). Timed: features + encoder + decoder over all utterances after a warm-up, "
+                 "the fastest of the rounds; engines alternate within a round. rayspec / engine: rayspec ar "
+                 "float32's RTFx over the engine's at the same batch size. faster-whisper: file by file (batch 1); "
+                 "faster-whisper-batched: its BatchedInferencePipeline, which batches the VAD segments of one file. "
+                 "tokens = rayspec: utterances whose tokens equal rayspec ar's at batch "
+                 f"{args.batch_sizes[0]}. WER after Whisper's English normalizer.\n")
+    else:
+        title = f"peers: {audio}, {args.tokens} tokens each, float32, {threads} thread(s), {cpu}"
+        notes = ("\n- Random weights in the published configurations; every engine generates exactly the same number "
+                 "of tokens per utterance (EOS banned). Timed: features + encoder + decoder after a warm-up batch. "
+                 "rayspec / engine: rayspec's RTFx over the engine's at the same batch size. "
+                 "tokens = rayspec: utterances whose tokens equal rayspec's at batch " f"{args.batch_sizes[0]}.\n")
     notes += "".join(f"- FAILED {line}\n" for line in failures)
     print(write_peer_outputs(rows, args.output, title, notes))
     if args.serve_concurrency:

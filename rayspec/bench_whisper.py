@@ -57,27 +57,18 @@ def _ct2_model(name: str):
     ``ctranslate2`` package or for a model that is not a name. A ``model.bin`` split across packages is joined into a
     temporary folder, removed once CTranslate2 has read it."""
     import tempfile
-    from importlib import metadata
 
-    from .models.registry import MODELS
+    from .models.registry import MODELS, ct2_folder
 
     try:
         import ctranslate2
     except ImportError:
         return None
-    m = MODELS.get(name)
-    if m is None:
+    if name not in MODELS:
         return None
-    locate = lambda f: str(metadata.distribution(f.distribution).locate_file(f.path))  # noqa: E731
     with tempfile.TemporaryDirectory(prefix=f"{name}-ct2-") as tmp:
-        with open(os.path.join(tmp, "model.bin"), "wb") as out:
-            for f in m.model_bin:
-                with open(locate(f), "rb") as part:
-                    while chunk := part.read(1 << 24):
-                        out.write(chunk)
-        for f in m.support:
-            os.symlink(locate(f), os.path.join(tmp, os.path.basename(f.path)))
-        return ctranslate2.models.Whisper(tmp, compute_type="float32", intra_threads=torch.get_num_threads())
+        return ctranslate2.models.Whisper(ct2_folder(name, tmp), compute_type="float32",
+                                          intra_threads=torch.get_num_threads())
 
 
 def _identity(name: str, model: WhisperASR, ct2_model, audios: list[np.ndarray]) -> dict:

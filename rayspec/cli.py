@@ -46,7 +46,8 @@ def cmd_transcribe(args) -> int:
     utts = read_manifest(args.input)
     transcriber = build_transcriber(args)
     with tqdm(total=len(utts), desc="transcribe", unit="utt", disable=args.quiet) as bar:
-        summary = run_corpus(utts, transcriber, args.output, budget_from_args(args), progress=bar.update,
+        summary = run_corpus(utts, transcriber, args.output, budget_from_args(args, transcriber.target.config),
+                             progress=bar.update,
                              continuous=not args.no_continuous and METHODS[args.method].continuous)
     print_summary(summary, args.output)
     return EXIT_SOME_FAILED if summary.failed else 0
@@ -151,8 +152,10 @@ def cmd_train(args) -> int:
                   file=sys.stderr)
             return EXIT_USAGE
         summary = train_draft_decoder(args.target, args.manifests, args.output, args.work_dir,
-                                      args.decoder_layers or 1, args.epochs, args.lr, seed=args.seed,
-                                      threads=args.threads, max_utterances=args.max_utterances)
+                                      args.decoder_layers or 2, args.epochs, args.lr,
+                                      batch_positions=args.batch_frames // 2, seed=args.seed, threads=args.threads,
+                                      max_utterances=args.max_utterances, device=args.device,
+                                      max_steps=args.max_steps)
         print(json.dumps({"dev_top1": summary["dev_top1"]}))
         return 0
 
@@ -287,10 +290,11 @@ def _train_parser(sub) -> None:
               draft   a small model with the same tokenizer, distilled from --target's greedy transcripts
               ctc     a CTC head over the frozen encoder of --target
               medusa  Medusa heads over the frozen decoder of --target, on its own greedy transcripts
-              draft-decoder  a shallow decoder (WhisperForCausalLM, --decoder-layers, default 1) over the frozen
-                      encoder of --target, distilled from its output distributions (distil-whisper's assistant);
-                      reads --epochs, --lr, --seed, --threads (dropout 0.1, 200 warm-up steps, 12,000 positions
-                      per batch: the recipe's own)
+              draft-decoder  a shallow decoder (WhisperForCausalLM, --decoder-layers, default 2) over the frozen
+                      encoder of --target, distilled from its output distributions (distil-whisper's assistant),
+                      sharing the target's embedding (not shipped); reads --epochs, --lr, --batch-frames (2 per
+                      encoder position: a 30 s window is 3,000), --device, --seed, --threads (dropout 0.1, 200
+                      warm-up steps, KL weight 0.8: the recipe's own)
               tts-target  the speech-token TTS target (phones + durations -> Lyra codes), on aligned clips
               tts-draft   the TTS draft, distilled from --target (a TTS target directory)
 
@@ -328,6 +332,7 @@ def _train_parser(sub) -> None:
         p.add_argument(f"--{name}", type=int, default=None, help="architecture override")
     p.add_argument("--position-scale", type=float, default=None,
                    help="initial encoder position embeddings = Whisper's sinusoids x this (default 0.1)")
+    p.add_argument("--device", default="cpu", help="draft-decoder: cpu or cuda")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (smoke runs)")
     p.add_argument("--max-utterances", type=int, default=None, help="use only the first N utterances (smoke runs)")
     p.set_defaults(func=cmd_train)

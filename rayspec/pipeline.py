@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from .audio import AudioError, AudioLimits, load_audio
-from .batching import BatchBudget, plan_batches
+from .batching import BatchBudget, budget_for_model, plan_batches
 from .decoding.common import DecodeStats, Hypothesis, compression_ratio, token_cap
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
 from .decoding.ssd import ctc_drafts
@@ -573,13 +573,15 @@ def run_corpus(
     utterances: list[Utterance],
     transcriber: Transcriber,
     output: str,
-    budget: BatchBudget = BatchBudget(),
+    budget: Optional[BatchBudget] = None,
     progress: Optional[Callable[[int], None]] = None,
     continuous: bool = True,
 ) -> RunSummary:
     """Transcribe a corpus in-process into ``output`` (resuming), then merge the results file.
 
     Args:
+        budget: batch budget; default :class:`BatchBudget` for the transcriber's target
+            (:func:`~rayspec.batching.budget_for_model`).
         continuous: continuous batching (:meth:`Transcriber.transcribe_stream`, longest batches first, as many
             rows at once as the largest planned batch); False decodes the planned batches one after another.
 
@@ -588,6 +590,7 @@ def run_corpus(
     """
     writer = ResultWriter(output)
     try:
+        budget = budget or budget_for_model(BatchBudget(), transcriber.target.config)
         batches = pending_batches(utterances, writer, budget)
         summary = RunSummary(skipped=len(utterances) - sum(len(b) for b in batches))
         t0 = time.perf_counter()

@@ -1,6 +1,8 @@
 import pytest
 
-from rayspec.batching import BatchBudget, plan_batches
+from types import SimpleNamespace
+
+from rayspec.batching import BatchBudget, budget_for_model, plan_batches
 from rayspec.results import SCHEMA, ResultRow, ResultWriter, read_results
 
 
@@ -14,6 +16,19 @@ def test_plan_batches_sorted_under_budget():
     for b in batches:
         assert len(b) <= 3
         assert len(b) == 1 or len(b) * budget.cost(max(secs[i] for i in b)) <= 200
+
+
+def test_fixed_window_models_pay_their_whole_window_per_row():
+    """A stock Whisper pads every row to 1,500 encoder positions: the default budget holds ~15 rows of short clips
+    (not the 64-row cap a per-second estimate gave: 5 GB for whisper-base), a masked model's rows follow the audio."""
+    stock = budget_for_model(BatchBudget(), SimpleNamespace(max_source_positions=1500))
+    secs = [3.0] * 100
+    assert max(len(b) for b in plan_batches(list(range(100)), secs, stock)) == 15
+    assert stock.cost(3.0) == stock.cost(0.5) + 2.5 * stock.tokens_per_second  # the window does not shrink
+    masked = budget_for_model(BatchBudget(), SimpleNamespace(max_source_positions=1500, rayspec_encoder_masking=True,
+                                                             rayspec_frame_stack=2))
+    assert masked.window_positions == 0 and masked.frames_per_second == 25.0
+    assert max(len(b) for b in plan_batches(list(range(100)), secs, masked)) == 64
 
 
 def test_plan_batches_length_mismatch():

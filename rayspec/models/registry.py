@@ -80,7 +80,9 @@ MODELS: dict[str, NamedModel] = {m.name: m for m in (
     ),
 )}
 DEFAULT_TARGET = "whisper-base"
-DRAFTERS: dict[str, dict[str, str]] = {"whisper-base": {"medusa": "medusa-whisper-base"}}
+DRAFTERS: dict[str, dict[str, str]] = {
+    "whisper-base": {"medusa": "medusa-whisper-base", "draft": "draft-decoder-whisper-base"},
+}
 """Target name -> drafter kind ("draft", "ctc", "medusa") -> the bundled drafter's directory under ``rayspec/zoo``."""
 _DRAFTER_FLAGS = {"draft": "--draft", "ctc": "--ctc", "medusa": "--medusa"}
 _CHUNK = 1 << 22
@@ -147,6 +149,36 @@ def _converted(src: str, parts: list[str], key: str, label: str) -> str:
     except OSError as e:
         raise ModelLoadError(f"cannot write the converted model to {os.path.dirname(dst)} ({e.strerror}): set "
                              "RAYSPEC_CACHE to a writable folder") from e
+    return dst
+
+
+def ct2_folder(name: str, dst: str) -> str:
+    """A CTranslate2 (faster-whisper) folder of the installed model ``name`` in ``dst`` (created), for engines that
+    read that format: ``model.bin`` joined from its parts when the packages split it (else a symbolic link), the
+    support files linked. Returns ``dst``.
+
+    Raises:
+        ModelLoadError: an unknown name, or its packages missing or failing their checksums.
+    """
+    if name not in MODELS:
+        raise ModelLoadError(f"unknown model {name!r}: use one of {', '.join(model_names())}")
+    m = MODELS[name]
+    parts, support = _verified(name, m.model_bin), _verified(name, m.support)
+    os.makedirs(dst, exist_ok=True)
+    target = os.path.join(dst, "model.bin")
+    if not os.path.lexists(target):
+        if len(parts) == 1:
+            os.symlink(parts[0], target)
+        else:
+            with open(target + ".tmp", "wb") as out:
+                for path in parts:
+                    with open(path, "rb") as part:
+                        shutil.copyfileobj(part, out, _CHUNK)
+            os.replace(target + ".tmp", target)
+    for path in support:
+        link = os.path.join(dst, os.path.basename(path))
+        if not os.path.lexists(link):
+            os.symlink(path, link)
     return dst
 
 

@@ -122,6 +122,32 @@ def stack_frames(features: torch.Tensor | np.ndarray, k: int):
     return x.reshape(*lead, k * m, t // k)
 
 
+def _with_target_embedding(path: str, config, dtype: torch.dtype):
+    """A ``WhisperForCausalLM`` from ``path``'s weights plus the token embedding of the model its config names in
+    ``rayspec_embedding_from`` (see :func:`~rayspec.train.draft_decoder.export_draft_decoder`)."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+    from transformers import WhisperForCausalLM
+
+    ref = config.rayspec_embedding_from
+    src = os.path.join(resolve_model(ref), "model.safetensors")
+    if not os.path.isfile(src):
+        raise ModelLoadError(f"{path} takes its token embedding from {ref}, which has no model.safetensors")
+    state = load_file(os.path.join(path, "model.safetensors"))
+    with safe_open(src, "pt") as f:
+        state[EMBEDDING_KEY] = f.get_tensor(EMBEDDING_KEY)
+    if state[EMBEDDING_KEY].shape != (config.vocab_size, config.d_model):
+        raise ModelLoadError(f"{path} needs a {config.vocab_size} x {config.d_model} token embedding; {ref} has "
+                             f"{tuple(state[EMBEDDING_KEY].shape)}")
+    config._attn_implementation = "sdpa"
+    model = WhisperForCausalLM(config)
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if unexpected or set(missing) - {"proj_out.weight"}:
+        raise ModelLoadError(f"{path}: weights do not match its config (missing {missing}, unexpected {unexpected})")
+    model.tie_weights()
+    return model.to(dtype)
+
+
 def _require_files(path: str) -> None:
     if not os.path.isdir(path):
         raise ModelLoadError(f"model directory not found: {path} (rayspec loads local directories only)")
@@ -129,6 +155,9 @@ def _require_files(path: str) -> None:
         raise ModelLoadError(f"{path} has no config.json: not a transformers model directory")
 
 
+EMBEDDING_KEY = "model.decoder.embed_tokens.weight"
+"""State-dict key of the decoder's token embedding (tied to the output projection) in ``WhisperForConditionalGeneration``
+and ``WhisperForCausalLM`` alike."""
 CPU_ENCODER_POSITIONS = 1500  # encoder positions per call on a CPU (see WhisperASR.encode)
 ONEDNN_MIN_WEIGHT = 1 << 20  # output-projection elements from which rows > 1 go through oneDNN (WhisperASR.project)
 # oneDNN's float32 linear (see WhisperASR.project); None in a torch build without oneDNN
@@ -188,7 +217,8 @@ class WhisperASR:
 
         A ``WhisperForCausalLM`` checkpoint (a decoder that reads another model's encoder states, as distil-whisper's
         assistant decoders do) loads without a feature extractor: :attr:`has_encoder` is False and it can only
-        decode over a target's :class:`EncoderOutput`.
+        decode over a target's :class:`EncoderOutput`. One whose config names ``rayspec_embedding_from`` (rayspec's
+        draft decoders) takes its token embedding, tokenizer and generation config from that model.
 
         Raises:
             ModelLoadError: an unknown name, a model package missing or failing its checksum, a missing directory or
@@ -216,8 +246,12 @@ class WhisperASR:
         _require_files(path)
         config = AutoConfig.from_pretrained(path)
         decoder_only = "WhisperForCausalLM" in (getattr(config, "architectures", None) or [])
-        cls_ = WhisperForCausalLM if decoder_only else WhisperForConditionalGeneration
-        model = cls_.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+        shared = getattr(config, "rayspec_embedding_from", None) if decoder_only else None
+        if shared:  # a draft decoder shipped without the embedding it shares with its target
+            model, path = _with_target_embedding(path, config, dtype), resolve_model(shared)
+        else:
+            cls_ = WhisperForCausalLM if decoder_only else WhisperForConditionalGeneration
+            model = cls_.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
         model.to(device).eval()
         if encoder_dtype is not None and not decoder_only:
             model.model.encoder.to(encoder_dtype)

@@ -103,9 +103,9 @@ def split_manifests(paths: list[str], dev_fraction: float, seed: int) -> tuple[l
 
 
 def frozen_teacher(target_dir: str, manifests: list[str], work_dir: str, dev_fraction: float, seed: int,
-                   threads: int, max_utterances: Optional[int] = None):
+                   threads: int, max_utterances: Optional[int] = None, device: str = "cpu"):
     """The opening of a recipe that learns from a frozen target (Medusa heads, a draft decoder): torch threads and
-    seed set, ``work_dir`` created, the target loaded with gradients off, the manifests split as
+    seed set, ``work_dir`` created, the target loaded (on ``device``) with gradients off, the manifests split as
     :func:`split_manifests` does.
 
     Returns:
@@ -117,7 +117,7 @@ def frozen_teacher(target_dir: str, manifests: list[str], work_dir: str, dev_fra
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     os.makedirs(work_dir, exist_ok=True)
-    target = WhisperASR.from_pretrained(target_dir)
+    target = WhisperASR.from_pretrained(target_dir, device)
     target.model.requires_grad_(False)
     train_utts, dev_utts = split_manifests(manifests, dev_fraction, seed)
     if max_utterances:

