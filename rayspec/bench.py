@@ -514,9 +514,9 @@ def add_bench_parser(sub) -> None:
                         "and scored (whisper-base,whisper-tiny.en)")
     w.add_argument("--engines", default="rayspec,transformers,vllm",
                    help="engines, comma-separated, each NAME[:METHOD][@COMPUTE_TYPE]: rayspec (rayspec:draft, "
-                        "rayspec@bfloat16 = bf16 encoder), transformers, vllm, and on installed models "
-                        "faster-whisper, faster-whisper-batched, ctranslate2 (@int8 or @float32); default "
-                        "rayspec,transformers,vllm")
+                        "rayspec@bfloat16 = bf16 encoder), transformers, vllm (random weights only), and on "
+                        "installed models faster-whisper, faster-whisper-batched, ctranslate2 (@int8 or "
+                        "@float32); default rayspec,transformers,vllm")
     w.add_argument("--tokens", type=int, default=32, help="tokens generated per utterance by every engine (default 32)")
     w.add_argument("--models-dir", default=os.path.join(tempfile.gettempdir(), "rayspec-peers"),
                    help="where the random checkpoints are written once (default: $TMPDIR/rayspec-peers)")

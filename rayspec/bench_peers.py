@@ -29,9 +29,12 @@ from tqdm import tqdm
 
 from .bench import write_table
 
-ENGINES = ("rayspec", "transformers", "vllm", "faster-whisper", "faster-whisper-batched", "ctranslate2")
+RANDOM_ENGINES = ("rayspec", "transformers", "vllm")
+"""The engines of a random-weights model (a published architecture, forced token counts)."""
+ENGINES = RANDOM_ENGINES + ("faster-whisper", "faster-whisper-batched", "ctranslate2")
 """Engine names; a spec may add ``:METHOD`` (rayspec) and ``@COMPUTE_TYPE`` (see :mod:`rayspec.peers.engine_worker`).
-faster-whisper and ctranslate2 run on named models only (the original CTranslate2 files)."""
+faster-whisper and ctranslate2 run on named models only (the original CTranslate2 files), vLLM on random-weights
+models only."""
 
 
 @dataclass
@@ -88,7 +91,7 @@ def run_engine(engine: str, model_dir: str, audio_npz: str, batch_sizes, tokens:
 
 
 def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, threads: int, vllm_python: str,
-              models_dir: str, engines=ENGINES, progress: bool = True, runs_dir: Optional[str] = None,
+              models_dir: str, engines=RANDOM_ENGINES, progress: bool = True, runs_dir: Optional[str] = None,
               vllm_eager: bool = False, repeats: int = 1) -> tuple[list[PeerRow], list[str]]:
     """All rows of the suite: every engine on every model at every batch size, same waveforms (16 kHz).
 
@@ -96,13 +99,14 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
     utterance) or a named installed model (``whisper-base``: real weights, decoding to EOS, rows with transcripts).
 
     Args:
-        runs_dir: where each engine's report is kept (``<model>-<engine>.json``, written atomically); a re-run with
+        runs_dir: where each engine's report is kept (``<model>-<engine>-<round>.json``, written atomically); a re-run with
             the same audio and settings reuses it instead of measuring again. None: nothing kept.
         repeats: rounds over the engines (alternating); each row keeps its fastest round.
 
     Returns:
         ``(rows, failures)``: an engine that fails on a model is one line in ``failures``, the other rows stand.
     """
+    from .models.errors import ModelLoadError
     from .models.registry import MODELS, ct2_folder
     from .models.stock_whisper import random_whisper
 
@@ -128,14 +132,19 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
                     kept = json.load(f)
                 rep = kept["report"] if kept.get("key") == key else None
             if rep is None:
-                if named:
-                    model, ct2 = name, ct2_folder(name, os.path.join(models_dir, f"{name}-ct2"))
-                else:
-                    model, ct2 = random_whisper(name, os.path.join(models_dir, name), tiktoken_path), None
+                base = engine.partition("@")[0].partition(":")[0]
                 try:
+                    if named and base == "vllm":
+                        raise RuntimeError("vLLM runs the random-weights models only here")
+                    if not named and base not in RANDOM_ENGINES:
+                        raise RuntimeError(f"{base} runs installed models only (whisper-base, whisper-tiny.en)")
+                    if named:
+                        model, ct2 = name, ct2_folder(name, os.path.join(models_dir, f"{name}-ct2-{MODELS[name].key[:12]}"))
+                    else:
+                        model, ct2 = random_whisper(name, os.path.join(models_dir, name), tiktoken_path), None
                     rep = run_engine(engine, model, npz, batch_sizes, key["tokens"], threads, vllm_python, vllm_eager,
                                      ct2)
-                except RuntimeError as exc:
+                except (RuntimeError, ModelLoadError) as exc:
                     failures.append(f"{name} / {engine}: {str(exc).splitlines()[-1]}")
                     continue
                 if saved:

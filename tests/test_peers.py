@@ -10,7 +10,7 @@ import torch
 
 import rayspec.models.whisper as whisper_module
 from rayspec.audio import load_audio
-from rayspec.bench_peers import ENGINES, run_peers, write_peer_outputs
+from rayspec.bench_peers import RANDOM_ENGINES, run_peers, write_peer_outputs
 from rayspec.chat.commands import DEFAULT_VLLM_PYTHON
 from rayspec.decoding.ar import greedy_decode
 from rayspec.manifest import read_manifest
@@ -76,7 +76,7 @@ def test_cpu_encoder_slices_give_the_rows_of_one_batch(tmp_path, monkeypatch, ma
 def test_peers_smoke_row(tmp_path):
     """The suite end to end on whisper-tiny.en (random weights): every engine forced to the same tokens, all equal
     (greedy, float32). vLLM takes part wherever its environment exists (.ci/run creates it)."""
-    engines = ENGINES if os.path.exists(VLLM_PYTHON) else ("rayspec", "transformers")
+    engines = RANDOM_ENGINES if os.path.exists(VLLM_PYTHON) else ("rayspec", "transformers")
     audios = random_audio(2, seed=5, min_s=1.0, max_s=2.0)
     rows, failures = run_peers(["tiny.en"], audios, (1, 2), 6, 1, VLLM_PYTHON, str(tmp_path / "models"), engines,
                                progress=False, runs_dir=str(tmp_path / "runs"), vllm_eager=True)

@@ -48,6 +48,11 @@ class NamedModel:
     support: tuple[PackagedFile, ...]
 
     @property
+    def key(self) -> str:
+        """Hex SHA-256 over the pinned files' hashes: names a folder made from exactly these files."""
+        return hashlib.sha256("".join(f.sha256 for f in self.model_bin + self.support).encode()).hexdigest()
+
+    @property
     def requirements(self) -> list[str]:
         """The pinned packages (``name==version``) that carry this model."""
         return sorted({f"{f.distribution}=={f.version}" for f in self.model_bin + self.support})
@@ -206,8 +211,7 @@ def resolve_model(name_or_path: str) -> str:
         m = MODELS[name_or_path]
         parts = _verified(m.name, m.model_bin)
         support = _verified(m.name, m.support)
-        key = hashlib.sha256("".join(f.sha256 for f in m.model_bin + m.support).encode()).hexdigest()
-        return _converted(os.path.dirname(support[0]), parts, key, m.name)
+        return _converted(os.path.dirname(support[0]), parts, m.key, m.name)
     path = os.fspath(name_or_path)
     if not os.path.isdir(path):
         if os.sep not in path and not path.startswith("."):

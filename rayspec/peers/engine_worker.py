@@ -62,21 +62,24 @@ def run_rayspec(model_dir: str, audios, batch_sizes, tokens: int, max_tokens: in
 def run_transformers(model_dir: str, audios, batch_sizes, tokens: int, max_tokens: int) -> tuple[str, float, list]:
     import torch
     import transformers
-    from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
+    from transformers import AutoTokenizer, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
     model = WhisperForConditionalGeneration.from_pretrained(model_dir).eval()
     fe = WhisperFeatureExtractor.from_pretrained(model_dir)
+    tok = AutoTokenizer.from_pretrained(model_dir)
     startup = time.perf_counter() - T_START
     n = tokens or max_tokens
     limits = dict(min_new_tokens=n, max_new_tokens=n) if tokens else dict(max_new_tokens=n)
+    if getattr(model.generation_config, "is_multilingual", False):
+        limits.update(language="en", task="transcribe")  # as every other engine (no per-clip language detection)
     eos = model.generation_config.eos_token_id
 
     def decode(idx):
         feats = fe([audios[i] for i in idx], sampling_rate=fe.sampling_rate, return_tensors="pt").input_features
         with torch.inference_mode():
             out = model.generate(feats, do_sample=False, num_beams=1, **limits)
-        rows = out.tolist()
-        return [r[: r.index(eos)] if eos in r and not tokens else r for r in rows]
+        rows = [r[: r.index(eos)] if eos in r and not tokens else r for r in out.tolist()]
+        return [(r, tok.decode(r, skip_special_tokens=True)) for r in rows]
 
     return transformers.__version__, startup, _timed(decode, len(audios), batch_sizes)
 
@@ -186,7 +189,9 @@ def main(argv=None) -> int:
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     name, _, ctype = args.engine.partition("@")
     name, _, method = name.partition(":")
-    if name == "rayspec" and (method or ctype or not os.path.isdir(args.model)):
+    if name == "rayspec" and (method or ctype) and os.path.isdir(args.model):
+        p.error("rayspec:METHOD and rayspec@COMPUTE_TYPE run on installed models (a name), not random weights")
+    if name == "rayspec" and not os.path.isdir(args.model):
         version, startup, rows = run_named_rayspec(args.model, method, ctype, audios, sizes)
     elif name in ("rayspec", "transformers"):
         from ..models.registry import resolve_model

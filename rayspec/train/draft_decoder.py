@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..audio import load_audio
+from ..audio import AudioError, load_audio
 from ..decoding.ar import greedy_decode
 from ..manifest import Utterance
 from ..models.whisper import EMBEDDING_KEY, EncoderOutput, WhisperASR
@@ -44,6 +44,9 @@ from .recipe import length_batches
 
 RAYSPEC_FEATURE_KEYS = ("rayspec_encoder_masking", "rayspec_frame_stack", "rayspec_feature_mean", "rayspec_feature_std")
 """Config entries of the target's front-end, meaningless for a decoder without an encoder (dropped from its config)."""
+CACHE_FORMAT = 2
+"""Format of ``teacher.pt`` and ``checkpoint.pt`` (2: whole-window states, no cached distributions, frozen embedding);
+an older work directory's files are recomputed, not misread."""
 TEACHER_CACHE_BYTES = 4 << 30
 """Largest teacher pass cached to ``<work_dir>/teacher.pt`` (a stock Whisper's states are 1,500 x d per utterance)."""
 
@@ -66,8 +69,12 @@ class TeacherRecord:
     masked: bool
 
 
-def _audio(path: str, sample_rate: int, speed: float) -> np.ndarray:
-    audio = load_audio(path, sample_rate)
+def _audio(path: str, sample_rate: int, speed: float) -> Optional[np.ndarray]:
+    """The waveform at ``speed``, or None when the file cannot be read (the teacher pass skips it)."""
+    try:
+        audio = load_audio(path, sample_rate)
+    except (AudioError, OSError):
+        return None
     # Speed perturbation (tempo and pitch, as Kaldi/ESPnet's sp): play `speed` times faster.
     return audio if speed == 1.0 else soxr.resample(audio, sample_rate, sample_rate / speed)
 
@@ -80,12 +87,16 @@ def teacher_pass(target: WhisperASR, utterances: list[Utterance], speeds: tuple[
     target's greedy decode (at most ``cap`` tokens, and at most one per two log-mel frames). Audio decoding and
     log-mel features run on ``workers`` threads."""
     eos, out = target.eos_token_id, []
-    sr = target.sample_rate
+    sr, most = target.sample_rate, int(target.max_audio_seconds * target.sample_rate)
     with ThreadPoolExecutor(workers) as pool:
         for speed in speeds:
             audios = list(tqdm(pool.map(lambda u: _audio(u.audio, sr, speed), utterances), total=len(utterances),
                                desc=f"audio x{speed}", leave=False))
-            order = sorted(range(len(audios)), key=lambda i: len(audios[i]))
+            order = sorted((i for i, a in enumerate(audios) if a is not None and 0 < len(a) <= most),
+                           key=lambda i: len(audios[i]))
+            if len(order) < len(audios):
+                print(f"teacher pass x{speed}: {len(audios) - len(order)} of {len(audios)} utterances skipped "
+                      f"(unreadable, empty, or over the model's {target.max_audio_seconds:g} s)", flush=True)
             got: dict[int, TeacherRecord] = {}
             for k in tqdm(range(0, len(order), batch), desc=f"teacher pass x{speed}"):
                 idx = order[k : k + batch]
@@ -99,9 +110,10 @@ def teacher_pass(target: WhisperASR, utterances: list[Utterance], speeds: tuple[
                 for r, (i, h) in enumerate(zip(idx, hyps)):
                     real = int(enc.lengths[r])
                     states = enc.states[r, : real if enc.masked else None].to(torch.float16).clone()
-                    got[i] = TeacherRecord(states, real, torch.tensor(h.tokens + ([eos] if h.finished else [])),
-                                           enc.masked)
-            out += [got[i] for i in range(len(audios))]
+                    tokens = h.tokens + ([eos] if h.finished else [])
+                    if tokens:  # a row with nothing to learn (no token, no EOS) is left out
+                        got[i] = TeacherRecord(states, real, torch.tensor(tokens, dtype=torch.long), enc.masked)
+            out += [got[i] for i in sorted(got)]
     return out
 
 
@@ -175,13 +187,15 @@ def _teacher(target: WhisperASR, train_utts, dev_utts, work_dir: str, speeds: tu
     cached = os.path.join(work_dir, "teacher.pt")
     if os.path.exists(cached):
         saved = torch.load(cached, weights_only=True, map_location=target.device)
-        return [[TeacherRecord(*r) for r in saved[k]] for k in ("train", "dev")]
+        if saved.get("format") == CACHE_FORMAT:
+            return [[TeacherRecord(*r) for r in saved[k]] for k in ("train", "dev")]
+        print(f"{cached} is from an older recipe: the teacher pass runs again", flush=True)
     train = teacher_pass(target, train_utts, speeds, batch, workers=workers)
     dev = teacher_pass(target, dev_utts, (1.0,), batch, workers=workers)
     size = sum(r.states.numel() * 2 for r in train + dev)
     if size <= TEACHER_CACHE_BYTES:
-        torch.save({k: [(r.states, r.real, r.tokens, r.masked) for r in v] for k, v in (("train", train), ("dev", dev))},
-                   cached + ".tmp")
+        torch.save({"format": CACHE_FORMAT, **{k: [(r.states, r.real, r.tokens, r.masked) for r in v]
+                                               for k, v in (("train", train), ("dev", dev))}}, cached + ".tmp")
         os.replace(cached + ".tmp", cached)
     else:
         print(f"teacher pass of {size / 2**30:.1f} GiB not cached (over {TEACHER_CACHE_BYTES / 2**30:.0f} GiB): "
@@ -217,10 +231,17 @@ def train_draft_decoder(target_dir: str, manifests: list[str], out_dir: str, wor
     train, dev = _teacher(target, train_utts, dev_utts, work_dir, tuple(speeds), 64 if device != "cpu" else 16,
                           threads)
     student = new_draft_decoder(target, layers, dropout)
-    torch.backends.cuda.matmul.allow_tf32 = True  # training only: the teacher's labels above are float32
-    if not kl_weight:
-        del target
-        target = None
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = True  # training (and its per-batch KL) only: the greedy labels are fp32
+    try:
+        return _train(student, target if kl_weight else None, train, dev, target_dir, out_dir, work_dir, layers,
+                      epochs, lr, kl_weight, batch_positions, warmup_steps, seed, max_steps)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+
+
+def _train(student, target, train, dev, target_dir, out_dir, work_dir, layers, epochs, lr, kl_weight,
+           batch_positions, warmup_steps, seed, max_steps) -> dict:
     rng = random.Random(seed)
     params = [p for p in student.model.parameters() if p.requires_grad]
     optim = torch.optim.AdamW(params, lr=lr, weight_decay=0.01, betas=(0.9, 0.98))
@@ -235,8 +256,10 @@ def train_draft_decoder(target_dir: str, manifests: list[str], out_dir: str, wor
 
     epoch, step, history = 0, 0, []
     ckpt = os.path.join(work_dir, "checkpoint.pt")
-    if os.path.exists(ckpt):
-        saved = torch.load(ckpt, weights_only=True, map_location=student.device)
+    saved = torch.load(ckpt, weights_only=True, map_location=student.device) if os.path.exists(ckpt) else None
+    if saved is not None and saved.get("format") != CACHE_FORMAT:
+        print(f"{ckpt} is from an older recipe (trainable embedding): training starts afresh", flush=True)
+    elif saved is not None:
         student.model.load_state_dict(saved["model"])
         optim.load_state_dict(saved["optim"])
         epoch, step, history = saved["epoch"], saved["step"], json.loads(saved["history"])
@@ -267,8 +290,8 @@ def train_draft_decoder(target_dir: str, manifests: list[str], out_dir: str, wor
         print(json.dumps(rec), flush=True)
         with open(os.path.join(work_dir, "log.jsonl"), "a") as f:
             f.write(json.dumps(rec) + "\n")
-        torch.save({"model": student.model.state_dict(), "optim": optim.state_dict(), "epoch": epoch, "step": step,
-                    "history": json.dumps(history)}, ckpt + ".tmp")
+        torch.save({"format": CACHE_FORMAT, "model": student.model.state_dict(), "optim": optim.state_dict(),
+                    "epoch": epoch, "step": step, "history": json.dumps(history)}, ckpt + ".tmp")
         os.replace(ckpt + ".tmp", ckpt)
     export_draft_decoder(student, target_dir, out_dir)
     summary = {"kind": "draft-decoder", "target": target_dir, "layers": layers, "epochs": epoch, "steps": step,
@@ -284,13 +307,14 @@ def train_draft_decoder(target_dir: str, manifests: list[str], out_dir: str, wor
 
 def export_draft_decoder(student: WhisperASR, target: str, out_dir: str) -> None:
     """Write a draft decoder without the target's token embedding: ``config.json`` (with ``rayspec_embedding_from``
-    = ``target``, the model name or directory whose embedding, tokenizer and generation config it loads with, see
+    = ``target``, the model name or absolute directory whose embedding, tokenizer and generation config it loads
+    with, see
     :meth:`WhisperASR.from_pretrained`) and float16 ``model.safetensors`` (layers, positions, final norm)."""
     from safetensors.torch import save_file
 
     model = student.model
     model.config.dropout = model.config.attention_dropout = model.config.activation_dropout = 0.0
-    model.config.rayspec_embedding_from = target
+    model.config.rayspec_embedding_from = os.path.abspath(target) if os.path.isdir(target) else target
     os.makedirs(out_dir, exist_ok=True)
     model.config.save_pretrained(out_dir)
     weights = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in model.state_dict().items()
