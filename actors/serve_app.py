@@ -101,13 +101,13 @@ class AdmissionMiddleware:
                                headers={"Retry-After": "1"})
         headers = dict(scope.get("headers") or [])
         declared = headers.get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > limits.max_body_bytes):
-            if headers.get(b"expect", b"").lower() != b"100-continue":  # else the client waits: nothing to drain
-                await _drain(receive, limits.body_timeout_s)
-            return await _send(send, 413, f"request body of {declared.decode(errors='replace')} bytes is over the "
-                                          f"limit of {limits.max_body_bytes} bytes")
-        limits.active += 1
+        limits.active += 1  # a refused body being drained counts against max_queued too
         try:
+            if declared is not None and (not declared.isdigit() or int(declared) > limits.max_body_bytes):
+                if headers.get(b"expect", b"").lower() != b"100-continue":  # else the client waits: nothing to drain
+                    await _drain(receive, limits.body_timeout_s)
+                return await _send(send, 413, f"request body of {declared.decode(errors='replace')} bytes is over "
+                                              f"the limit of {limits.max_body_bytes} bytes")
             # asyncio.wait, not wait_for: a receive() that does not honour cancellation must not hold the answer.
             reading = asyncio.ensure_future(_read_body(receive, limits.max_body_bytes))
             done, _ = await asyncio.wait({reading}, timeout=limits.body_timeout_s)
