@@ -16,8 +16,8 @@ class BatchBudget:
     Attributes:
         tokens: the budget. A stock Whisper pads every row to its 30 s window (1,500 encoder positions), so 24,000
             tokens hold about 15 rows of short clips (whisper-base: about 40 MB of decoder cache per row in
-            float32); a model with a masked encoder at 25 positions and ~15 characters per second holds 15 rows of
-            40 s or 150 of 4 s.
+            float32, computed from its shapes); a model with a masked encoder at 25 positions and ~15 characters
+            per second holds 15 rows of 40 s or 150 of 4 s.
         max_rows: hard cap on rows per batch.
         frames_per_second: encoder positions per second of audio, for a model whose encoder length follows the
             audio (see :func:`budget_for_model`).

@@ -99,8 +99,8 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
     utterance) or a named installed model (``whisper-base``: real weights, decoding to EOS, rows with transcripts).
 
     Args:
-        runs_dir: where each engine's report is kept (``<model>-<engine>-<round>.json``, written atomically); a re-run with
-            the same audio and settings reuses it instead of measuring again. None: nothing kept.
+        runs_dir: where each engine's report is kept (``<model>-<engine>-<round>.json``, written atomically); a
+            re-run with the same audio and settings reuses it instead of measuring again. None: nothing kept.
         repeats: rounds over the engines (alternating); each row keeps its fastest round.
 
     Returns:
@@ -121,6 +121,7 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
         np.savez(npz, **{f"a{i}": a.astype(np.float32) for i, a in enumerate(audios)})
         jobs = [(m, e, k) for k in range(repeats) for m in model_names for e in engines]
         reports: dict[tuple, dict] = {}
+        ct2_dirs: dict[str, str] = {}
         for name, engine, k in tqdm(jobs, desc="peers", disable=not progress):
             named = name in MODELS
             key = {"model": name, "engine": engine, "batch_sizes": list(batch_sizes), "tokens": 0 if named else tokens,
@@ -138,8 +139,11 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
                         raise RuntimeError("vLLM runs the random-weights models only here")
                     if not named and base not in RANDOM_ENGINES:
                         raise RuntimeError(f"{base} runs installed models only (whisper-base, whisper-tiny.en)")
-                    if named:
-                        model, ct2 = name, ct2_folder(name, os.path.join(models_dir, f"{name}-ct2-{MODELS[name].key[:12]}"))
+                    if named:  # the CTranslate2 folder is joined and checked once per model
+                        if name not in ct2_dirs:
+                            ct2_dirs[name] = ct2_folder(name, os.path.join(models_dir,
+                                                                           f"{name}-ct2-{MODELS[name].key[:12]}"))
+                        model, ct2 = name, ct2_dirs[name]
                     else:
                         model, ct2 = random_whisper(name, os.path.join(models_dir, name), tiktoken_path), None
                     rep = run_engine(engine, model, npz, batch_sizes, key["tokens"], threads, vllm_python, vllm_eager,
@@ -181,7 +185,8 @@ def write_peer_outputs(rows: list[PeerRow], out_dir: str, title: str, notes: str
                       f"{r.decode_s:.2f}", f"{r.tokens_per_s:.1f}", f"{r.rtfx:.1f}",
                       f"{ours.rtfx / r.rtfx:.2f}x" if ours else "-", f"{r.startup_s:.1f}",
                       f"{r.peak_rss_mb:.0f}", f"{r.same_tokens}/{r.utterances}",
-                      "-" if r.wer is None else f"{r.wer:.1f}", "-" if r.cer_nospace is None else f"{r.cer_nospace:.1f}"])
+                      "-" if r.wer is None else f"{r.wer:.1f}",
+                      "-" if r.cer_nospace is None else f"{r.cer_nospace:.1f}"])
     stem = os.path.join(out_dir, "bench-peers")
     text = write_table(stem, title, header, cells, notes)
     _plot(rows, stem + ".png", title)

@@ -100,7 +100,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     b.add_argument("--batch-tokens", type=int, default=24000,
                    help="token budget per batch: rows x (padded encoder positions + expected tokens); a stock "
                         "Whisper's row holds its whole 30 s window, 1,500 positions (whisper-base: ~15 rows, about "
-                        "40 MB of decoder cache each); default 24000")
+                        "40 MB of decoder cache each, computed); default 24000")
     b.add_argument("--max-batch", type=int, default=64, help="most utterances per batch (default 64)")
     b.add_argument("--no-continuous", action="store_true",
                    help="decode the planned batches one after another. By default (in-process runs; ctc-draft "

@@ -156,8 +156,8 @@ def _require_files(path: str) -> None:
 
 
 EMBEDDING_KEY = "model.decoder.embed_tokens.weight"
-"""State-dict key of the decoder's token embedding (tied to the output projection) in ``WhisperForConditionalGeneration``
-and ``WhisperForCausalLM`` alike."""
+"""State-dict key of the decoder's token embedding (tied to the output projection) in
+``WhisperForConditionalGeneration`` and ``WhisperForCausalLM`` alike."""
 CPU_ENCODER_POSITIONS = 1500  # encoder positions per call on a CPU (see WhisperASR.encode)
 ONEDNN_MIN_WEIGHT = 1 << 20  # output-projection elements from which rows > 1 go through oneDNN (WhisperASR.project)
 # oneDNN's float32 linear (see WhisperASR.project); None in a torch build without oneDNN
@@ -415,11 +415,12 @@ class WhisperASR:
         return bias
 
     # ------------------------------------------------------------------ encoder
-    def features(self, audios: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    def features(self, audios: Sequence[np.ndarray], map_fn=map) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-mel features of a batch, each utterance computed on its own (so padding never leaks into them).
 
         Args:
             audios: float32 mono waveforms at :attr:`sample_rate` Hz.
+            map_fn: maps the per-utterance computation over ``audios`` (e.g. a thread pool's ``map``).
 
         Returns:
             ``(features, frame_lengths)``: features ``[B, n_mels * frame_stack, T]`` in the model dtype (``T`` in
@@ -432,17 +433,18 @@ class WhisperASR:
         """
         self._need_encoder()
         fe = self.feature_extractor
-        feats = []
         for audio in audios:
             if len(audio) > self.max_audio_seconds * self.sample_rate:
                 raise ValueError(
                     f"audio of {len(audio) / self.sample_rate:.1f} s exceeds the model's {self.max_audio_seconds:.1f} s"
                 )
-            if self.encoder_masking:
-                out = fe(audio, sampling_rate=self.sample_rate, padding="longest", truncation=False, return_tensors="np")
-            else:
-                out = fe(audio, sampling_rate=self.sample_rate, padding="max_length", return_tensors="np")
-            feats.append(stack_frames(out["input_features"][0], self.frame_stack))
+        padding = dict(padding="longest", truncation=False) if self.encoder_masking else dict(padding="max_length")
+
+        def one(audio):
+            out = fe(audio, sampling_rate=self.sample_rate, return_tensors="np", **padding)
+            return stack_frames(out["input_features"][0], self.frame_stack)
+
+        feats = list(map_fn(one, audios))
         # Real frames per row; fixed-window features are padded to the window, their real length is the audio's.
         hop = self.feature_extractor.hop_length * self.frame_stack
         lengths = [f.shape[1] if self.encoder_masking else min(self.max_frames, -(-len(a) // hop))

@@ -186,6 +186,8 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     with np.load(args.audio) as z:
         audios = [z[f"a{i}"] for i in range(len(z.files))]
+    from ..models.registry import resolve_model
+
     sizes = [int(b) for b in args.batch_sizes.split(",")]
     name, _, ctype = args.engine.partition("@")
     name, _, method = name.partition(":")
@@ -194,8 +196,6 @@ def main(argv=None) -> int:
     if name == "rayspec" and not os.path.isdir(args.model):
         version, startup, rows = run_named_rayspec(args.model, method, ctype, audios, sizes)
     elif name in ("rayspec", "transformers"):
-        from ..models.registry import resolve_model
-
         run = run_rayspec if name == "rayspec" else run_transformers
         version, startup, rows = run(resolve_model(args.model), audios, sizes, args.tokens, args.max_tokens)
     elif name in ("faster-whisper", "faster-whisper-batched"):
@@ -203,8 +203,6 @@ def main(argv=None) -> int:
         sizes = [b for b in sizes if b > 1] or sizes if batched else [1]
         version, startup, rows = run_faster_whisper(args.ct2, batched, ctype, audios, sizes, args.threads)
     elif name == "ctranslate2":
-        from ..models.registry import resolve_model
-
         version, startup, rows = run_ctranslate2(args.ct2, resolve_model(args.model), ctype, audios, sizes,
                                                  args.threads)
     else:

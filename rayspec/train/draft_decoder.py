@@ -100,11 +100,7 @@ def teacher_pass(target: WhisperASR, utterances: list[Utterance], speeds: tuple[
             got: dict[int, TeacherRecord] = {}
             for k in tqdm(range(0, len(order), batch), desc=f"teacher pass x{speed}"):
                 idx = order[k : k + batch]
-                rows = list(pool.map(lambda i: target.features([audios[i]]), idx))  # log-mel on `workers` threads
-                x = rows[0][0].new_zeros(len(rows), rows[0][0].shape[1], max(r[0].shape[-1] for r in rows))
-                for r, (f, _) in enumerate(rows):  # zero-padded to the longest row, as features() pads a batch
-                    x[r, :, : f.shape[-1]] = f[0]
-                xl = torch.cat([r[1] for r in rows])
+                x, xl = target.features([audios[i] for i in idx], pool.map)  # log-mel on `workers` threads
                 enc = target.encode(x, xl)
                 hyps = greedy_decode(target, enc, [min(cap, int(n) // 2) for n in xl])
                 for r, (i, h) in enumerate(zip(idx, hyps)):
