@@ -426,7 +426,7 @@ def build_app(args: Optional[dict] = None):
         backend = args.get("chat_llm_backend") or "transformers"
         chat = {"llm": ChatLLM.options(ray_actor_options=cpus).bind(args.get("chat_lm"), 1, backend,
                                                                     args.get("chat_vllm_python")),
-                "voice": ChatVoice.options(ray_actor_options=cpus).bind(args.get("chat_tts") or "espeak")}
+                "voice": ChatVoice.options(ray_actor_options=cpus).bind(args.get("chat_tts") or "piper")}
     return deployment.bind(transcriber, max_batch, int(args.get("max_upload_bytes", DEFAULT_MAX_BYTES)), int(args.get("threads", 0)),
                            max_queued, float(args.get("body_timeout_s", 30.0)), speech, chat)
 

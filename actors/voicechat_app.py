@@ -91,9 +91,9 @@ class ChatLLM:
 
 @serve.deployment(max_ongoing_requests=64)
 class ChatVoice:
-    """The TTS stage: ``espeak`` or ``rayspec`` (:func:`rayspec.chat.voices.load_voice`)."""
+    """The TTS stage: ``piper``, ``rayspec`` or ``espeak`` (:func:`rayspec.chat.voices.load_voice`)."""
 
-    def __init__(self, backend: str = "espeak") -> None:
+    def __init__(self, backend: str = "piper") -> None:
         from rayspec.chat.voices import load_voice
 
         self.voice = load_voice(backend)

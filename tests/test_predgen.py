@@ -1,5 +1,5 @@
 """PredGen input-time speculation on the bundled stories260K LM: lossless greedy verification, the verifier on
-hand-made candidates, the wasted-work cap, streaming input, espeak-ng speech, the chat command."""
+hand-made candidates, the wasted-work cap, streaming input, the voices, the chat command."""
 
 import json
 
@@ -108,11 +108,14 @@ def test_prompt_template_and_sentences(lm):
         PredGenOptions(verifier="beam")
 
 
-def test_espeak_voice():
-    from rayspec.chat.voices import EspeakVoice
+@pytest.mark.parametrize("name", ["piper", "espeak"])
+def test_voices(name):
+    from rayspec.chat.voices import load_voice
     from rayspec.tts.phones import TextError
 
-    v = EspeakVoice()
+    if name == "espeak":
+        pytest.importorskip("espeakng_loader", reason="the espeak voice is the optional rayspec[espeak] extra")
+    v = load_voice(name)
     audio = v.synthesize("Max saw a big box.")
     assert v.sample_rate == 22050 and audio.dtype == np.float32 and 0.5 < audio.size / v.sample_rate < 4
     assert np.abs(audio).max() > 0.05

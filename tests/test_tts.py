@@ -153,6 +153,17 @@ def test_text_to_phones_pauses_and_errors():
         assert e.value.code == code
 
 
+def test_g2p_gives_espeak_style_ipa_for_known_unknown_and_number_words():
+    from rayspec.tts.g2p import guess_phonemes, sentence_ipa, word_ipa
+
+    assert sentence_ipa("Hello, world!") == "həlˈoʊ, wˈɜːld!"
+    assert word_ipa("GPT") == word_ipa("g") + word_ipa("p") + word_ipa("t")  # spelled
+    assert guess_phonemes("smollm")[:2] == ["s", "m"]  # outside the lexicon: the CRF
+    assert sentence_ipa("in 1984") == "ɪn " + " ".join(map(word_ipa, ["nineteen", "eighty", "four"]))
+    assert sentence_ipa("42 cats.") == " ".join(map(word_ipa, ["forty", "two", "cats"])) + "."
+    assert sentence_ipa("...") == ""
+
+
 def test_read_texts_turns_bad_lines_into_error_items(tmp_path):
     txt = tmp_path / "in.txt"
     txt.write_bytes(b"Hello there.\n\xff\xfe bad bytes\n\nSecond line.\n")

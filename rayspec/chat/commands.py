@@ -30,8 +30,9 @@ def add_predgen_args(p, tts: bool = True) -> None:
     p.add_argument("--vllm-python", default=os.environ.get("RAYSPEC_VLLM_PYTHON", DEFAULT_VLLM_PYTHON),
                    help=f"the vLLM environment's interpreter (default $RAYSPEC_VLLM_PYTHON or {DEFAULT_VLLM_PYTHON})")
     if tts:
-        p.add_argument("--tts", choices=["espeak", "rayspec"], default="espeak",
-                       help="speech backend: espeak-ng (lightweight, default) or rayspec's speculative TTS")
+        p.add_argument("--tts", choices=["piper", "rayspec", "espeak"], default="piper",
+                       help="speech backend: the Piper voice en_US-joe-medium (default), rayspec's speculative TTS, "
+                            "or espeak-ng (needs rayspec[espeak], GPL)")
     p.add_argument("--verifier", choices=["greedy", "topk"], default=d.verifier,
                    help="greedy: lossless (reply = the cascade's); topk: accept tokens in the top --top-k (lossy)")
     p.add_argument("--top-k", type=int, default=d.top_k, help=f"k of the topk verifier (default {d.top_k})")

@@ -1,6 +1,7 @@
-"""Speech backends for the voice-chat reply: rayspec's own speculative TTS or espeak-ng (lightweight, formant).
+"""Speech backends for the voice-chat reply: a Piper voice (the default, :mod:`rayspec.tts.piper`), rayspec's own
+speculative TTS, or espeak-ng (formant; GPL-3.0, only with the optional ``rayspec[espeak]`` extra).
 
-Both take one sentence and return float32 ``[S]`` audio in [-1, 1] at their ``sample_rate`` (Hz).
+Each takes one sentence and return float32 ``[S]`` audio in [-1, 1] at their ``sample_rate`` (Hz).
 """
 
 from __future__ import annotations
@@ -20,19 +21,25 @@ _CALLBACK = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_short), ctype
 
 
 class EspeakVoice:
-    """espeak-ng through its C API (the library and data of the ``espeakng-loader`` wheel; no system package).
+    """espeak-ng through its C API (the library and data of the ``espeakng-loader`` wheel, GPL-3.0: installed only by
+    the optional ``rayspec[espeak]`` extra; no system package).
 
     Args:
         voice: espeak-ng voice name (default "en-us"); rate: words per minute (espeak default 175).
 
     Raises:
-        OSError: the library cannot be loaded; ValueError: an unknown voice.
+        ModuleNotFoundError: the extra is not installed; OSError: the library cannot be loaded; ValueError: an
+            unknown voice.
     """
 
     name = "espeak"
 
     def __init__(self, voice: str = "en-us", rate: int = 175) -> None:
-        import espeakng_loader
+        try:
+            import espeakng_loader
+        except ModuleNotFoundError as e:
+            raise ModuleNotFoundError("the espeak voice needs espeak-ng (GPL-3.0): pip install 'rayspec[espeak]'") \
+                from e
 
         self._lib = ctypes.CDLL(espeakng_loader.get_library_path())
         data_parent = os.path.dirname(espeakng_loader.get_data_path())
@@ -96,14 +103,22 @@ class RayspecVoice:
         return self.synth.synthesize([text], self.options, seed=self.seed, keys=[text])[0].audio
 
 
+VOICES = ("piper", "rayspec", "espeak")
+
+
 def load_voice(name: str):
-    """``"espeak"`` or ``"rayspec"`` (see the classes above).
+    """One of :data:`VOICES`: ``"piper"`` (:class:`~rayspec.tts.piper.PiperVoice`, en_US-joe-medium), ``"rayspec"``
+    or ``"espeak"`` (the classes above).
 
     Raises:
-        ValueError: another name.
+        ValueError: another name; FileNotFoundError / ModuleNotFoundError: the voice's package is not installed.
     """
+    if name == "piper":
+        from ..tts.piper import PiperVoice
+
+        return PiperVoice()
     if name == "espeak":
         return EspeakVoice()
     if name == "rayspec":
         return RayspecVoice()
-    raise ValueError(f"unknown TTS backend {name!r} (espeak or rayspec)")
+    raise ValueError(f"unknown TTS backend {name!r} ({', '.join(VOICES)})")

@@ -1,10 +1,10 @@
-"""Text -> phones for rayspec's TTS: CMUdict pronunciations, espeak-ng for words outside it.
+"""Text -> phones for rayspec's TTS: CMUdict pronunciations, rayspec's permissive G2P for words outside it.
 
 The phone set is CMU's 39 ARPAbet phones (stress removed) plus ``SIL`` (a pause: sentence ends and punctuation) and
 ``PAD``. It is the phone set of pocketsphinx's aligner, which gives the training durations (:mod:`rayspec.tts.align`),
 so training and synthesis see the same symbols. Pronunciations come from the CMU dictionary that ships with
-pocketsphinx (134k words); other words (names, numbers, abbreviations) go through espeak-ng (``phonemizer`` with the
-``espeakng-loader`` library, no system package needed) and a fixed IPA -> ARPAbet table.
+pocketsphinx (134k words); other words (names, numbers, abbreviations) go through :mod:`rayspec.tts.g2p` (an
+espeak-style IPA lexicon and CRF, no GPL code) and a fixed IPA -> ARPAbet table.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
+from .g2p import sentence_ipa
+
 ARPABET = ("AA AE AH AO AW AY B CH D DH EH ER EY F G HH IH IY JH K L M N NG OW OY P R S SH T TH UH UW V W Y Z "
            "ZH").split()
 PAD, SIL = "PAD", "SIL"
@@ -21,7 +23,7 @@ PHONES = (PAD, SIL, *ARPABET)
 PHONE_IDS = {p: i for i, p in enumerate(PHONES)}
 MAX_TEXT_CHARS = 4096  # per request / row (OpenAI's speech API limit)
 
-# espeak-ng IPA (en-us) -> ARPAbet, longest match first. Length marks and stress are dropped before lookup.
+# espeak-style IPA (en-us) -> ARPAbet, longest match first. Length marks and stress are dropped before lookup.
 _IPA = {
     "aɪ": "AY", "aʊ": "AW", "eɪ": "EY", "oʊ": "OW", "ɔɪ": "OY", "tʃ": "CH", "dʒ": "JH", "ɝ": "ER", "ɚ": "ER",
     "ɜ": "ER", "ᵻ": "IH", "ɐ": "AH", "ə": "AH", "ʌ": "AH", "ɑ": "AA", "ɒ": "AA", "æ": "AE", "ɔ": "AO", "ɛ": "EH",
@@ -65,19 +67,8 @@ def _cmudict() -> dict[str, tuple[str, ...]]:
     return pron
 
 
-@lru_cache(maxsize=1)
-def _espeak():
-    import espeakng_loader
-    from phonemizer.backend import EspeakBackend
-    from phonemizer.backend.espeak.wrapper import EspeakWrapper
-
-    EspeakWrapper.set_library(espeakng_loader.get_library_path())
-    EspeakWrapper.set_data_path(espeakng_loader.get_data_path())
-    return EspeakBackend("en-us", with_stress=False)
-
-
 def ipa_to_arpabet(ipa: str) -> list[str]:
-    """ARPAbet phones of an espeak-ng IPA string (longest match over :data:`_IPA`; unknown symbols dropped)."""
+    """ARPAbet phones of an espeak-style IPA string (longest match over :data:`_IPA`; unknown symbols dropped)."""
     s = "".join(ch for ch in ipa if ch not in _DROP)
     out, i = [], 0
     while i < len(s):
@@ -93,11 +84,12 @@ def ipa_to_arpabet(ipa: str) -> list[str]:
 
 @lru_cache(maxsize=65536)
 def word_phones(word: str) -> tuple[str, ...]:
-    """ARPAbet phones of one word (lower-cased): CMUdict, else espeak-ng. Empty if neither yields a phone."""
+    """ARPAbet phones of one word (lower-cased): CMUdict, else :func:`rayspec.tts.g2p.sentence_ipa` (which also
+    reads numbers). Empty if neither yields a phone."""
     word = word.lower().replace("’", "'")
     if word in _cmudict():
         return _cmudict()[word]
-    return tuple(ipa_to_arpabet(_espeak().phonemize([word], strip=True)[0]))
+    return tuple(ipa_to_arpabet(sentence_ipa(word)))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,128 @@
+"""English text -> espeak-ng-style IPA (the phoneme set Piper voices are trained on) without espeak-ng (GPL-3.0).
+
+Pronunciations come from gruut's English lexicon in espeak-ng's phoneme set (``gruut-lang-en``, MIT, 124k words,
+the first pronunciation of each). Words outside it go through that package's grapheme-to-phoneme CRF, run by
+``python-crfsuite`` (MIT) over features this module builds: per letter the letter itself, up to three letters either
+side, and word-begin / word-end flags, every string base64-encoded; the tagger's labels are base64 phoneme groups
+joined by ``|`` with ``_`` for a silent letter. Numbers become words with ``inflect`` (MIT) first; all-capital words
+of two to five letters outside the lexicon (``GPT``, ``USA``) are spelled letter by letter.
+
+A sentence's IPA follows espeak-ng's output form, as Piper's ``phonemize_espeak`` gives it: a word's phonemes
+joined with no space, words separated by one space, punctuation kept where it stands (``həlˈoʊ, wˈɜːld.``).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import re
+import sqlite3
+import threading
+import unicodedata
+from functools import lru_cache
+from importlib import metadata
+
+PUNCTUATION = ",.;:!?"
+_TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[A-Za-z]+(?:['’][A-Za-z]+)*|[,.;:!?]")
+_CONTEXT = 3  # letters either side in the CRF's features
+_LOCK = threading.Lock()  # crfsuite's tagger is not thread-safe
+
+
+def _lang_file(*parts: str) -> str:
+    """A data file of the installed ``gruut-lang-en`` distribution (found through its metadata, not imported).
+
+    Raises:
+        ModuleNotFoundError: the distribution is not installed.
+    """
+    try:
+        dist = metadata.distribution("gruut-lang-en")
+    except metadata.PackageNotFoundError as e:
+        raise ModuleNotFoundError("the English G2P needs gruut-lang-en: pip install gruut-lang-en") from e
+    return str(dist.locate_file(os.path.join("gruut_lang_en", "espeak", *parts)))
+
+
+@lru_cache(maxsize=1)
+def lexicon() -> dict[str, str]:
+    """word (lower case) -> its first pronunciation, phonemes separated by spaces (``"h ə l ˈo ʊ"``)."""
+    with sqlite3.connect(f"file:{_lang_file('lexicon.db')}?mode=ro", uri=True) as db:
+        rows = db.execute("SELECT word, phonemes FROM word_phonemes ORDER BY word, pron_order DESC").fetchall()
+    return dict(rows)  # the last row of a word wins: its pron_order 0
+
+
+@lru_cache(maxsize=1)
+def _tagger():
+    import pycrfsuite
+
+    tagger = pycrfsuite.Tagger()
+    tagger.open(_lang_file("g2p", "model.crf"))
+    return tagger
+
+
+def _b64(s: str) -> str:
+    return base64.b64encode(s.encode()).decode("ascii")
+
+
+def letter_features(word: str) -> list[dict[str, str | float | bool]]:
+    """The CRF's features ``[len(word)]``: per letter a dict of the letter, its neighbours up to three away
+    (``grapheme-2``, ``grapheme+1``...), ``begin`` / ``end`` flags and a bias of 1.0."""
+    feats = []
+    for i, g in enumerate(word):
+        f: dict[str, str | float | bool] = {"bias": 1.0, "grapheme": _b64(g)}
+        for j in range(1, _CONTEXT + 1):
+            if i >= j:
+                f[f"grapheme-{j}"] = _b64(word[i - j])
+            if i + j < len(word):
+                f[f"grapheme+{j}"] = _b64(word[i + j])
+        if i == 0:
+            f["begin"] = True
+        if i == len(word) - 1:
+            f["end"] = True
+        feats.append(f)
+    return feats
+
+
+def guess_phonemes(word: str) -> list[str]:
+    """Phonemes of a word outside the lexicon, from the CRF (lower-cased, NFC)."""
+    word = unicodedata.normalize("NFC", word.lower())
+    with _LOCK:
+        labels = _tagger().tag(letter_features(word))
+    return [p for label in labels for p in base64.b64decode(label).decode().split("|") if p != "_"]
+
+
+@lru_cache(maxsize=65536)
+def word_ipa(word: str) -> str:
+    """IPA of one word, its phonemes joined with no space (``"həlˈoʊ"``); '' when nothing is pronounceable."""
+    key = word.lower().replace("’", "'")
+    lex = lexicon()
+    if key in lex:
+        return lex[key].replace(" ", "")
+    if word.isupper() and 2 <= len(word) <= 5:
+        return "".join(lex.get(ch.lower(), "").replace(" ", "") for ch in word)
+    if "'" in key:  # a possessive or contraction of an unknown word: the word, then the ending's sound
+        stem, _, end = key.partition("'")
+        return word_ipa(stem) + {"s": "z", "ll": "l", "d": "d", "re": "ɚ", "ve": "v"}.get(end, "")
+    return "".join(guess_phonemes(key))
+
+
+def _number_words(number: str) -> str:
+    import inflect
+
+    if re.fullmatch(r"1[1-9]\d[1-9]|20[1-9]\d", number):  # a year: "nineteen eighty-four", not "fifteen hundred"
+        text = inflect.engine().number_to_words(number, group=2)
+    else:
+        text = inflect.engine().number_to_words(number.replace(",", ""), andword="")
+    return re.sub(r"[-,]", " ", text)
+
+
+def sentence_ipa(text: str) -> str:
+    """espeak-ng-style IPA of a text: words' IPA separated by spaces, punctuation (``, . ; : ! ?``) attached to the
+    word before it, unpronounceable words dropped. '' when nothing is pronounceable."""
+    out: list[str] = []
+    for token in _TOKEN.findall(text.replace("-", " ")):
+        if token in PUNCTUATION:
+            if out:
+                out[-1] += token
+            continue
+        words = _number_words(token).split() if token[0].isdigit() else [token]
+        out.extend(ipa for ipa in map(word_ipa, words) if ipa)
+    return " ".join(out)
