@@ -37,7 +37,7 @@ from typing import Optional
 
 from fastapi import FastAPI, File, Form, UploadFile, WebSocket
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -277,6 +277,15 @@ class TranscriptionService:
             await ws.close()
             return
         await RealtimeSession(ws, self.chat["llm"], self.chat["voice"], self._transcribe_text).run()
+
+    @api.get("/")
+    async def chat_page(self):
+        """The voice-chat page (``rayspec/chat/web/index.html``, plain HTML/JS over ``/v1/realtime``)."""
+        if self.chat is None:
+            return _error(404, "voice chat is off here (rayspec serve --chat serves its page at /)")
+        from importlib import resources
+
+        return HTMLResponse(resources.files("rayspec").joinpath("chat", "web", "index.html").read_text())
 
     @api.get("/health")
     async def health(self) -> dict:

@@ -263,7 +263,8 @@ def _serve_parser(sub) -> None:
     c = p.add_argument_group("voice chat (WebSocket /v1/realtime: streamed text or audio in, reply text and audio out, "
                              "with input-time speculation; see actors/voicechat_app.py for the events)")
     c.add_argument("--chat", action="store_true", help="also serve voice chat (LLM and TTS deployments)")
-    c.add_argument("--chat-lm", help="causal LM directory (default: the bundled stories260K)")
+    c.add_argument("--chat-lm", help="chat LLM: smollm2-135m-instruct (default), stories260K, a local causal-LM "
+                                     "directory or a .gguf file")
     c.add_argument("--chat-tts", choices=["piper", "rayspec", "espeak"], default="piper",
                    help="reply voice: piper (en_US-joe-medium, default), rayspec's speculative TTS, or espeak "
                         "(needs rayspec[espeak], GPL)")
@@ -392,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     _synthesize_parser(sub)
     _train_parser(sub)
     _serve_parser(sub)
-    from .bench import add_bench_parser
+    from .bench.cli import add_bench_parser
     from .chat.commands import add_chat_parsers
 
     add_chat_parsers(sub)

@@ -1,4 +1,4 @@
-"""Command-line options shared by ``rayspec`` (cli.py, bench.py), the Ray jobs (``jobs/``) and the Serve app.
+"""Command-line options shared by ``rayspec`` (cli.py, bench/cli.py), the Ray jobs (``jobs/``) and the Serve app.
 
 Every decoding option and its default is defined once here (:func:`add_decode_args`); :func:`decode_options` turns
 parsed arguments into :class:`~rayspec.pipeline.DecodeOptions`, and :func:`decode_options_from` does the same for a
@@ -17,14 +17,17 @@ EXIT_SOME_FAILED = 3
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def add_model_args(p: argparse.ArgumentParser) -> None:
+def add_model_args(p: argparse.ArgumentParser, target: str | None = None) -> None:
+    """``--target``, its drafters and the device / compute-type flags; ``target``: the default model (None: the
+    registry's :data:`~rayspec.models.registry.DEFAULT_TARGET`)."""
     g = p.add_argument_group("models")
     from .models.registry import DEFAULT_TARGET, model_names
 
-    g.add_argument("--target", default=DEFAULT_TARGET,
+    target = target or DEFAULT_TARGET
+    g.add_argument("--target", default=target,
                    help=f"target model: {' or '.join(model_names())} (installed with rayspec[models]), a transformers "
                         "Whisper directory (save_pretrained, e.g. openai/whisper-large-v3) or a CTranslate2 / "
-                        f"faster-whisper directory (converted once, cached); default {DEFAULT_TARGET}")
+                        f"faster-whisper directory (converted once, cached); default {target}")
     g.add_argument("--draft", help="draft model directory for --method draft: a Whisper model with the target's "
                    "tokenizer, or a decoder-only one (WhisperForCausalLM, distil-whisper style) of the target's "
                    "width that reads the target's encoder; default: the drafter bundled for the target, if any")

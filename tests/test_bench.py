@@ -1,7 +1,7 @@
 """``rayspec bench`` (spec/ssd/medusa suites): repeats run round-robin over the configurations; rows count exactly."""
 
 from rayspec import bench
-from rayspec.bench import SPEC_ABLATION, run_bench
+from rayspec.bench.asr import SPEC_ABLATION, run_bench
 from tiny import random_audio
 
 

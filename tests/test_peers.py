@@ -10,7 +10,7 @@ import torch
 
 import rayspec.models.whisper as whisper_module
 from rayspec.audio import load_audio
-from rayspec.bench_peers import RANDOM_ENGINES, run_peers, write_peer_outputs
+from rayspec.bench.peers import RANDOM_ENGINES, run_peers, write_peer_outputs
 from rayspec.chat.commands import DEFAULT_VLLM_PYTHON
 from rayspec.decoding.ar import greedy_decode
 from rayspec.manifest import read_manifest

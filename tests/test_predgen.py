@@ -1,5 +1,6 @@
 """PredGen input-time speculation on the bundled stories260K LM: lossless greedy verification, the verifier on
-hand-made candidates, the wasted-work cap, streaming input, the voices, the chat command."""
+hand-made candidates, the wasted-work cap, streaming input, the voices; the chat command on the real defaults
+(SmolLM2-135M-Instruct, the Piper voice, Whisper tiny.en partials)."""
 
 import json
 
@@ -7,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from rayspec.chat.commands import zoo_lm
 from rayspec.chat.lm import CausalLM, PromptTemplate, ends_sentence
 from rayspec.chat.predgen import PredGenOptions, first_sentence_length, run_turn, verify
+from rayspec.chat.lm_models import resolve_lm
 from rayspec.chat.streaming import text_partials
 from rayspec.cli import main
 
@@ -29,7 +30,7 @@ class SilentVoice:
 @pytest.fixture(scope="module")
 def lm():
     torch.set_num_threads(1)
-    return CausalLM.from_pretrained(zoo_lm())
+    return CausalLM.from_pretrained(resolve_lm("stories260K"))
 
 
 def greedy_reply(lm, text, n):
@@ -123,11 +124,16 @@ def test_voices(name):
         v.synthesize("  ")
 
 
+QUESTION = "What is the capital of France?"
+
+
 def test_chat_command_text(tmp_path, capsys):
+    """SmolLM2-135M-Instruct answers (the GGUF dequantized into the cache on first use), PredGen's reply is the
+    cascade's, the Piper voice speaks it."""
     out = tmp_path / "reply.wav"
-    assert main(["chat", "--text", PROMPTS[3], "-o", str(out), "--json", "--max-reply-tokens", "30"]) == 0
+    assert main(["chat", "--text", QUESTION, "-o", str(out), "--json", "--max-reply-tokens", "30"]) == 0
     rec = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert rec["same_as_cascade"] and rec["reply"]
+    assert rec["same_as_cascade"] and "Paris" in rec["reply"]
     assert rec["predgen-greedy"]["nfe_to_first_sentence"] >= 1 and rec["cascade"]["outcome"] == "none"
     import soundfile as sf
 
@@ -135,14 +141,19 @@ def test_chat_command_text(tmp_path, capsys):
     assert sr == 22050 and audio.size > sr
 
 
-def test_chat_command_audio(capsys):
-    import glob
-    import os
+def test_chat_command_audio(tmp_path, capsys):
+    """The question spoken (by the Piper voice), transcribed as it streams in by Whisper tiny.en, answered."""
+    import soundfile as sf
 
-    clip = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "rayspec", "samples", "an4", "*.flac")))[0]
-    assert main(["chat", "--audio", clip, "--max-reply-tokens", "20"]) == 0
+    from rayspec.tts.piper import PiperVoice
+
+    voice = PiperVoice(noise=0.0, noise_w=0.0)
+    clip = tmp_path / "question.wav"
+    sf.write(str(clip), voice.synthesize(QUESTION), voice.sample_rate)
+    assert main(["chat", "--audio", str(clip), "--max-reply-tokens", "20"]) == 0
     text = capsys.readouterr().out
-    assert "user:" in text and "ASR" in text and "predgen-greedy" in text and "cascade" in text
+    assert "user:  What is the capital of France?" in text and "ASR" in text and "Paris" in text
+    assert "predgen-greedy" in text and "cascade" in text
 
 
 @pytest.mark.parametrize("cap", [6, 16])

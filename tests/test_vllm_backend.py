@@ -28,8 +28,8 @@ class SilentVoice:
 
 @pytest.fixture(scope="module")
 def engines():
-    hf = load_lm(None)
-    vl = load_lm(None, "vllm", PYTHON)
+    hf = load_lm("stories260K")
+    vl = load_lm("stories260K", "vllm", PYTHON)
     yield hf, vl
     vl.close()
 

@@ -1,8 +1,11 @@
 """The voice-chat WebSocket endpoint (/v1/realtime) on Ray Serve, on 127.0.0.1: a scripted text turn whose reply is
-the plain greedy reply (lossless PredGen), a spoken turn, malformed events, a client that leaves mid-turn."""
+the plain greedy reply (lossless PredGen), a spoken turn, malformed events, a client that leaves mid-turn, and the
+chat page in a real headless Chromium. The LLM is the bundled stories260K (fast); the voice is Piper's."""
 
 import base64
 import json
+import os
+import shutil
 import time
 
 import numpy as np
@@ -13,6 +16,7 @@ from rayspec.chat.commands import load_lm
 PORT = 8769
 URL = f"ws://127.0.0.1:{PORT}/v1/realtime"
 PROMPT = "Once upon a time, there was a little dog named Max."
+LM = "stories260K"
 
 
 @pytest.fixture(scope="module")
@@ -25,7 +29,7 @@ def server():
     ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", log_to_driver=False)
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": PORT})
-        serve.run(build_app({"num_cpus": 0.5, "chat": "true", "chat_cpus": 0.25}), name="rayspec", route_prefix="/")
+        serve.run(build_app({"num_cpus": 0.5, "chat": "true", "chat_cpus": 0.25, "chat_lm": LM}), name="rayspec", route_prefix="/")
         yield URL
     finally:
         serve.shutdown()
@@ -46,7 +50,7 @@ def _events_until(ws, kind, timeout=120):
 def test_text_turn_reply_equals_greedy_cascade(server):
     from websockets.sync.client import connect
 
-    lm = load_lm(None)
+    lm = load_lm(LM)
     expected = lm.decode(lm.generate(lm.prompt_ids(PROMPT), 40))
     with connect(server) as ws:
         assert json.loads(ws.recv(timeout=60))["type"] == "session.created"
@@ -113,3 +117,51 @@ def test_malformed_events_and_a_client_that_leaves(server):
         ws.send(json.dumps({"type": "input_text.append", "delta": "Tom was sad."}))
         ws.send(json.dumps({"type": "input_text.commit"}))
         assert _events_until(ws, "response.done")[-1]["type"] == "response.done"
+
+
+def _chromium():
+    """A Chromium for the page test: $RAYSPEC_CHROMIUM or one on PATH (Debian's package: apt-get install chromium);
+    None if there is none. CI sets RAYSPEC_REQUIRE_BROWSER=1, so a missing browser fails there instead of skipping."""
+    required = os.environ.get("RAYSPEC_REQUIRE_BROWSER") == "1"
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:
+        if required:
+            raise
+        pytest.skip("playwright is not installed (pip install 'rayspec[test]')")
+    exe = os.environ.get("RAYSPEC_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
+    if exe is None:
+        assert not required, "RAYSPEC_REQUIRE_BROWSER=1 but no Chromium on PATH"
+        pytest.skip("no Chromium installed (apt-get install chromium)")
+    return exe
+
+
+def test_chat_page_in_headless_chromium(server, tmp_path):
+    """Load the page served at /, type a turn (streamed as typed), press Enter, wait for the reply text, an audio
+    chunk and the latency table, take a screenshot. The reply is the greedy cascade's (lossless PredGen)."""
+    from playwright.sync_api import sync_playwright
+
+    exe = _chromium()
+    lm = load_lm(LM)
+    expected = lm.decode(lm.generate(lm.prompt_ids(PROMPT), 80))  # the page's default reply cap: 80 tokens
+    url = server.replace("ws://", "http://").replace("/v1/realtime", "/")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=exe, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+            "--disable-component-update", "--disable-sync", "--autoplay-policy=no-user-gesture-required"])
+        try:
+            page = browser.new_page(viewport={"width": 900, "height": 700})
+            page.goto(url)
+            page.wait_for_function("document.getElementById('status').textContent === 'connected'", timeout=60000)
+            page.type("#text", PROMPT, delay=15)
+            page.keyboard.press("Enter")
+            page.wait_for_function("document.getElementById('status').textContent.startsWith('done')",
+                                   timeout=180000)
+            reply = page.text_content("#reply")
+            chunks = int(page.get_attribute("#reply", "data-audio-chunks") or 0)
+            table = page.text_content("#latency")
+            page.screenshot(path=str(os.environ.get("RAYSPEC_SCREENSHOT") or tmp_path / "chat-page.png"))
+        finally:
+            browser.close()
+    assert reply == expected
+    assert chunks >= 1 and "audio latency" in table and "LLM passes to first sentence" in table

@@ -5,17 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-from importlib import resources
 
 import numpy as np
 
-DEFAULT_LM = "stories260K"
+from .lm_models import DEFAULT_LM, lm_names
+
 DEFAULT_VLLM_PYTHON = ".venv-vllm/bin/python"
-
-
-def zoo_lm() -> str:
-    """The bundled demo LM (llama2.c's stories260K converted to ``LlamaForCausalLM``, MIT)."""
-    return str(resources.files("rayspec").joinpath("zoo", DEFAULT_LM))
 
 
 def add_predgen_args(p, tts: bool = True) -> None:
@@ -23,8 +18,9 @@ def add_predgen_args(p, tts: bool = True) -> None:
     from .predgen import PredGenOptions
 
     d = PredGenOptions()
-    p.add_argument("--lm", help="causal LM directory (any local Llama-family model; default: the bundled "
-                                "stories260K)")
+    p.add_argument("--lm", default=DEFAULT_LM,
+                   help=f"chat LLM: a name ({', '.join(lm_names())}; default {DEFAULT_LM}), a local causal-LM "
+                        f"directory (Llama family) or a .gguf file")
     p.add_argument("--llm-backend", choices=["transformers", "vllm"], default="transformers",
                    help="transformers (in-process, default) or vLLM (its own environment: scripts/setup-vllm.sh)")
     p.add_argument("--vllm-python", default=os.environ.get("RAYSPEC_VLLM_PYTHON", DEFAULT_VLLM_PYTHON),
@@ -56,19 +52,20 @@ def options_from_args(args, speculate: bool = True, verifier: str | None = None)
                           max_wasted_tokens=args.max_wasted_tokens)
 
 
-def load_lm(path: str | None, backend: str = "transformers", vllm_python: str = DEFAULT_VLLM_PYTHON):
-    """The chat LLM engine: ``transformers`` in-process or ``vllm`` in its own environment.
+def load_lm(name: str | None, backend: str = "transformers", vllm_python: str = DEFAULT_VLLM_PYTHON):
+    """The chat LLM engine for an ``--lm`` value (:func:`~rayspec.chat.lm_models.resolve_lm`; None: the default):
+    ``transformers`` in-process or ``vllm`` in its own environment, both from the same directory.
 
     Raises:
         ValueError: an unknown backend; ModelLoadError / OSError: see the engines.
     """
     from .lm import CausalLM, VLLMCausalLM
+    from .lm_models import resolve_lm
 
-    if backend == "transformers":
-        return CausalLM.from_pretrained(path or zoo_lm())
-    if backend == "vllm":
-        return VLLMCausalLM(path or zoo_lm(), vllm_python)
-    raise ValueError(f"unknown LLM backend {backend!r} (transformers or vllm)")
+    if backend not in ("transformers", "vllm"):
+        raise ValueError(f"unknown LLM backend {backend!r} (transformers or vllm)")
+    path = resolve_lm(name)
+    return CausalLM.from_pretrained(path) if backend == "transformers" else VLLMCausalLM(path, vllm_python)
 
 
 def cmd_chat(args) -> int:
@@ -158,10 +155,11 @@ def add_chat_parsers(sub) -> None:
                     "input arrives (PredGen): candidate replies are generated from partial input, verified in one "
                     "LLM pass as the input grows, and their first sentence is synthesised ahead. The plain cascade "
                     "runs on the same input for comparison; the latency breakdown of both is printed.",
-        epilog="examples:\n  rayspec chat --text \"Once upon a time, there was a little dog named Max.\" -o reply.wav\n"
-               "  rayspec chat --audio rayspec/samples/an4/an391-mjwl-b.flac --tts rayspec\n"
-               "  rayspec serve --chat &\n"
-               "  rayspec chat --server ws://127.0.0.1:8000/v1/realtime --text \"Tom was sad.\"\n",
+        epilog="examples:\n  rayspec chat --text \"What is the capital of France?\" -o reply.wav\n"
+               "  rayspec chat --audio question.wav          # partials by --target (whisper-tiny.en)\n"
+               "  rayspec chat --text \"Tell me a joke.\" --verifier topk --top-k 3 --llm-backend vllm\n"
+               "  rayspec serve --chat &                      # then open http://127.0.0.1:8000/\n"
+               "  rayspec chat --server ws://127.0.0.1:8000/v1/realtime --text \"Tell me a joke.\"\n",
     )
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="the user's turn as text (streamed at --chars-per-minute)")
@@ -173,7 +171,7 @@ def add_chat_parsers(sub) -> None:
     p.add_argument("-o", "--output", help="write the spoken reply here (.wav/.flac)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     add_predgen_args(p)
-    add_model_args(p)
+    add_model_args(p, target="whisper-tiny.en")  # spoken turns: partial and final transcripts by the small model
     add_decode_args(p)
     p.set_defaults(func=cmd_chat)
 

@@ -9,6 +9,7 @@ the rest, as vLLM's prefix cache does across requests. One engine call that runs
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 import os
@@ -58,6 +59,9 @@ class CausalLM:
 
     def __init__(self, model, tokenizer, template: PromptTemplate | None = None, generation_config=None) -> None:
         self.model = model.eval() if model is not None else None
+        # transformers renamed the KV-cache argument and output (``past_key_values`` -> ``cache``, 5.x)
+        self._cache_arg = ("cache" if model is not None and "cache" in inspect.signature(model.forward).parameters
+                           else "past_key_values")
         self.tokenizer = tokenizer
         self.template = template or PromptTemplate()
         eos = (generation_config or model.generation_config).eos_token_id
@@ -123,8 +127,8 @@ class CausalLM:
             self._cache = None
         elif start < len(self._ids):
             self._cache.crop(start - len(self._ids))  # drop the cached tokens after the shared prefix
-        out = self.model(torch.tensor([ids[start:]]), past_key_values=self._cache, use_cache=True)
-        self._cache = out.past_key_values
+        out = self.model(torch.tensor([ids[start:]]), use_cache=True, **{self._cache_arg: self._cache})
+        self._cache = getattr(out, self._cache_arg)
         self._ids = list(ids)
         self.forward_passes += 1
         self.tokens_run += len(ids) - start

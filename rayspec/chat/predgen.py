@@ -11,7 +11,8 @@ token (lossless); ``topk`` accepts a candidate token while it is among the targe
 
 Time is simulated the way the paper's evaluation does: partial prompts arrive on a schedule (e.g. 600 characters per
 minute) and every computation is timed for real; work on a partial that is still running when the next partials
-arrive makes the engine skip to the newest one. The LLM and the TTS are two workers on two timelines (as the LLM and
+arrive makes the engine skip to the newest one, and the final input stops a candidate's extension between two tokens
+(a server cancels speculative work the same way when the turn ends). The LLM and the TTS are two workers on two timelines (as the LLM and
 TTS deployments of the Serve endpoint are): pre-synthesis starts when its sentence is known and the TTS worker is
 free, and holds up no LLM work; a sentence superseded before its synthesis starts is dropped; a final sentence that
 must be synthesised anew waits for the running synthesis. Latencies are measured from the arrival of the final
@@ -141,12 +142,13 @@ def verify(lm: CausalLM, prompt: list[int], candidate: list[int], opts: PredGenO
     return k, candidate[:k] + ([] if bonus in lm.stop_ids else [bonus])
 
 
-def _extend(lm: CausalLM, prompt: list[int], reply: list[int], target_len: int, cap: int) -> tuple[list[int], bool]:
-    """Greedy-extend ``reply`` until it has ``target_len`` tokens and a complete first sentence, a stop token, or
-    ``cap`` tokens. Returns (reply, stopped)."""
+def _extend(lm: CausalLM, prompt: list[int], reply: list[int], target_len: int, cap: int,
+            interrupted: Callable[[], bool] = lambda: False) -> tuple[list[int], bool]:
+    """Greedy-extend ``reply`` until it has ``target_len`` tokens and a complete first sentence, a stop token,
+    ``cap`` tokens, or ``interrupted()`` (asked before each token). Returns (reply, stopped)."""
     reply = list(reply)
     has_sentence = first_sentence_length(lm, reply) is not None
-    while len(reply) < cap:
+    while len(reply) < cap and not interrupted():
         if has_sentence and len(reply) >= target_len:
             return reply, False
         tok = int(lm.next_logits(prompt + reply, since=len(prompt) + len(reply))[-1].argmax())
@@ -196,9 +198,10 @@ class PredGenEngine:
         self._reply: list[int] = []
         self._stopped = False
 
-    def speculate(self, text: str) -> Optional[str]:
+    def speculate(self, text: str, interrupted: Callable[[], bool] = lambda: False) -> Optional[str]:
         """A new partial input: verify the candidate under it, keep the accepted prefix + bonus, extend (Algorithm 1
-        lines 12-14). Returns the candidate's first sentence (None if it has none yet or speculation is off)."""
+        lines 12-14) until ``interrupted()`` says a newer input has come. Returns the candidate's first sentence
+        (None if it has none yet or speculation is off)."""
         if not self.speculating:
             return None
         prompt = self.lm.prompt_ids(text)
@@ -207,7 +210,7 @@ class PredGenEngine:
             self.wasted_tokens += len(self.candidate) - k
             self.candidate = kept[: self.opts.max_reply_tokens]  # the bonus may not pass the reply cap
         self.candidate, _ = _extend(self.lm, prompt, self.candidate, self.opts.candidate_tokens,
-                                    self.opts.max_reply_tokens)
+                                    self.opts.max_reply_tokens, interrupted)
         if self.wasted_tokens >= self.opts.max_wasted_tokens:
             self.speculating = False
         n = first_sentence_length(self.lm, self.candidate)
@@ -268,8 +271,8 @@ def run_turn(lm: CausalLM, voice, partials: list[tuple[float, str]], opts: PredG
         llm_free = max(llm_free, partials[i][0])
         j = max(k for k in range(i, last) if partials[k][0] <= llm_free)  # newest partial that has arrived
         res.partials_skipped += j - i
-        t0 = clock()
-        first = engine.speculate(partials[j][1])
+        t0, began = clock(), llm_free
+        first = engine.speculate(partials[j][1], lambda: began + clock() - t0 >= partials[last][0])
         spent = clock() - t0
         llm_free += spent
         res.speculative_s += spent

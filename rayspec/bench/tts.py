@@ -22,9 +22,9 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .bench import write_table
-from .metrics import error_rates
-from .tts.speculative import SamplingOptions
+from .tables import write_table
+from ..metrics import error_rates
+from ..tts.speculative import SamplingOptions
 
 
 @dataclass
@@ -58,7 +58,7 @@ def _judge(judge, asr, audios, texts):
     rates = error_rates(texts, hyps)
     asr_wer = float("nan")
     if asr is not None:
-        from .manifest import Utterance
+        from ..manifest import Utterance
 
         rows = asr.transcribe([Utterance(f"u{i}", "") for i in range(len(audios))], list(audios))
         asr_wer = error_rates(texts, [r.text for r in rows]).wer
@@ -67,10 +67,10 @@ def _judge(judge, asr, audios, texts):
 
 def offline_acceptance(synth, examples, thetas, temperature: float, lookahead: int, groups="codec") -> list[dict]:
     """Teacher-forced acceptance estimates on real token sequences (see :mod:`rayspec.tts.evaluate`)."""
-    from .spec.sampling import GroupRatio, similarity_groups
-    from .train.tts import collate
-    from .tts.speculative import group_vectors
-    from .tts.evaluate import acceptance_rates, expected_tokens_per_pass
+    from ..spec.sampling import GroupRatio, similarity_groups
+    from ..train.tts import collate
+    from ..tts.speculative import group_vectors
+    from ..tts.evaluate import acceptance_rates, expected_tokens_per_pass
 
     target, draft = synth.target, synth.draft
     with torch.no_grad():
@@ -93,7 +93,7 @@ def offline_acceptance(synth, examples, thetas, temperature: float, lookahead: i
 def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16), betas=(0.1, 0.3, 0.5),
                   thetas=(0.98, 0.95, 0.9), temperature=0.8, lookahead=3, seed=0, asr=None, groups="codec"):
     """Rows for the floors and every configuration (see the module docstring)."""
-    from .tts.evaluate import PocketsphinxJudge, mcd
+    from ..tts.evaluate import PocketsphinxJudge, mcd
 
     judge = PocketsphinxJudge()
     rows = []
@@ -190,10 +190,10 @@ def _plot(rows, path, title, batch_sizes) -> None:
 
 def cmd_bench_tts(args) -> int:
     """The ``tts`` suite of ``rayspec bench`` (manifests with ``text`` and, for floors and MCD, ``audio``)."""
-    from .audio import load_audio
-    from .manifest import read_manifest
-    from .train.tts_data import DEV_IDS, prepare
-    from .tts.synthesis import Synthesizer
+    from ..audio import load_audio
+    from ..manifest import read_manifest
+    from ..train.tts_data import DEV_IDS, prepare
+    from ..tts.synthesis import Synthesizer
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -207,7 +207,7 @@ def cmd_bench_tts(args) -> int:
     real = [load_audio(u.audio, 16000) if u.audio and os.path.exists(u.audio) else None for u in utts]
     asr = None
     if not args.no_asr:
-        from .pipeline import Transcriber
+        from ..pipeline import Transcriber
 
         asr = Transcriber(args.target)
     rows = run_tts_bench(synth, texts, real, tuple(args.batch_sizes), tuple(args.betas), tuple(args.thetas),

@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 from tqdm import tqdm
 
-from .bench import write_table
+from .tables import write_table
 
 RANDOM_ENGINES = ("rayspec", "transformers", "vllm")
 """The engines of a random-weights model (a published architecture, forced token counts)."""
@@ -106,9 +106,9 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
     Returns:
         ``(rows, failures)``: an engine that fails on a model is one line in ``failures``, the other rows stand.
     """
-    from .models.errors import ModelLoadError
-    from .models.registry import MODELS, ct2_folder
-    from .models.stock_whisper import random_whisper
+    from ..models.errors import ModelLoadError
+    from ..models.registry import MODELS, ct2_folder
+    from ..models.stock_whisper import random_whisper
 
     tiktoken_path = str(resources.files("rayspec") / "data" / "gpt2.tiktoken")
     audio_s = sum(len(a) for a in audios) / 16000
@@ -220,8 +220,8 @@ def run_serve_load(model_dir: str, paths: list[str], durations: list[float], con
                    vllm_python: Optional[str], max_tokens_per_second: float, log_dir: str) -> list:
     """Part 3: ``rayspec serve`` and (with ``vllm_python``) vLLM's OpenAI server on ``model_dir``, each loaded with
     the files at every concurrency in turn; returns :class:`~rayspec.peers.serve_load.LoadResult` s."""
-    from .decoding.common import token_cap
-    from .peers.serve_load import rayspec_server, run_load, vllm_server
+    from ..decoding.common import token_cap
+    from ..peers.serve_load import rayspec_server, run_load, vllm_server
 
     files = []
     for p in paths:
@@ -269,10 +269,10 @@ def cmd_bench_peers(args) -> int:
     """The ``peers`` suite of ``rayspec bench``."""
     import platform
 
-    from .audio import load_audio
-    from .manifest import read_manifest
-    from .metrics import error_rates
-    from .models.registry import MODELS
+    from ..audio import load_audio
+    from ..manifest import read_manifest
+    from ..metrics import error_rates
+    from ..models.registry import MODELS
 
     if args.manifests:
         utts = [u for m in args.manifests for u in read_manifest(m)]
@@ -323,7 +323,7 @@ def cmd_bench_peers(args) -> int:
     notes += "".join(f"- FAILED {line}\n" for line in failures)
     print(write_peer_outputs(rows, args.output, title, notes))
     if args.serve_concurrency:
-        from .models.stock_whisper import random_whisper
+        from ..models.stock_whisper import random_whisper
 
         name = args.peer_models.split(",")[0]
         model_dir = random_whisper(name, os.path.join(args.models_dir, name + "-task-prompt"),

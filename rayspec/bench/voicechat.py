@@ -1,9 +1,10 @@
 """``rayspec bench --suite voicechat``: PredGen (greedy, top-k) against the plain cascade, turn by turn.
 
-Every method answers the same turns in one run with the same LM, TTS and threads: typed prompts streamed as partial
-prompts at 600 characters per minute (the paper's rate; prompts from the bundled LM's own domain,
-``rayspec/chat/data/prompts.txt``), and real spoken prompts (recordings from a manifest, transcribed as they stream
-in by rayspec's ASR). Per turn: time to first sentence (TTFS), LLM passes to first sentence (NFETFS), audio latency
+Every method answers the same turns in one run with the same LM, TTS and threads. Turns are MT-Bench's first-turn
+questions (the set PredGen's paper evaluates on; FastChat, Apache-2.0, bundled as
+``rayspec/chat/data/mt_bench_questions.jsonl``) or a file of the user's: typed, streamed as partial prompts at 600
+characters per minute (the paper's rate), and spoken, read aloud by the Piper voice, fed in real time and transcribed
+as it streams in by rayspec's ASR (Whisper tiny.en by default), the LLM answering the ASR's text. Per turn: time to first sentence (TTFS), LLM passes to first sentence (NFETFS), audio latency
 (end of input -> first audio sample), the verification outcome, and the extra LLM tokens and TTS audio spent on
 candidates that were thrown away. Medians per configuration, the speed-up of the median audio latency over the
 cascade's, the share of replies identical to the cascade's, and a latency CDF plot.
@@ -11,6 +12,7 @@ cascade's, the share of replies identical to the cascade's, and a latency CDF pl
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 from dataclasses import dataclass, field
@@ -20,8 +22,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .bench import write_table
-from .chat.predgen import PredGenOptions, TurnResult, run_turn
+from .tables import write_table
+from ..chat.predgen import PredGenOptions, TurnResult, run_turn
 
 
 @dataclass
@@ -33,10 +35,44 @@ class VoiceChatRow:
     same_as_cascade: list[bool] = field(default_factory=list)
 
 
-def default_prompts() -> list[str]:
-    """The bundled prompt set (story openings in the demo LM's domain)."""
-    text = resources.files("rayspec").joinpath("chat", "data", "prompts.txt").read_text()
-    return [line.strip() for line in text.splitlines() if line.strip()]
+def read_questions(path: str | None = None) -> list[str]:
+    """User turns: the first turn of each JSONL row (MT-Bench's ``turns``; a ``text`` field works too) or the lines
+    of a text file; default the bundled MT-Bench questions.
+
+    Raises:
+        ValueError: a file with no turns in it.
+    """
+    if path is None:
+        text = resources.files("rayspec").joinpath("chat", "data", "mt_bench_questions.jsonl").read_text()
+        path = "mt_bench_questions.jsonl"
+    else:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if path.endswith(".jsonl"):
+        rows = [json.loads(line) for line in lines]
+        lines = [(r["turns"][0] if r.get("turns") else r.get("text", "")).strip() for r in rows]
+    turns = [t for t in lines if t]
+    if not turns:
+        raise ValueError(f"no turns in {path}")
+    return turns
+
+
+def spoken_partials(questions: list[str], voice, asr, chunk_s: float) -> list[list[tuple[float, str]]]:
+    """Each question read aloud by ``voice`` (a :class:`~rayspec.tts.piper.PiperVoice`), resampled to the ASR's
+    rate and transcribed as it streams in (:func:`~rayspec.chat.streaming.audio_partials`); turns whose final
+    transcript is empty are left out."""
+    import soxr
+
+    from ..chat.streaming import audio_partials
+
+    out = []
+    for q in tqdm(questions, desc="spoken turns (TTS + streaming ASR)", leave=False):
+        audio = soxr.resample(voice.synthesize(q), voice.sample_rate, asr.sample_rate).astype(np.float32)
+        parts = audio_partials(asr, audio, asr.sample_rate, chunk_s)
+        if parts[-1][1]:
+            out.append(parts)
+    return out
 
 
 def methods(top_k: int, base: PredGenOptions) -> list[PredGenOptions]:
@@ -133,29 +169,25 @@ def _plot(rows: list[VoiceChatRow], path: str, title: str) -> None:
 
 
 def cmd_bench_voicechat(args) -> int:
-    from .chat.commands import load_lm, options_from_args
-    from .chat.streaming import audio_partials, text_partials
-    from .chat.voices import load_voice
+    from ..chat.commands import load_lm, options_from_args
+    from ..chat.streaming import text_partials
+    from ..chat.voices import load_voice
 
     torch.set_num_threads(args.threads or 1)
     lm = load_lm(args.lm, args.llm_backend, args.vllm_python)
-    prompts = default_prompts()[: args.limit or None]
+    prompts = read_questions(args.questions)[: args.limit or None]
     inputs = {"text": [text_partials(p, args.chars_per_minute) for p in prompts]}
     notes = []
-    if args.manifests:
-        from .audio import load_audio
-        from .manifest import read_manifest
-        from .pipeline import DecodeOptions, Transcriber
+    if args.audio_limit:
+        from ..pipeline import DecodeOptions, Transcriber
+        from ..tts.piper import PiperVoice
 
-        asr = Transcriber(args.target, args.draft, DecodeOptions(), device=args.device)
-        utts = read_manifest(args.manifests[0])[: args.audio_limit]
-        streams = []
-        for u in tqdm(utts, desc="streaming ASR", leave=False):
-            streams.append(audio_partials(asr, load_audio(u.audio, asr.sample_rate), asr.sample_rate, args.chunk_s))
-        inputs["audio"] = [s for s in streams if s[-1][1]]
-        notes.append(f"- audio input: {len(inputs['audio'])} recordings of {args.manifests[0]} (first "
-                     f"{args.audio_limit}), partial transcripts every {args.chunk_s:g} s by rayspec's ASR target "
-                     f"(greedy AR); the LLM answers the ASR's text.")
+        asr = Transcriber(args.partials_model, options=DecodeOptions(), device=args.device)
+        inputs["spoken"] = spoken_partials(prompts[: args.audio_limit], PiperVoice(), asr, args.chunk_s)
+        notes.append(f"- spoken input: the first {args.audio_limit} questions read by the Piper voice "
+                     f"en_US-joe-medium, fed in real time; partial transcripts every {args.chunk_s:g} s by "
+                     f"{args.partials_model} on rayspec's engine (greedy, re-decoding the growing audio); the LLM "
+                     f"answers the final transcript.")
     voices = {name: load_voice(name) for name in args.voices.split(",")}
     opts = methods(args.top_k, options_from_args(args))
     rows = run_voicechat_bench(lm, voices, inputs, opts)
@@ -170,10 +202,10 @@ def cmd_bench_voicechat(args) -> int:
                 same, total = same + (turn.reply_ids == want), total + 1
         notes.append(f"- {args.llm_backend} backend: cascade replies equal to transformers' greedy replies in "
                      f"{same}/{total} turns.")
-    lm_name = os.path.basename(os.path.normpath(args.lm)) if args.lm else "stories260K"
-    title = (f"voicechat: {lm_name} ({args.llm_backend}), {len(prompts)} typed prompts at "
+    lm_name = os.path.basename(os.path.normpath(args.lm))
+    title = (f"voicechat: {lm_name} ({args.llm_backend}), {len(prompts)} typed turns at "
              f"{args.chars_per_minute:g} chars/min"
-             + (f" + {len(inputs['audio'])} spoken" if "audio" in inputs else "")
+             + (f" + {len(inputs['spoken'])} spoken" if "spoken" in inputs else "")
              + f", TTS {args.voices}, {torch.get_num_threads()} thread(s)")
     print(write_voicechat_outputs(rows, args.output, title, "\n".join(notes) + "\n"))
     return 0

@@ -24,11 +24,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .audio import load_audio
-from .manifest import read_manifest
-from .metrics import error_rates
-from .models.whisper import WhisperASR
-from .pipeline import DecodeOptions, Transcriber, decode_batch
+from ..audio import load_audio
+from ..manifest import read_manifest
+from ..metrics import error_rates
+from ..models.whisper import WhisperASR
+from ..pipeline import DecodeOptions, Transcriber, decode_batch
 
 BATCH = 8
 
@@ -58,7 +58,7 @@ def _ct2_model(name: str):
     temporary folder, removed once CTranslate2 has read it."""
     import tempfile
 
-    from .models.registry import MODELS, ct2_folder
+    from ..models.registry import MODELS, ct2_folder
 
     try:
         import ctranslate2

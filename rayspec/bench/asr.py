@@ -1,4 +1,4 @@
-"""``rayspec bench``: decoders against AR, measured side by side in one run.
+"""``rayspec bench --suite spec|medusa|ssd``: decoders against AR, measured side by side in one run.
 
 Suites:
 
@@ -17,10 +17,7 @@ warm-up batch. Output in the folder: ``bench-<suite>.md`` (Markdown table), ``.c
 
 from __future__ import annotations
 
-import argparse
-import csv
 import os
-import tempfile
 import time
 from dataclasses import dataclass, replace
 from typing import Optional
@@ -29,14 +26,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from .batching import BatchBudget, plan_batches
-from .decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, Hypothesis, token_cap
-from .decoding.medusa_proposer import DEFAULT_TREE, MedusaOptions
-from .decoding.speculative import SpeculationOptions
-from .decoding.ssd import SSDOptions
-from .metrics import error_rates
-from .options import add_model_args
-from .pipeline import DecodeOptions, decode_batch, encode_audio, stream_decode
+from ..batching import BatchBudget, plan_batches
+from ..decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, Hypothesis, token_cap
+from ..decoding.medusa_proposer import DEFAULT_TREE, MedusaOptions
+from ..decoding.speculative import SpeculationOptions
+from ..decoding.ssd import SSDOptions
+from ..metrics import error_rates
+from ..pipeline import DecodeOptions, decode_batch, encode_audio, stream_decode
+from .tables import write_table
 
 CONTINUOUS = " +continuous"
 """Suffix of a configuration run with continuous batching (rows refilled from the next batch; batch sizes > 1)."""
@@ -303,25 +300,11 @@ def pass_time_notes(target, draft, audio) -> str:
             f"threads): {'; '.join(cells)}.\n")
 
 
-def write_table(stem: str, title: str, header: list[str], cells: list[list], notes: str = "") -> str:
-    """Write ``<stem>.md`` (title, table, then ``notes``) and ``<stem>.csv``; returns the Markdown."""
-    md = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    md += ["| " + " | ".join(str(c) for c in row) + " |" for row in cells]
-    text = "\n".join(md) + "\n" + notes
-    with open(stem + ".md", "w") as f:
-        f.write(text)
-    with open(stem + ".csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(cells)
-    return text
-
-
 def plot_head_accuracy(target, heads_dir: str, utterances, out_dir: str) -> list[float]:
     """Per-head top-1 agreement of Medusa heads with the target's own tokens on ``utterances``; written to
     ``bench-medusa-heads.png`` (and returned)."""
-    from .decoding.medusa_proposer import load_heads
-    from .train.medusa import head_accuracy
+    from ..decoding.medusa_proposer import load_heads
+    from ..train.medusa import head_accuracy
 
     acc = head_accuracy(target, load_heads(heads_dir, str(target.device), target.dtype), utterances)
     try:
@@ -378,30 +361,15 @@ def _plot(rows, path, title, suite) -> None:
     fig.savefig(path, dpi=120)
 
 
-def cmd_bench(args) -> int:
-    if args.suite == "tts":
-        from .bench_tts import cmd_bench_tts
-
-        return cmd_bench_tts(args)
-    if args.suite == "voicechat":
-        from .bench_voicechat import cmd_bench_voicechat
-
-        return cmd_bench_voicechat(args)
-    if args.suite == "peers":
-        from .bench_peers import cmd_bench_peers
-
-        return cmd_bench_peers(args)
-    if args.suite == "whisper":
-        from .bench_whisper import cmd_bench_whisper
-
-        return cmd_bench_whisper(args)
+def cmd_bench_asr(args) -> int:
+    """``rayspec bench --suite spec|medusa|ssd``."""
     if not args.manifests:
         raise ValueError(f"--suite {args.suite} needs at least one manifest")
-    from .audio import load_audio
-    from .manifest import read_manifest
-    from .models.ctc import CTCHead
-    from .models.whisper import WhisperASR
-    from .models.registry import DRAFTERS, default_drafter
+    from ..audio import load_audio
+    from ..manifest import read_manifest
+    from ..models.ctc import CTCHead
+    from ..models.whisper import WhisperASR
+    from ..models.registry import DRAFTERS, default_drafter
 
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -436,97 +404,3 @@ def cmd_bench(args) -> int:
     notes = pass_time_notes(target, draft, audios[0]) if args.suite == "spec" else ""
     print(write_outputs(rows, args.output, title, args.suite, notes))
     return 0
-
-
-def _positive(text: str) -> int:
-    n = int(text)
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
-    return n
-
-
-def add_bench_parser(sub) -> None:
-    p = sub.add_parser(
-        "bench", help="benchmark decoders against AR side by side (table + plot)",
-        description="Decode the same audio with AR and the chosen suite's configurations, side by side in one run; "
-                    "writes bench-<suite>.md/.csv/.png. NFE = target forward passes, which do not depend on "
-                    "machine noise; wall-clock ratios are measured in the same run. Suites: spec (draft-model "
-                    "speculation ablation, plus transformers' assisted generation at batch 1), ssd (CTC gating / "
-                    "verification / fallback over a tau grid, WER-vs-RTFx Pareto plot), medusa (heads, tree shapes, "
-                    "acceptance rules, beside AR and the draft method), tts (speculative speech synthesis: "
-                    "target-only, sd, ssd beta sweep, pcg theta sweep; intelligibility by pocketsphinx, MCD, "
-                    "acceptance, speed-up; floors of real and Lyra-resynthesised speech; offline acceptance), "
-                    "voicechat (PredGen greedy / top-k against the plain cascade: typed prompts streamed at 600 "
-                    "characters per minute, and spoken prompts from the first manifest transcribed as they stream "
-                    "in; TTFS, LLM passes to first sentence, audio latency CDF, wasted work), peers (rayspec's "
-                    "engine against vLLM and transformers on the published Whisper architectures, same audio, "
-                    "same threads, same tokens per utterance; needs scripts/setup-vllm.sh for the vLLM rows), "
-                    "whisper (real Whisper on rayspec's engine: WER, space-free CER, RTFx, and token identity "
-                    "against transformers' generate and CTranslate2 on the same features).",
-    )
-    p.add_argument("manifests", nargs="*", help="manifests (with references for WER) or folders of audio; "
-                                                "voicechat: optional, recordings whose speech serves as prompts")
-    p.add_argument("--suite", choices=["spec", "ssd", "medusa", "tts", "voicechat", "peers", "whisper"],
-                   default="spec")
-    p.add_argument("-o", "--output", default="bench", help="output folder (default: bench)")
-    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
-    p.add_argument("--limit", type=int, default=0, help="use only the first N utterances (peers: default 64)")
-    p.add_argument("--max-draft", type=int, default=0, help="spec: override max draft length of adaptive configs")
-    p.add_argument("--no-hf", action="store_true", help="spec: skip transformers' assisted generation")
-    p.add_argument("--repeats", type=_positive, default=1,
-                   help="spec/ssd/medusa/peers: timed runs per configuration, taken round-robin over the "
-                        "configurations, the fastest reported (default 1)")
-    p.add_argument("--tau-ctc", type=float, nargs="+", default=[0.3, 0.7, 1.5, 3.0], help="ssd: gate thresholds")
-    p.add_argument("--tau-slm", type=float, nargs="+", default=[0.01, 0.1, 0.2], help="ssd: verification thresholds")
-    p.add_argument("--ctc", help="ssd: CTC head directory; default: the one bundled for the target, if any")
-    p.add_argument("--medusa", help="medusa: heads directory; default: the ones bundled for the target, if any")
-    r = p.add_argument_group("whisper suite (manifests with references)")
-    r.add_argument("--whisper-targets", default="whisper-base,whisper-tiny.en",
-                   help="targets, comma-separated, each optionally with @<encoder dtype> (e.g. whisper-base@bfloat16; "
-                        "default whisper-base,whisper-tiny.en)")
-    r.add_argument("--limits", type=int, nargs="*", default=[],
-                   help="first N utterances of each manifest (one value for all, or one per manifest; 0 = all)")
-    r.add_argument("--identity-limits", type=int, nargs="*", default=[130],
-                   help="first N utterances of each manifest decoded also by transformers and CTranslate2 (one "
-                        "value for all, or one per manifest; default 130)")
-    t = p.add_argument_group("tts suite (manifests: LJSpeech-style rows with text and audio)")
-    t.add_argument("--tts-target", help="TTS target directory (default: the bundled zoo tts-target)")
-    t.add_argument("--tts-draft", help="TTS draft directory (default: the bundled zoo tts-draft)")
-    t.add_argument("--codec", help="Lyra v2 codec directory (default: the bundled one)")
-    t.add_argument("--tts-ids", default="dev",
-                   help="'dev' (the zoo's 30 held-out LJSpeech clips, default), 'all', or comma-separated ids")
-    t.add_argument("--betas", type=float, nargs="+", default=[0.1, 0.3, 0.5], help="ssd betas")
-    t.add_argument("--thetas", type=float, nargs="+", default=[0.98, 0.95, 0.9], help="pcg thetas")
-    t.add_argument("--groups", choices=["codec", "target"], default="codec", help="pcg group vectors")
-    t.add_argument("--temperature", type=float, default=0.8)
-    t.add_argument("--lookahead", type=int, default=3)
-    t.add_argument("--seed", type=int, default=0)
-    t.add_argument("--no-asr", action="store_true", help="skip the rayspec-ASR (--target) WER column")
-    v = p.add_argument_group("voicechat suite")
-    v.add_argument("--voices", default="espeak,rayspec", help="TTS backends, comma-separated (default both)")
-    v.add_argument("--audio-limit", type=int, default=20, help="spoken prompts: first N recordings (default 20)")
-    v.add_argument("--chunk-s", type=float, default=0.5, help="spoken prompts: seconds between partial transcripts")
-    w = p.add_argument_group("peers suite (manifests: optional, default the bundled AN4 clips; --threads: per "
-                             "engine, default 1)")
-    w.add_argument("--peer-models", default="tiny.en,base.en,small.en",
-                   help="published Whisper configurations with random weights and forced token counts (default "
-                        "tiny.en,base.en,small.en), or installed models with their real weights, decoded to EOS "
-                        "and scored (whisper-base,whisper-tiny.en)")
-    w.add_argument("--engines", default="rayspec,transformers,vllm",
-                   help="engines, comma-separated, each NAME[:METHOD][@COMPUTE_TYPE]: rayspec (rayspec:draft, "
-                        "rayspec@bfloat16 = bf16 encoder), transformers, vllm (random weights only), and on "
-                        "installed models faster-whisper, faster-whisper-batched, ctranslate2 (@int8 or "
-                        "@float32); default rayspec,transformers,vllm")
-    w.add_argument("--tokens", type=int, default=32, help="tokens generated per utterance by every engine (default 32)")
-    w.add_argument("--models-dir", default=os.path.join(tempfile.gettempdir(), "rayspec-peers"),
-                   help="where the random checkpoints are written once (default: $TMPDIR/rayspec-peers)")
-    w.add_argument("--serve-concurrency", type=int, nargs="*", default=[],
-                   help="also load rayspec serve and vLLM's OpenAI server (first --peer-models model) with this "
-                        "many requests in flight, e.g. 1 8 32 (default: off)")
-    w.add_argument("--serve-tokens-per-second", type=float, default=8.0,
-                   help="serve load: token cap per second of audio on both servers (default 8)")
-    from .chat.commands import add_predgen_args
-
-    add_predgen_args(v, tts=False)
-    add_model_args(p)
-    p.set_defaults(func=cmd_bench)

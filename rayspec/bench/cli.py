@@ -1,0 +1,131 @@
+"""``rayspec bench``'s arguments and its dispatch to the suites (each suite's module is imported only when run)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+from ..options import add_model_args
+
+
+def cmd_bench(args) -> int:
+    """``rayspec bench``: run the chosen suite."""
+    if args.suite == "tts":
+        from .tts import cmd_bench_tts
+
+        return cmd_bench_tts(args)
+    if args.suite == "voicechat":
+        from .voicechat import cmd_bench_voicechat
+
+        return cmd_bench_voicechat(args)
+    if args.suite == "peers":
+        from .peers import cmd_bench_peers
+
+        return cmd_bench_peers(args)
+    if args.suite == "whisper":
+        from .whisper import cmd_bench_whisper
+
+        return cmd_bench_whisper(args)
+    from .asr import cmd_bench_asr
+
+    return cmd_bench_asr(args)
+
+
+def _positive(text: str) -> int:
+    n = int(text)
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {n}")
+    return n
+
+
+def add_bench_parser(sub) -> None:
+    p = sub.add_parser(
+        "bench", help="benchmark decoders against AR side by side (table + plot)",
+        description="Decode the same audio with AR and the chosen suite's configurations, side by side in one run; "
+                    "writes bench-<suite>.md/.csv/.png. NFE = target forward passes, which do not depend on "
+                    "machine noise; wall-clock ratios are measured in the same run. Suites: spec (draft-model "
+                    "speculation ablation, plus transformers' assisted generation at batch 1), ssd (CTC gating / "
+                    "verification / fallback over a tau grid, WER-vs-RTFx Pareto plot), medusa (heads, tree shapes, "
+                    "acceptance rules, beside AR and the draft method), tts (speculative speech synthesis: "
+                    "target-only, sd, ssd beta sweep, pcg theta sweep; intelligibility by pocketsphinx, MCD, "
+                    "acceptance, speed-up; floors of real and Lyra-resynthesised speech; offline acceptance), "
+                    "voicechat (PredGen greedy / top-k against the plain cascade on MT-Bench first turns: typed, "
+                    "streamed at 600 characters per minute, and spoken, read by the Piper voice and transcribed by "
+                    "Whisper as they stream in; TTFS, LLM passes to first sentence, audio latency CDF, wasted work), peers (rayspec's "
+                    "engine against vLLM and transformers on the published Whisper architectures, same audio, "
+                    "same threads, same tokens per utterance; needs scripts/setup-vllm.sh for the vLLM rows), "
+                    "whisper (real Whisper on rayspec's engine: WER, space-free CER, RTFx, and token identity "
+                    "against transformers' generate and CTranslate2 on the same features).",
+    )
+    p.add_argument("manifests", nargs="*", help="manifests (with references for WER) or folders of audio")
+    p.add_argument("--suite", choices=["spec", "ssd", "medusa", "tts", "voicechat", "peers", "whisper"],
+                   default="spec")
+    p.add_argument("-o", "--output", default="bench", help="output folder (default: bench)")
+    p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--limit", type=int, default=0, help="use only the first N utterances (peers: default 64)")
+    p.add_argument("--max-draft", type=int, default=0, help="spec: override max draft length of adaptive configs")
+    p.add_argument("--no-hf", action="store_true", help="spec: skip transformers' assisted generation")
+    p.add_argument("--repeats", type=_positive, default=1,
+                   help="spec/ssd/medusa/peers: timed runs per configuration, taken round-robin over the "
+                        "configurations, the fastest reported (default 1)")
+    p.add_argument("--tau-ctc", type=float, nargs="+", default=[0.3, 0.7, 1.5, 3.0], help="ssd: gate thresholds")
+    p.add_argument("--tau-slm", type=float, nargs="+", default=[0.01, 0.1, 0.2], help="ssd: verification thresholds")
+    p.add_argument("--ctc", help="ssd: CTC head directory; default: the one bundled for the target, if any")
+    p.add_argument("--medusa", help="medusa: heads directory; default: the ones bundled for the target, if any")
+    r = p.add_argument_group("whisper suite (manifests with references)")
+    r.add_argument("--whisper-targets", default="whisper-base,whisper-tiny.en",
+                   help="targets, comma-separated, each optionally with @<encoder dtype> (e.g. whisper-base@bfloat16; "
+                        "default whisper-base,whisper-tiny.en)")
+    r.add_argument("--limits", type=int, nargs="*", default=[],
+                   help="first N utterances of each manifest (one value for all, or one per manifest; 0 = all)")
+    r.add_argument("--identity-limits", type=int, nargs="*", default=[130],
+                   help="first N utterances of each manifest decoded also by transformers and CTranslate2 (one "
+                        "value for all, or one per manifest; default 130)")
+    t = p.add_argument_group("tts suite (manifests: LJSpeech-style rows with text and audio)")
+    t.add_argument("--tts-target", help="TTS target directory (default: the bundled zoo tts-target)")
+    t.add_argument("--tts-draft", help="TTS draft directory (default: the bundled zoo tts-draft)")
+    t.add_argument("--codec", help="Lyra v2 codec directory (default: the bundled one)")
+    t.add_argument("--tts-ids", default="dev",
+                   help="'dev' (the zoo's 30 held-out LJSpeech clips, default), 'all', or comma-separated ids")
+    t.add_argument("--betas", type=float, nargs="+", default=[0.1, 0.3, 0.5], help="ssd betas")
+    t.add_argument("--thetas", type=float, nargs="+", default=[0.98, 0.95, 0.9], help="pcg thetas")
+    t.add_argument("--groups", choices=["codec", "target"], default="codec", help="pcg group vectors")
+    t.add_argument("--temperature", type=float, default=0.8)
+    t.add_argument("--lookahead", type=int, default=3)
+    t.add_argument("--seed", type=int, default=0)
+    t.add_argument("--no-asr", action="store_true", help="skip the rayspec-ASR (--target) WER column")
+    v = p.add_argument_group("voicechat suite")
+    v.add_argument("--questions", help="turns: a JSONL file with MT-Bench's fields (the first of `turns`) or a text "
+                                       "file, one turn per line (default: the bundled 80 MT-Bench questions)")
+    v.add_argument("--voices", default="piper", help="TTS backends, comma-separated: piper, rayspec, espeak "
+                                                     "(default piper)")
+    v.add_argument("--audio-limit", type=int, default=20,
+                   help="spoken turns: the first N questions read aloud by the Piper voice (default 20; 0: none)")
+    v.add_argument("--partials-model", default="whisper-tiny.en",
+                   help="spoken turns: the ASR model of the partial and final transcripts (default whisper-tiny.en)")
+    v.add_argument("--chunk-s", type=float, default=0.5, help="spoken turns: seconds between partial transcripts")
+    w = p.add_argument_group("peers suite (manifests: optional, default the bundled AN4 clips; --threads: per "
+                             "engine, default 1)")
+    w.add_argument("--peer-models", default="tiny.en,base.en,small.en",
+                   help="published Whisper configurations with random weights and forced token counts (default "
+                        "tiny.en,base.en,small.en), or installed models with their real weights, decoded to EOS "
+                        "and scored (whisper-base,whisper-tiny.en)")
+    w.add_argument("--engines", default="rayspec,transformers,vllm",
+                   help="engines, comma-separated, each NAME[:METHOD][@COMPUTE_TYPE]: rayspec (rayspec:draft, "
+                        "rayspec@bfloat16 = bf16 encoder), transformers, vllm (random weights only), and on "
+                        "installed models faster-whisper, faster-whisper-batched, ctranslate2 (@int8 or "
+                        "@float32); default rayspec,transformers,vllm")
+    w.add_argument("--tokens", type=int, default=32, help="tokens generated per utterance by every engine (default 32)")
+    w.add_argument("--models-dir", default=os.path.join(tempfile.gettempdir(), "rayspec-peers"),
+                   help="where the random checkpoints are written once (default: $TMPDIR/rayspec-peers)")
+    w.add_argument("--serve-concurrency", type=int, nargs="*", default=[],
+                   help="also load rayspec serve and vLLM's OpenAI server (first --peer-models model) with this "
+                        "many requests in flight, e.g. 1 8 32 (default: off)")
+    w.add_argument("--serve-tokens-per-second", type=float, default=8.0,
+                   help="serve load: token cap per second of audio on both servers (default 8)")
+    from ..chat.commands import add_predgen_args
+
+    add_predgen_args(v, tts=False)
+    add_model_args(p)
+    p.set_defaults(func=cmd_bench)
