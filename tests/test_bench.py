@@ -1,6 +1,6 @@
 """``rayspec bench`` (spec/ssd/medusa suites): repeats run round-robin over the configurations; rows count exactly."""
 
-from rayspec import bench
+from rayspec.bench import asr as bench
 from rayspec.bench.asr import SPEC_ABLATION, run_bench
 from tiny import random_audio
 

@@ -49,3 +49,17 @@ def test_vllm_predgen_turn_equals_transformers(engines):
     parts = text_partials(PROMPTS[0])
     a, b = run_turn(hf, SilentVoice(), parts, opts), run_turn(vl, SilentVoice(), parts, opts)
     assert a.reply_ids == b.reply_ids and a.outcome == b.outcome and a.accepted_tokens == b.accepted_tokens
+
+
+def test_vllm_serves_the_default_chat_llm_with_transformers_greedy_reply():
+    """SmolLM2-135M-Instruct: vLLM loads the same dequantized directory (chat template included)."""
+    hf = load_lm(None)
+    vl = load_lm(None, "vllm", PYTHON)
+    try:
+        question = "What is the capital of France?"
+        ids = hf.prompt_ids(question)
+        assert vl.prompt_ids(question) == ids
+        reply = hf.generate(ids, 20)
+        assert vl.generate(ids, 20) == reply and "Paris" in hf.decode(reply)
+    finally:
+        vl.close()

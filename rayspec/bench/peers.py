@@ -75,7 +75,7 @@ def run_engine(engine: str, model_dir: str, audio_npz: str, batch_sizes, tokens:
     common = ["--model", model_dir, "--audio", audio_npz, "--batch-sizes", sizes, "--tokens", str(tokens)]
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     if engine == "vllm":
-        worker = os.path.join(os.path.dirname(__file__), "peers", "vllm_asr_worker.py")
+        worker = os.path.join(os.path.dirname(os.path.dirname(__file__)), "peers", "vllm_asr_worker.py")
         cmd = [vllm_python, worker, *common] + (["--enforce-eager"] if vllm_eager else [])
         env.update(VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}" if threads > 1 else "0",
                    VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "4"))  # GiB; base.en at 64 sequences needs > 2

@@ -11,12 +11,10 @@ story model (fast tests). Any local causal-LM directory or ``.gguf`` file works 
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from importlib import resources
 
 from ..models.errors import ModelLoadError
-from ..models.registry import PackagedFile, cache_dir, sha256, verified_paths
+from ..models.registry import PackagedFile, build_cached, cache_dir, sha256, verified_paths
 
 DEFAULT_LM = "smollm2-135m-instruct"
 GGUF_MODELS = {
@@ -39,7 +37,7 @@ def dequantized_dir(gguf: str, key: str, label: str) -> str:
         gguf: the ``.gguf`` path; key: hex digest naming its contents; label: the folder's readable prefix.
 
     Raises:
-        ModelLoadError: transformers cannot read the file, or the cache is not writable.
+        ModelLoadError: transformers cannot read the file, or the cache is not writable (:func:`build_cached`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -55,19 +53,12 @@ def dequantized_dir(gguf: str, key: str, label: str) -> str:
     model.hf_quantizer = None  # dequantized: a plain float32 model from here on
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    try:
-        os.makedirs(os.path.dirname(dst), exist_ok=True)
-        tmp = tempfile.mkdtemp(prefix=f".{label}.", dir=os.path.dirname(dst))
+
+    def save(tmp: str) -> None:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        try:
-            os.rename(tmp, dst)  # several processes may convert at once: the first one wins
-        except OSError:
-            shutil.rmtree(tmp, ignore_errors=True)
-    except OSError as e:
-        raise ModelLoadError(f"cannot write the dequantized LM to {os.path.dirname(dst)} ({e.strerror}): set "
-                             "RAYSPEC_CACHE to a writable folder") from e
-    return dst
+
+    return build_cached(dst, save, "the dequantized LM")
 
 
 def resolve_lm(name_or_path: str | None) -> str:

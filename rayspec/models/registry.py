@@ -17,6 +17,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from importlib import metadata, resources
+from typing import Callable
 
 from .ct2 import CONVERTER_VERSION, convert_ct2, is_converted_dir, is_ct2_dir
 from .errors import ModelLoadError
@@ -132,28 +133,41 @@ def verified_paths(name: str, files: tuple[PackagedFile, ...]) -> list[str]:
     return paths
 
 
+def build_cached(dst: str, build: Callable[[str], object], what: str) -> str:
+    """Make the cache directory ``dst`` atomically: ``build(tmp)`` fills a new folder beside it, which is then
+    renamed to ``dst``. Several processes may build at once (actors starting together): the first rename wins and
+    the others' folders are removed. A ``dst`` already there but incomplete (the caller's check failed) is moved
+    aside and removed first. Returns ``dst``.
+
+    Raises:
+        ModelLoadError: the cache is not writable (``what`` names the content in the message).
+    """
+    parent = os.path.dirname(dst)
+    try:
+        os.makedirs(parent, exist_ok=True)
+        if os.path.isdir(dst):  # a broken entry (e.g. emptied by hand): moved aside, removed, built anew
+            aside = tempfile.mkdtemp(dir=parent)
+            os.replace(dst, os.path.join(aside, "old"))
+            shutil.rmtree(aside, ignore_errors=True)
+        mine = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.", dir=parent)
+        build(mine)
+        try:
+            os.rename(mine, dst)
+        except OSError:
+            shutil.rmtree(mine, ignore_errors=True)
+    except OSError as e:
+        raise ModelLoadError(f"cannot write {what} to {parent} ({e.strerror}): set RAYSPEC_CACHE to a writable "
+                             "folder") from e
+    return dst
+
+
 def _converted(src: str, parts: list[str], key: str, label: str) -> str:
     """The cached conversion of the CTranslate2 model in ``src`` (``parts`` of its model.bin) under ``key``."""
     key = hashlib.sha256(f"{key}:{CONVERTER_VERSION}".encode()).hexdigest()
     dst = os.path.join(cache_dir(), "models", f"{label}-{key[:16]}")
     if is_converted_dir(dst):
         return dst
-    parent = os.path.dirname(dst)
-    try:
-        os.makedirs(parent, exist_ok=True)
-        if os.path.isdir(dst):  # a broken entry (e.g. emptied by hand): moved aside, removed, converted anew
-            aside = tempfile.mkdtemp(dir=parent)
-            os.replace(dst, os.path.join(aside, "old"))
-            shutil.rmtree(aside, ignore_errors=True)
-        mine = convert_ct2(src, tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.", dir=parent), parts)
-        try:
-            os.rename(mine, dst)  # several processes may convert at once (actors starting together): first wins
-        except OSError:
-            shutil.rmtree(mine, ignore_errors=True)
-    except OSError as e:
-        raise ModelLoadError(f"cannot write the converted model to {os.path.dirname(dst)} ({e.strerror}): set "
-                             "RAYSPEC_CACHE to a writable folder") from e
-    return dst
+    return build_cached(dst, lambda tmp: convert_ct2(src, tmp, parts), "the converted model")
 
 
 def ct2_folder(name: str, dst: str) -> str:

