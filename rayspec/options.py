@@ -192,8 +192,11 @@ def user_errors() -> tuple:
     from .models.errors import ModelLoadError
     from .results import OutputLockedError
     from .tts.codec import CodecError
+    from .tts.phones import TextError
 
-    return ManifestError, ModelLoadError, OutputLockedError, FileNotFoundError, CodecError
+    # ModuleNotFoundError: an optional package a chosen feature needs (each such import names the pip command)
+    return ManifestError, ModelLoadError, OutputLockedError, FileNotFoundError, CodecError, TextError, \
+        ModuleNotFoundError
 
 
 def run_command(func, args, prog: str = "rayspec") -> int:

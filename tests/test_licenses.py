@@ -25,6 +25,7 @@ def license_text(dist: metadata.Distribution) -> str:
 def closure(name: str, extras: tuple[str, ...] = ()) -> dict[str, str]:
     """Every installed distribution that ``name[extras]`` requires, transitively -> its license text."""
     seen: dict[str, str] = {}
+    walked: set[tuple[str, tuple[str, ...]]] = set()
     todo = [(name, tuple(extras))]
     while todo:
         dist_name, ex = todo.pop()
@@ -33,8 +34,9 @@ def closure(name: str, extras: tuple[str, ...] = ()) -> dict[str, str]:
         except metadata.PackageNotFoundError:
             continue  # an optional requirement not installed here
         key = dist.metadata["Name"].lower().replace("_", "-")
-        if key in seen and not ex:
+        if (key, ex) in walked:
             continue
+        walked.add((key, ex))
         seen[key] = license_text(dist)
         for line in dist.requires or []:
             req = Requirement(line)

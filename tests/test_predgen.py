@@ -120,8 +120,9 @@ def test_voices(name):
     audio = v.synthesize("Max saw a big box.")
     assert v.sample_rate == 22050 and audio.dtype == np.float32 and 0.5 < audio.size / v.sample_rate < 4
     assert np.abs(audio).max() > 0.05
+    assert v.synthesize("🙂 ```").size == 0  # voice chat: nothing to say is silence, not a failed turn
     with pytest.raises(TextError):
-        v.synthesize("  ")
+        v.voice.synthesize("  ")
 
 
 QUESTION = "What is the capital of France?"
@@ -161,3 +162,20 @@ def test_reply_cap_below_the_candidate_length_stays_lossless(lm, cap):
     """A bonus token never pushes a candidate or the reply past --max-reply-tokens."""
     turn = run_turn(lm, SilentVoice(), text_partials(PROMPTS[2]), PredGenOptions(max_reply_tokens=cap))
     assert len(turn.reply_ids) <= cap and turn.reply_ids == greedy_reply(lm, PROMPTS[2], cap)
+
+
+def test_an_interrupted_extension_stops_between_tokens_and_stays_lossless(lm):
+    """The final input stops a candidate's extension between two tokens; the reply is still the cascade's."""
+    from rayspec.chat.predgen import PredGenEngine, _extend
+
+    prompt = lm.prompt_ids(PROMPTS[0])
+    lm.reset()
+    calls = []
+    reply, stopped = _extend(lm, prompt, [], 24, 80, lambda: calls.append(1) or len(calls) > 3)
+    assert len(reply) == 3 and not stopped and reply == greedy_reply(lm, PROMPTS[0], 3)
+    engine = PredGenEngine(lm, PredGenOptions(max_reply_tokens=30))
+    lm.reset()
+    engine.speculate(PROMPTS[0][:20], lambda: True)  # interrupted at once: verification only, no extension
+    assert engine.candidate == []
+    engine.finish(PROMPTS[0])
+    assert engine.complete() == greedy_reply(lm, PROMPTS[0], 30)

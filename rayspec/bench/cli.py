@@ -113,7 +113,7 @@ def add_bench_parser(sub) -> None:
                         "and scored (whisper-base,whisper-tiny.en)")
     w.add_argument("--engines", default="rayspec,transformers,vllm",
                    help="engines, comma-separated, each NAME[:METHOD][@COMPUTE_TYPE]: rayspec (rayspec:draft, "
-                        "rayspec@bfloat16 = bf16 encoder), transformers, vllm (random weights only), and on "
+                        "rayspec@bfloat16 = bf16 encoder), transformers, vllm, and on "
                         "installed models faster-whisper, faster-whisper-batched, ctranslate2 (@int8 or "
                         "@float32); default rayspec,transformers,vllm")
     w.add_argument("--tokens", type=int, default=32, help="tokens generated per utterance by every engine (default 32)")

@@ -33,8 +33,8 @@ RANDOM_ENGINES = ("rayspec", "transformers", "vllm")
 """The engines of a random-weights model (a published architecture, forced token counts)."""
 ENGINES = RANDOM_ENGINES + ("faster-whisper", "faster-whisper-batched", "ctranslate2")
 """Engine names; a spec may add ``:METHOD`` (rayspec) and ``@COMPUTE_TYPE`` (see :mod:`rayspec.peers.engine_worker`).
-faster-whisper and ctranslate2 run on named models only (the original CTranslate2 files), vLLM on random-weights
-models only."""
+faster-whisper and ctranslate2 run on named models only (the original CTranslate2 files); vLLM runs random-weights
+models and named ones (their converted transformers directory)."""
 
 
 @dataclass
@@ -63,10 +63,20 @@ class PeerRow:
         return self.audio_s / self.decode_s
 
 
+def decoder_prompt(name: str) -> tuple[str, ...]:
+    """Whisper's English transcription prompt for a named model: English-only models (``*.en``) take no language
+    or task token."""
+    if name.endswith(".en"):
+        return "<|startoftranscript|>", "<|notimestamps|>"
+    return "<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"
+
+
 def run_engine(engine: str, model_dir: str, audio_npz: str, batch_sizes, tokens: int, threads: int,
-               vllm_python: str, vllm_eager: bool = False, ct2_dir: Optional[str] = None) -> dict:
+               vllm_python: str, vllm_eager: bool = False, ct2_dir: Optional[str] = None,
+               prompt: Optional[str] = None) -> dict:
     """Run one engine's worker process; returns its JSON report. ``vllm_eager``: vLLM without its graph compilation
-    (a faster start for smoke tests; benchmarks keep vLLM's default).
+    (a faster start for smoke tests; benchmarks keep vLLM's default). ``prompt``: vLLM's decoder prompt tokens,
+    comma-separated (None: the worker's English-only default).
 
     Raises:
         RuntimeError: the worker failed (its last stderr lines are in the message).
@@ -76,7 +86,8 @@ def run_engine(engine: str, model_dir: str, audio_npz: str, batch_sizes, tokens:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     if engine == "vllm":
         worker = os.path.join(os.path.dirname(os.path.dirname(__file__)), "peers", "vllm_asr_worker.py")
-        cmd = [vllm_python, worker, *common] + (["--enforce-eager"] if vllm_eager else [])
+        cmd = ([vllm_python, worker, *common] + (["--enforce-eager"] if vllm_eager else [])
+               + (["--prompt", prompt] if prompt else []))
         env.update(VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}" if threads > 1 else "0",
                    VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "4"))  # GiB; base.en at 64 sequences needs > 2
     else:
@@ -107,7 +118,7 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
         ``(rows, failures)``: an engine that fails on a model is one line in ``failures``, the other rows stand.
     """
     from ..models.errors import ModelLoadError
-    from ..models.registry import MODELS, ct2_folder
+    from ..models.registry import MODELS, ct2_folder, resolve_model
     from ..models.stock_whisper import random_whisper
 
     tiktoken_path = str(resources.files("rayspec") / "data" / "gpt2.tiktoken")
@@ -135,8 +146,6 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
             if rep is None:
                 base = engine.partition("@")[0].partition(":")[0]
                 try:
-                    if named and base == "vllm":
-                        raise RuntimeError("vLLM runs the random-weights models only here")
                     if not named and base not in RANDOM_ENGINES:
                         raise RuntimeError(f"{base} runs installed models only (whisper-base, whisper-tiny.en)")
                     if named:  # the CTranslate2 folder is joined and checked once per model
@@ -146,8 +155,11 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
                         model, ct2 = name, ct2_dirs[name]
                     else:
                         model, ct2 = random_whisper(name, os.path.join(models_dir, name), tiktoken_path), None
+                    prompt = None
+                    if named and base == "vllm":  # vLLM reads the converted transformers directory
+                        model, prompt = resolve_model(name), ",".join(decoder_prompt(name))
                     rep = run_engine(engine, model, npz, batch_sizes, key["tokens"], threads, vllm_python, vllm_eager,
-                                     ct2)
+                                     ct2, prompt)
                 except (RuntimeError, ModelLoadError) as exc:
                     failures.append(f"{name} / {engine}: {str(exc).splitlines()[-1]}")
                     continue

@@ -3,11 +3,12 @@
 Every method answers the same turns in one run with the same LM, TTS and threads. Turns are MT-Bench's first-turn
 questions (the set PredGen's paper evaluates on; FastChat, Apache-2.0, bundled as
 ``rayspec/chat/data/mt_bench_questions.jsonl``) or a file of the user's: typed, streamed as partial prompts at 600
-characters per minute (the paper's rate), and spoken, read aloud by the Piper voice, fed in real time and transcribed
-as it streams in by rayspec's ASR (Whisper tiny.en by default), the LLM answering the ASR's text. Per turn: time to first sentence (TTFS), LLM passes to first sentence (NFETFS), audio latency
-(end of input -> first audio sample), the verification outcome, and the extra LLM tokens and TTS audio spent on
-candidates that were thrown away. Medians per configuration, the speed-up of the median audio latency over the
-cascade's, the share of replies identical to the cascade's, and a latency CDF plot.
+characters per minute (the paper's rate), and spoken, read aloud by the Piper voice, fed in real time and
+transcribed as it streams in by rayspec's ASR (Whisper tiny.en by default), the LLM answering the ASR's text. Per
+turn: time to first sentence (TTFS), LLM passes to first sentence (NFETFS), audio latency (end of input -> first
+audio sample), the verification outcome, and the extra LLM tokens and TTS audio spent on candidates that were thrown
+away. Medians per configuration, the speed-up of the median audio latency over the cascade's, the share of replies
+identical to the cascade's, and a latency CDF plot.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def read_questions(path: str | None = None) -> list[str]:
     of a text file; default the bundled MT-Bench questions.
 
     Raises:
-        ValueError: a file with no turns in it.
+        ValueError: a file with no turns in it, or a JSONL line that is not a question row (path and line given).
     """
     if path is None:
         text = resources.files("rayspec").joinpath("chat", "data", "mt_bench_questions.jsonl").read_text()
@@ -50,8 +51,17 @@ def read_questions(path: str | None = None) -> list[str]:
             text = f.read()
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if path.endswith(".jsonl"):
-        rows = [json.loads(line) for line in lines]
-        lines = [(r["turns"][0] if r.get("turns") else r.get("text", "")).strip() for r in rows]
+        out = []
+        for n, line in enumerate(lines, 1):
+            try:
+                row = json.loads(line)
+                turns = row.get("turns") or [row.get("text", "")]
+                if not isinstance(turns, list) or not isinstance(turns[0], str):
+                    raise ValueError("'turns' must be a list of strings")
+            except (ValueError, AttributeError) as e:
+                raise ValueError(f"{path}, line {n}: not a question row ({e})") from None
+            out.append(turns[0].strip())
+        lines = out
     turns = [t for t in lines if t]
     if not turns:
         raise ValueError(f"no turns in {path}")
@@ -183,9 +193,11 @@ def cmd_bench_voicechat(args) -> int:
         from ..tts.piper import PiperVoice
 
         asr = Transcriber(args.partials_model, options=DecodeOptions(), device=args.device)
-        inputs["spoken"] = spoken_partials(prompts[: args.audio_limit], PiperVoice(), asr, args.chunk_s)
-        notes.append(f"- spoken input: the first {args.audio_limit} questions read by the Piper voice "
-                     f"en_US-joe-medium, fed in real time; partial transcripts every {args.chunk_s:g} s by "
+        spoken = prompts[: args.audio_limit]
+        voice = PiperVoice(noise=0.0, noise_w=0.0)  # the same audio on every run
+        inputs["spoken"] = spoken_partials(spoken, voice, asr, args.chunk_s)
+        notes.append(f"- spoken input: the first {len(spoken)} questions read by the Piper voice "
+                     f"en_US-joe-medium (noise 0), fed in real time; partial transcripts every {args.chunk_s:g} s by "
                      f"{args.partials_model} on rayspec's engine (greedy, re-decoding the growing audio); the LLM "
                      f"answers the final transcript.")
     voices = {name: load_voice(name) for name in args.voices.split(",")}

@@ -41,24 +41,25 @@ def dequantized_dir(gguf: str, key: str, label: str) -> str:
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    dst = os.path.join(cache_dir(), "models", f"{label}-{key[:16]}")
-    if os.path.isfile(os.path.join(dst, "config.json")):
-        return dst
-    folder, name = os.path.split(os.path.abspath(gguf))
-    try:
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
-        tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-    except (OSError, ValueError, KeyError, ImportError) as e:
-        raise ModelLoadError(f"{gguf}: not a GGUF causal LM transformers can read ({e})") from e
-    model.hf_quantizer = None  # dequantized: a plain float32 model from here on
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
+    def ready(folder: str) -> bool:
+        return os.path.isfile(os.path.join(folder, "config.json")) and os.path.isfile(
+            os.path.join(folder, "tokenizer.json"))
 
-    def save(tmp: str) -> None:
+    def build(tmp: str) -> None:
+        folder, name = os.path.split(os.path.abspath(gguf))
+        try:
+            model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")
+            tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+        except (OSError, ValueError, KeyError, ImportError) as e:
+            raise ModelLoadError(f"{gguf}: not a GGUF causal LM transformers can read ({e})") from e
+        model.hf_quantizer = None  # dequantized: a plain float32 model from here on
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
 
-    return build_cached(dst, save, "the dequantized LM")
+    return build_cached(os.path.join(cache_dir(), "models", f"{label}-{key[:16]}"), build, ready,
+                        "the dequantized LM")
 
 
 def resolve_lm(name_or_path: str | None) -> str:

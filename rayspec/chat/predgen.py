@@ -12,11 +12,11 @@ token (lossless); ``topk`` accepts a candidate token while it is among the targe
 Time is simulated the way the paper's evaluation does: partial prompts arrive on a schedule (e.g. 600 characters per
 minute) and every computation is timed for real; work on a partial that is still running when the next partials
 arrive makes the engine skip to the newest one, and the final input stops a candidate's extension between two tokens
-(a server cancels speculative work the same way when the turn ends). The LLM and the TTS are two workers on two timelines (as the LLM and
-TTS deployments of the Serve endpoint are): pre-synthesis starts when its sentence is known and the TTS worker is
-free, and holds up no LLM work; a sentence superseded before its synthesis starts is dropped; a final sentence that
-must be synthesised anew waits for the running synthesis. Latencies are measured from the arrival of the final
-input.
+(the simulation's rule; the Serve session instead lets a running speculation step finish). The LLM and the TTS are
+two workers on two timelines (as the LLM and TTS deployments of the Serve endpoint are): pre-synthesis starts when
+its sentence is known and the TTS worker is free, and holds up no LLM work; a sentence superseded before its
+synthesis starts is dropped; a final sentence that must be synthesised anew waits for the running synthesis.
+Latencies are measured from the arrival of the final input.
 """
 
 from __future__ import annotations
@@ -145,11 +145,12 @@ def verify(lm: CausalLM, prompt: list[int], candidate: list[int], opts: PredGenO
 def _extend(lm: CausalLM, prompt: list[int], reply: list[int], target_len: int, cap: int,
             interrupted: Callable[[], bool] = lambda: False) -> tuple[list[int], bool]:
     """Greedy-extend ``reply`` until it has ``target_len`` tokens and a complete first sentence, a stop token,
-    ``cap`` tokens, or ``interrupted()`` (asked before each token). Returns (reply, stopped)."""
+    ``cap`` tokens, or ``interrupted()`` (asked before each token). Returns (reply, stopped): ``stopped`` is True
+    at a stop token or the cap, False otherwise (interrupted included)."""
     reply = list(reply)
     has_sentence = first_sentence_length(lm, reply) is not None
-    while len(reply) < cap and not interrupted():
-        if has_sentence and len(reply) >= target_len:
+    while len(reply) < cap:
+        if (has_sentence and len(reply) >= target_len) or interrupted():
             return reply, False
         tok = int(lm.next_logits(prompt + reply, since=len(prompt) + len(reply))[-1].argmax())
         if tok in lm.stop_ids:

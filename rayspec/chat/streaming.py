@@ -45,7 +45,7 @@ def audio_partials(transcriber, audio: np.ndarray, sample_rate: int, chunk_s: fl
         final transcript of the whole audio.
 
     Raises:
-        ValueError: empty audio or a non-positive chunk.
+        ValueError: empty audio or a non-positive chunk; RuntimeError: the ASR failed on a prefix.
     """
     if audio.size == 0 or chunk_s <= 0:
         raise ValueError("audio_partials needs audio and a positive chunk length")
@@ -56,7 +56,10 @@ def audio_partials(transcriber, audio: np.ndarray, sample_rate: int, chunk_s: fl
         start = max(end, free)
         t0 = clock()
         prefix = audio[: int(round(end * sample_rate))]
-        text = transcriber.transcribe([Utterance("partial", "")], [prefix])[0].text.strip()
+        row = transcriber.transcribe([Utterance("partial", "")], [prefix])[0]
+        if row.error:  # the ASR failed (transcribe turns failures into rows): not the same as hearing nothing
+            raise RuntimeError(f"ASR failed on the partial input: {row.error}")
+        text = row.text.strip()
         free = start + clock() - t0
         if text or end == total:
             out.append((free, text))

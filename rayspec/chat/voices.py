@@ -1,7 +1,7 @@
 """Speech backends for the voice-chat reply: a Piper voice (the default, :mod:`rayspec.tts.piper`), rayspec's own
 speculative TTS, or espeak-ng (formant; GPL-3.0, only with the optional ``rayspec[espeak]`` extra).
 
-Each takes one sentence and return float32 ``[S]`` audio in [-1, 1] at their ``sample_rate`` (Hz).
+Each takes one sentence and returns float32 ``[S]`` audio in [-1, 1] at their ``sample_rate`` (Hz).
 """
 
 from __future__ import annotations
@@ -106,9 +106,23 @@ class RayspecVoice:
 VOICES = ("piper", "rayspec", "espeak")
 
 
-def load_voice(name: str):
-    """One of :data:`VOICES`: ``"piper"`` (:class:`~rayspec.tts.piper.PiperVoice`, en_US-joe-medium), ``"rayspec"``
-    or ``"espeak"`` (the classes above).
+class ChatSpeech:
+    """A voice as voice chat uses it: a reply sentence with nothing to say (an emoji, a code fence) is silence,
+    not an error that would break the turn. ``synthesize(text) -> float32 [S]`` at :attr:`sample_rate` Hz."""
+
+    def __init__(self, voice) -> None:
+        self.voice, self.name, self.sample_rate = voice, voice.name, voice.sample_rate
+
+    def synthesize(self, text: str) -> np.ndarray:
+        try:
+            return self.voice.synthesize(text)
+        except TextError:
+            return np.zeros(0, dtype=np.float32)
+
+
+def load_voice(name: str) -> ChatSpeech:
+    """One of :data:`VOICES`, for voice chat: ``"piper"`` (:class:`~rayspec.tts.piper.PiperVoice`,
+    en_US-joe-medium), ``"rayspec"`` or ``"espeak"`` (the classes above), wrapped in :class:`ChatSpeech`.
 
     Raises:
         ValueError: another name; FileNotFoundError / ModuleNotFoundError: the voice's package is not installed.
@@ -116,9 +130,9 @@ def load_voice(name: str):
     if name == "piper":
         from ..tts.piper import PiperVoice
 
-        return PiperVoice()
+        return ChatSpeech(PiperVoice())
     if name == "espeak":
-        return EspeakVoice()
+        return ChatSpeech(EspeakVoice())
     if name == "rayspec":
-        return RayspecVoice()
+        return ChatSpeech(RayspecVoice())
     raise ValueError(f"unknown TTS backend {name!r} ({', '.join(VOICES)})")

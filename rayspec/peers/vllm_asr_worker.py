@@ -6,7 +6,8 @@ one batch, then greedy-decodes every waveform of ``--audio`` (a ``.npz`` of floa
 each batch size: one ``generate`` call per batch of consecutive waveforms. It prints one JSON line, the protocol of
 :mod:`rayspec.peers.engine_worker`: ``{"engine": "vllm", "version", "startup_s", "rows": [{"batch_size", "decode_s",
 "tokens"}], "peak_rss_mb"}``. ``decode_s`` covers log-mel features, encoder and decoder (all inside ``generate``).
-With ``--tokens N`` every request generates exactly N tokens (``ignore_eos``), else up to ``--max-tokens``.
+With ``--tokens N`` every request generates exactly N tokens (``ignore_eos``), else up to ``--max-tokens`` and the
+rows carry ``texts`` too (for WER). ``--prompt``: the decoder prompt's special tokens, comma-separated.
 Threads: set ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``0`` or ``0-1``) in the environment.
 """
 
@@ -30,6 +31,9 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=200)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--enforce-eager", action="store_true", help="skip vLLM's graph compilation (faster start-up)")
+    p.add_argument("--prompt", default="<|startoftranscript|>,<|notimestamps|>",
+                   help="decoder prompt tokens, comma-separated (multilingual English: <|startoftranscript|>,<|en|>,"
+                        "<|transcribe|>,<|notimestamps|>)")
     args = p.parse_args()
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # vLLM's own prints go to stderr
@@ -47,20 +51,28 @@ def main() -> int:
               enforce_eager=args.enforce_eager)
     startup = time.perf_counter() - T_START
     n = args.tokens or args.max_tokens
-    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=bool(args.tokens), detokenize=False)
-    prompt_ids = [llm.get_tokenizer().convert_tokens_to_ids(t) for t in ("<|startoftranscript|>", "<|notimestamps|>")]
+    texts = not args.tokens  # decoding to EOS: a real model, scored by WER
+    params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=bool(args.tokens), detokenize=texts)
+    tokenizer = llm.get_tokenizer()
+    prompt_ids = [tokenizer.convert_tokens_to_ids(t) for t in args.prompt.split(",")]
+    eos = tokenizer.eos_token_id
 
     def decode(batch):
         prompts = [{"encoder_prompt": {"prompt": "", "multi_modal_data": {"audio": (a, 16000)}},
                     "decoder_prompt": {"prompt_token_ids": prompt_ids}} for a in batch]
-        return [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+        outs = [(list(o.outputs[0].token_ids), o.outputs[0].text.strip())
+                for o in llm.generate(prompts, params, use_tqdm=False)]
+        # decoding to EOS, vLLM lists the EOS token too; the other engines' token lists end before it
+        return [(t[:-1] if texts and t and t[-1] == eos else t, s) for t, s in outs]
 
     decode(audios[: max(sizes)])  # warm-up
     rows = []
     for bs in sizes:
         t0 = time.perf_counter()
-        toks = [t for s in range(0, len(audios), bs) for t in decode(audios[s : s + bs])]
-        rows.append({"batch_size": bs, "decode_s": time.perf_counter() - t0, "tokens": toks})
+        out = [t for s in range(0, len(audios), bs) for t in decode(audios[s : s + bs])]
+        rows.append({"batch_size": bs, "decode_s": time.perf_counter() - t0, "tokens": [o[0] for o in out]})
+        if texts:
+            rows[-1]["texts"] = [o[1] for o in out]
     print(json.dumps({"engine": "vllm", "version": vllm.__version__, "startup_s": startup, "rows": rows,
                       "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), file=reply)
     return 0

@@ -111,7 +111,7 @@ class Aligner:
         Raises:
             ValueError: the aligner found no alignment (e.g. audio that does not contain the text).
         """
-        words = check_text(text)
+        words = [(w.lower(), pause) for w, pause in check_text(text)]  # pocketsphinx's dictionary is lower case
         pcm = (np.clip(audio, -1, 1) * 32767).astype(np.int16).tobytes()
         d = self._decoder_for([w for w, _ in words])
         try:

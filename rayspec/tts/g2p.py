@@ -4,8 +4,9 @@ Pronunciations come from gruut's English lexicon in espeak-ng's phoneme set (``g
 the first pronunciation of each). Words outside it go through that package's grapheme-to-phoneme CRF, run by
 ``python-crfsuite`` (MIT) over features this module builds: per letter the letter itself, up to three letters either
 side, and word-begin / word-end flags, every string base64-encoded; the tagger's labels are base64 phoneme groups
-joined by ``|`` with ``_`` for a silent letter. Numbers become words with ``inflect`` (MIT) first; all-capital words
-of two to five letters outside the lexicon (``GPT``, ``USA``) are spelled letter by letter.
+joined by ``|`` with ``_`` for a silent letter. Numbers become words with ``inflect`` (MIT) first (four-digit years
+read in pairs); all-capital words of two to five letters outside the lexicon (``GPT``, ``USA``) are spelled letter by
+letter.
 
 A sentence's IPA follows espeak-ng's output form, as Piper's ``phonemize_espeak`` gives it: a word's phonemes
 joined with no space, words separated by one space, punctuation kept where it stands (``həlˈoʊ, wˈɜːld.``).
@@ -19,11 +20,13 @@ import re
 import sqlite3
 import threading
 import unicodedata
+from contextlib import closing
 from functools import lru_cache
 from importlib import metadata
 
 PUNCTUATION = ",.;:!?"
-_TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[A-Za-z]+(?:['’][A-Za-z]+)*|[,.;:!?]")
+_TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+(?:['’][^\W\d_]+)*|[,.;:!?]")
+LETTER_A = "ˈeɪ"  # the letter's name ("API"); the lexicon's "a" is the article
 _CONTEXT = 3  # letters either side in the CRF's features
 _LOCK = threading.Lock()  # crfsuite's tagger is not thread-safe
 
@@ -44,7 +47,7 @@ def _lang_file(*parts: str) -> str:
 @lru_cache(maxsize=1)
 def lexicon() -> dict[str, str]:
     """word (lower case) -> its first pronunciation, phonemes separated by spaces (``"h ə l ˈo ʊ"``)."""
-    with sqlite3.connect(f"file:{_lang_file('lexicon.db')}?mode=ro", uri=True) as db:
+    with closing(sqlite3.connect(f"file:{_lang_file('lexicon.db')}?mode=ro", uri=True)) as db:
         rows = db.execute("SELECT word, phonemes FROM word_phonemes ORDER BY word, pron_order DESC").fetchall()
     return dict(rows)  # the last row of a word wins: its pron_order 0
 
@@ -89,29 +92,48 @@ def guess_phonemes(word: str) -> list[str]:
     return [p for label in labels for p in base64.b64decode(label).decode().split("|") if p != "_"]
 
 
+def _letters(word: str) -> str:
+    lex = lexicon()
+    return "".join(LETTER_A if ch in "aA" else lex.get(ch.lower(), "").replace(" ", "") for ch in word)
+
+
 @lru_cache(maxsize=65536)
 def word_ipa(word: str) -> str:
-    """IPA of one word, its phonemes joined with no space (``"həlˈoʊ"``); '' when nothing is pronounceable."""
-    key = word.lower().replace("’", "'")
+    """IPA of one word, its phonemes joined with no space (``"həlˈoʊ"``); '' when nothing is pronounceable.
+    All-capital words of two to five letters outside the lexicon are spelled; accented letters outside it lose
+    their accents ("naïve" -> "naive") before the CRF guesses."""
+    word = word.replace("’", "'")
+    key = word.lower()
     lex = lexicon()
     if key in lex:
         return lex[key].replace(" ", "")
-    if word.isupper() and 2 <= len(word) <= 5:
-        return "".join(lex.get(ch.lower(), "").replace(" ", "") for ch in word)
+    if word.isupper() and 2 <= len(word) <= 5 and word.isascii():
+        return _letters(word)
     if "'" in key:  # a possessive or contraction of an unknown word: the word, then the ending's sound
-        stem, _, end = key.partition("'")
-        return word_ipa(stem) + {"s": "z", "ll": "l", "d": "d", "re": "ɚ", "ve": "v"}.get(end, "")
+        stem, _, end = word.partition("'")
+        return word_ipa(stem) + {"s": "z", "ll": "l", "d": "d", "re": "ɚ", "ve": "v"}.get(end.lower(), "")
+    plain = "".join(c for c in unicodedata.normalize("NFKD", key) if not unicodedata.combining(c))
+    if plain != key:
+        return word_ipa(plain)
     return "".join(guess_phonemes(key))
 
 
-def _number_words(number: str) -> str:
+def _number_words(number: str) -> list[str]:
+    """Words of a number token (``"1,500"``, ``"3.14"``, ``"1984"``); digit by digit where ``inflect`` gives up."""
     import inflect
 
-    if re.fullmatch(r"1[1-9]\d[1-9]|20[1-9]\d", number):  # a year: "nineteen eighty-four", not "fifteen hundred"
-        text = inflect.engine().number_to_words(number, group=2)
-    else:
-        text = inflect.engine().number_to_words(number.replace(",", ""), andword="")
-    return re.sub(r"[-,]", " ", text)
+    engine = inflect.engine()
+    try:
+        if re.fullmatch(r"1[1-9]\d\d|20[1-9]\d", number):  # a year: "nineteen eighty-four", "nineteen oh five"
+            hi, lo = number[:2], number[2:]
+            tail = "hundred" if lo == "00" else ("oh " + engine.number_to_words(lo[1])) if lo[0] == "0" else \
+                engine.number_to_words(lo)
+            text = f"{engine.number_to_words(hi)} {tail}"
+        else:
+            text = engine.number_to_words(number.replace(",", ""), andword="")
+    except Exception:  # noqa: BLE001 - inflect raises plain Exceptions (e.g. NumOutOfRangeError) on huge numbers
+        text = " ".join(engine.number_to_words(d) for d in number if d.isdigit())
+    return re.sub(r"[-,]", " ", text).split()
 
 
 def sentence_ipa(text: str) -> str:
@@ -123,6 +145,6 @@ def sentence_ipa(text: str) -> str:
             if out:
                 out[-1] += token
             continue
-        words = _number_words(token).split() if token[0].isdigit() else [token]
+        words = _number_words(token) if token[0].isdigit() else [token]
         out.extend(ipa for ipa in map(word_ipa, words) if ipa)
     return " ".join(out)

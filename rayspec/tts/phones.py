@@ -84,11 +84,11 @@ def ipa_to_arpabet(ipa: str) -> list[str]:
 
 @lru_cache(maxsize=65536)
 def word_phones(word: str) -> tuple[str, ...]:
-    """ARPAbet phones of one word (lower-cased): CMUdict, else :func:`rayspec.tts.g2p.sentence_ipa` (which also
-    reads numbers). Empty if neither yields a phone."""
-    word = word.lower().replace("’", "'")
-    if word in _cmudict():
-        return _cmudict()[word]
+    """ARPAbet phones of one word: CMUdict (lower-cased), else :func:`rayspec.tts.g2p.sentence_ipa` on the word as
+    written (it spells capital acronyms and reads numbers). Empty if neither yields a phone."""
+    word = word.replace("’", "'")
+    if word.lower() in _cmudict():
+        return _cmudict()[word.lower()]
     return tuple(ipa_to_arpabet(sentence_ipa(word)))
 
 
@@ -111,11 +111,11 @@ class PhoneSequence:
 
 
 def words_and_pauses(text: str) -> list[tuple[str, bool]]:
-    """The pronounceable words of a text, lower-cased, each with whether punctuation (a pause) precedes it."""
+    """The pronounceable words of a text as written, each with whether punctuation (a pause) precedes it."""
     out, pos = [], 0
     for m in _WORD.finditer(text):
         if word_phones(m.group()):
-            out.append((m.group().lower().replace("’", "'"), bool(_PAUSE.search(text[pos:m.start()]))))
+            out.append((m.group().replace("’", "'"), bool(_PAUSE.search(text[pos:m.start()]))))
             pos = m.end()
     return out
 

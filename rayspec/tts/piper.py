@@ -75,6 +75,9 @@ class PiperVoice:
         opts = ort.SessionOptions()
         opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
         self._session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        # multi-speaker voices take a speaker id: the first speaker
+        self._extra = ({"sid": np.zeros(1, dtype=np.int64)}
+                       if "sid" in {i.name for i in self._session.get_inputs()} else {})
 
     def phoneme_ids(self, text: str) -> list[int]:
         """The model's input ids ``[T]`` for a text (symbols outside the voice's map are skipped).
@@ -101,5 +104,5 @@ class PiperVoice:
         """
         ids = np.array([self.phoneme_ids(text)], dtype=np.int64)
         audio = self._session.run(None, {"input": ids, "input_lengths": np.array([ids.shape[1]], dtype=np.int64),
-                                         "scales": self.scales})[0].reshape(-1)
+                                         "scales": self.scales, **self._extra})[0].reshape(-1)
         return np.clip(audio, -1.0, 1.0).astype(np.float32)
