@@ -284,7 +284,7 @@ def cmd_bench_peers(args) -> int:
     from ..audio import load_audio
     from ..manifest import read_manifest
     from ..metrics import error_rates
-    from ..models.registry import MODELS
+    from ..models.registry import MODELS, resolve_model
 
     if args.manifests:
         utts = [u for m in args.manifests for u in read_manifest(m)]
@@ -338,16 +338,22 @@ def cmd_bench_peers(args) -> int:
         from ..models.stock_whisper import random_whisper
 
         name = args.peer_models.split(",")[0]
-        model_dir = random_whisper(name, os.path.join(args.models_dir, name + "-task-prompt"),
-                                   str(resources.files("rayspec") / "data" / "gpt2.tiktoken"), task_prompt=True)
+        if name in MODELS:  # the converted float32 folder, served by both
+            model_dir, kind = resolve_model(name), "real weights"
+        else:
+            model_dir = random_whisper(name, os.path.join(args.models_dir, name + "-task-prompt"),
+                                       str(resources.files("rayspec") / "data" / "gpt2.tiktoken"), task_prompt=True)
+            kind = "random weights, multilingual decoder prompt"
         results = run_serve_load(model_dir, [u.audio for u in utts], [len(a) / 16000 for a in audios],
                                  args.serve_concurrency, threads, args.vllm_python if "vllm" in engines else None,
                                  args.serve_tokens_per_second, os.path.join(args.output, "logs"))
-        title = (f"peers, online: {name} (random weights, multilingual decoder prompt) behind rayspec serve (Ray Serve, method ar) and vLLM's "
+        title = (f"peers, online: {name} ({kind}) behind rayspec serve (Ray Serve, method ar) and vLLM's "
                  f"OpenAI server, {len(utts)} requests per concurrency, float32, {threads} thread(s), {cpu}")
         notes = ("\n- Latency: upload to answer, per request, at a constant number of requests in flight. Every "
                  f"utterance is capped at ceil({args.serve_tokens_per_second:g} x duration s) tokens (at least 16) "
-                 "on both servers (vLLM: max_completion_tokens); random weights seldom stop earlier. "
+                 "on both servers (vLLM: max_completion_tokens); "
+                 + ("real weights stop at EOS, mostly well before. " if name in MODELS else
+                    "random weights seldom stop earlier. ") +
                  "text = rayspec: answers equal to rayspec's at the same concurrency (ignoring the leading space "
                  "vLLM keeps).\n")
         print(write_serve_outputs(results, args.output, title, notes))
