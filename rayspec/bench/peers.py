@@ -63,20 +63,10 @@ class PeerRow:
         return self.audio_s / self.decode_s
 
 
-def decoder_prompt(name: str) -> tuple[str, ...]:
-    """Whisper's English transcription prompt for a named model: English-only models (``*.en``) take no language
-    or task token."""
-    if name.endswith(".en"):
-        return "<|startoftranscript|>", "<|notimestamps|>"
-    return "<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"
-
-
 def run_engine(engine: str, model_dir: str, audio_npz: str, batch_sizes, tokens: int, threads: int,
-               vllm_python: str, vllm_eager: bool = False, ct2_dir: Optional[str] = None,
-               prompt: Optional[str] = None) -> dict:
+               vllm_python: str, vllm_eager: bool = False, ct2_dir: Optional[str] = None) -> dict:
     """Run one engine's worker process; returns its JSON report. ``vllm_eager``: vLLM without its graph compilation
-    (a faster start for smoke tests; benchmarks keep vLLM's default). ``prompt``: vLLM's decoder prompt tokens,
-    comma-separated (None: the worker's English-only default).
+    (a faster start for smoke tests; benchmarks keep vLLM's default).
 
     Raises:
         RuntimeError: the worker failed (its last stderr lines are in the message).
@@ -86,8 +76,7 @@ def run_engine(engine: str, model_dir: str, audio_npz: str, batch_sizes, tokens:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     if engine == "vllm":
         worker = os.path.join(os.path.dirname(os.path.dirname(__file__)), "peers", "vllm_asr_worker.py")
-        cmd = ([vllm_python, worker, *common] + (["--enforce-eager"] if vllm_eager else [])
-               + (["--prompt", prompt] if prompt else []))
+        cmd = [vllm_python, worker, *common] + (["--enforce-eager"] if vllm_eager else [])
         env.update(VLLM_CPU_OMP_THREADS_BIND=f"0-{threads - 1}" if threads > 1 else "0",
                    VLLM_CPU_KVCACHE_SPACE=env.get("VLLM_CPU_KVCACHE_SPACE", "4"))  # GiB; base.en at 64 sequences needs > 2
     else:
@@ -155,11 +144,10 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
                         model, ct2 = name, ct2_dirs[name]
                     else:
                         model, ct2 = random_whisper(name, os.path.join(models_dir, name), tiktoken_path), None
-                    prompt = None
                     if named and base == "vllm":  # vLLM reads the converted transformers directory
-                        model, prompt = resolve_model(name), ",".join(decoder_prompt(name))
+                        model = resolve_model(name)
                     rep = run_engine(engine, model, npz, batch_sizes, key["tokens"], threads, vllm_python, vllm_eager,
-                                     ct2, prompt)
+                                     ct2)
                 except (RuntimeError, ModelLoadError) as exc:
                     failures.append(f"{name} / {engine}: {str(exc).splitlines()[-1]}")
                     continue

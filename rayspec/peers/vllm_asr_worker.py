@@ -7,7 +7,8 @@ each batch size: one ``generate`` call per batch of consecutive waveforms. It pr
 :mod:`rayspec.peers.engine_worker`: ``{"engine": "vllm", "version", "startup_s", "rows": [{"batch_size", "decode_s",
 "tokens"}], "peak_rss_mb"}``. ``decode_s`` covers log-mel features, encoder and decoder (all inside ``generate``).
 With ``--tokens N`` every request generates exactly N tokens (``ignore_eos``), else up to ``--max-tokens`` and the
-rows carry ``texts`` too (for WER). ``--prompt``: the decoder prompt's special tokens, comma-separated.
+rows carry ``texts`` too (for WER). The decoder prompt is Whisper's English transcription prompt, with the language
+and task tokens where the model's ``generation_config.json`` says ``is_multilingual`` (as the other engines).
 Threads: set ``VLLM_CPU_OMP_THREADS_BIND`` (e.g. ``0`` or ``0-1``) in the environment.
 """
 
@@ -31,9 +32,6 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=200)
     p.add_argument("--dtype", default="float32")
     p.add_argument("--enforce-eager", action="store_true", help="skip vLLM's graph compilation (faster start-up)")
-    p.add_argument("--prompt", default="<|startoftranscript|>,<|notimestamps|>",
-                   help="decoder prompt tokens, comma-separated (multilingual English: <|startoftranscript|>,<|en|>,"
-                        "<|transcribe|>,<|notimestamps|>)")
     args = p.parse_args()
     reply = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # vLLM's own prints go to stderr
@@ -54,7 +52,11 @@ def main() -> int:
     texts = not args.tokens  # decoding to EOS: a real model, scored by WER
     params = SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=bool(args.tokens), detokenize=texts)
     tokenizer = llm.get_tokenizer()
-    prompt_ids = [tokenizer.convert_tokens_to_ids(t) for t in args.prompt.split(",")]
+    with open(os.path.join(args.model, "generation_config.json")) as f:
+        multilingual = json.load(f).get("is_multilingual", False)
+    prompt = (["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"] if multilingual
+              else ["<|startoftranscript|>", "<|notimestamps|>"])
+    prompt_ids = tokenizer.convert_tokens_to_ids(prompt)
     eos = tokenizer.eos_token_id
 
     def decode(batch):

@@ -37,6 +37,12 @@ class Example:
     text: str
 
 
+def perturb_speed(audio: np.ndarray, sample_rate: int, speed: float) -> np.ndarray:
+    """Speed perturbation (tempo and pitch, as Kaldi/ESPnet's sp): ``audio`` played ``speed`` times faster
+    (float32 ``[S]`` -> ``[S / speed]`` at the same ``sample_rate``)."""
+    return audio if speed == 1.0 else soxr.resample(audio, sample_rate, sample_rate / speed)
+
+
 def _features_one(args) -> list[np.ndarray]:
     path, fe_dict, speeds = args
     from transformers import WhisperFeatureExtractor
@@ -45,9 +51,7 @@ def _features_one(args) -> list[np.ndarray]:
     audio = load_audio(path, fe.sampling_rate)
     out = []
     for s in speeds:
-        # Speed perturbation (tempo and pitch, as Kaldi/ESPnet's sp): play `s` times faster.
-        a = audio if s == 1.0 else soxr.resample(audio, fe.sampling_rate, fe.sampling_rate / s)
-        f = fe(a, sampling_rate=fe.sampling_rate, padding="longest", truncation=False, return_tensors="np")
+        f = fe(perturb_speed(audio, fe.sampling_rate, s), sampling_rate=fe.sampling_rate, padding="longest", truncation=False, return_tensors="np")
         out.append(f["input_features"][0].astype(np.float16))
     return out
 

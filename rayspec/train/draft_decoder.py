@@ -30,7 +30,6 @@ from dataclasses import dataclass
 from typing import Optional
 
 import numpy as np
-import soxr
 import torch
 import torch.nn.functional as F
 from tqdm import tqdm
@@ -39,7 +38,7 @@ from ..audio import AudioError, load_audio
 from ..decoding.ar import greedy_decode
 from ..manifest import Utterance
 from ..models.whisper import EMBEDDING_KEY, EncoderOutput, WhisperASR
-from .data import SPEEDS, frozen_teacher
+from .data import SPEEDS, frozen_teacher, perturb_speed
 from .recipe import length_batches
 
 RAYSPEC_FEATURE_KEYS = ("rayspec_encoder_masking", "rayspec_frame_stack", "rayspec_feature_mean", "rayspec_feature_std")
@@ -72,11 +71,9 @@ class TeacherRecord:
 def _audio(path: str, sample_rate: int, speed: float) -> Optional[np.ndarray]:
     """The waveform at ``speed``, or None when the file cannot be read (the teacher pass skips it)."""
     try:
-        audio = load_audio(path, sample_rate)
+        return perturb_speed(load_audio(path, sample_rate), sample_rate, speed)
     except (AudioError, OSError):
         return None
-    # Speed perturbation (tempo and pitch, as Kaldi/ESPnet's sp): play `speed` times faster.
-    return audio if speed == 1.0 else soxr.resample(audio, sample_rate, sample_rate / speed)
 
 
 @torch.no_grad()  # not inference_mode: the states feed the student's autograd graph

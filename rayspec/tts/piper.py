@@ -102,7 +102,12 @@ class PiperVoice:
         Raises:
             TextError: see :meth:`phoneme_ids`.
         """
-        ids = np.array([self.phoneme_ids(text)], dtype=np.int64)
+        return self.speak(self.phoneme_ids(text))
+
+    def speak(self, phoneme_ids: list[int]) -> np.ndarray:
+        """The model's input ids ``[T]`` (as :meth:`phoneme_ids` makes them) -> float32 ``[S]`` audio in [-1, 1] at
+        :attr:`sample_rate`."""
+        ids = np.array([phoneme_ids], dtype=np.int64)
         audio = self._session.run(None, {"input": ids, "input_lengths": np.array([ids.shape[1]], dtype=np.int64),
                                          "scales": self.scales, **self._extra})[0].reshape(-1)
         return np.clip(audio, -1.0, 1.0).astype(np.float32)
