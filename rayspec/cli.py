@@ -132,6 +132,11 @@ def cmd_score(args) -> int:
 def cmd_train(args) -> int:
     from .train.recipe import DRAFT_ARCH, TARGET_ARCH, Architecture, TrainOptions, train
 
+    if args.epochs is None:
+        args.epochs = 20 if args.kind == "ctc" else 60
+    if args.lr is None:
+        args.lr = 1e-3 if args.kind == "ctc" else 1.5e-3
+
     if args.kind == "medusa":
         from .train.medusa import train_medusa
 
@@ -142,6 +147,26 @@ def cmd_train(args) -> int:
                                args.epochs, seed=args.seed, threads=args.threads,
                                max_utterances=args.max_utterances)
         print(json.dumps({"dev_top1": summary["dev_top1"]}))
+        return 0
+
+    if args.kind == "ctc":
+        import torch
+
+        from .train.ctc_head import train_ctc_head
+
+        if not args.target:
+            print("rayspec train: error: ctc needs --target (the model whose frozen encoder the head reads)",
+                  file=sys.stderr)
+            return EXIT_USAGE
+        summary = train_ctc_head(args.target, args.manifests, args.output, args.work_dir,
+                                 layers=2 if args.encoder_layers is None else args.encoder_layers,
+                                 width=args.d_model or 256, heads=args.heads or 4, ffn=args.ffn or 1024,
+                                 tokens=args.ctc_tokens,
+                                 epochs=args.epochs, lr=args.lr,
+                                 batch_positions=args.batch_frames // 2, seed=args.seed, threads=args.threads,
+                                 max_utterances=args.max_utterances, max_steps=args.max_steps,
+                                 encoder_dtype=getattr(torch, args.encoder_dtype) if args.encoder_dtype else None)
+        print(json.dumps(summary["dev_per_epoch"][-1] if summary["dev_per_epoch"] else {}))
         return 0
 
     if args.kind == "draft-decoder":
@@ -291,7 +316,12 @@ def _train_parser(sub) -> None:
             kinds:
               target  encoder-decoder + CTC head trained jointly (--ctc-output writes the head)
               draft   a small model with the same tokenizer, distilled from --target's greedy transcripts
-              ctc     a CTC head over the frozen encoder of --target
+              ctc     a CTC head over the frozen encoder of --target (SSD's drafter), labelled by the target's own
+                      greedy transcripts, characters as its vocabulary (re-tokenized for verification):
+                      --encoder-layers (its Transformer layers, default 2; 0 = linear), --d-model (width, 256),
+                      --heads (4), --ffn (1024), --ctc-tokens (4000), --epochs (20), --lr (1e-3),
+                      --batch-frames (2 per encoder position), --encoder-dtype bfloat16 (a 3x faster teacher pass
+                      on AVX-512 BF16)
               medusa  Medusa heads over the frozen decoder of --target, on its own greedy transcripts
               draft-decoder  a shallow decoder (WhisperForCausalLM, --decoder-layers, default 2) over the frozen
                       encoder of --target, distilled from its output distributions (distil-whisper's assistant),
@@ -315,9 +345,9 @@ def _train_parser(sub) -> None:
     p.add_argument("--work-dir", required=True, help="checkpoints, feature cache and logs (resumable)")
     p.add_argument("--target", help="teacher for draft distillation / frozen encoder for ctc / frozen model for medusa")
     p.add_argument("--ctc-output", help="target only: also write the jointly trained CTC head here")
-    p.add_argument("--epochs", type=int, default=60)
+    p.add_argument("--epochs", type=int, default=None, help="passes over the data (default 60; ctc 20)")
     p.add_argument("--batch-frames", type=int, default=12000, help="padded log-mel frames per batch")
-    p.add_argument("--lr", type=float, default=1.5e-3)
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default 1.5e-3; ctc 1e-3)")
     p.add_argument("--warmup-steps", type=int, default=300)
     p.add_argument("--ctc-weight", type=float, default=0.4)
     p.add_argument("--dropout", type=float, default=0.15, help="residual dropout (attention/activation: 2/3 of it)")
@@ -336,6 +366,10 @@ def _train_parser(sub) -> None:
     p.add_argument("--position-scale", type=float, default=None,
                    help="initial encoder position embeddings = Whisper's sinusoids x this (default 0.1)")
     p.add_argument("--device", default="cpu", help="draft-decoder: cpu or cuda")
+    p.add_argument("--ctc-tokens", type=int, default=4000,
+                   help="ctc: the target's most frequent text tokens in the head's vocabulary besides the characters")
+    p.add_argument("--encoder-dtype", choices=["bfloat16", "float32"], default=None,
+                   help="ctc: the frozen encoder's dtype in the teacher pass (default: the target's, float32)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (smoke runs)")
     p.add_argument("--max-utterances", type=int, default=None, help="use only the first N utterances (smoke runs)")
     p.set_defaults(func=cmd_train)

@@ -16,7 +16,7 @@ import torch
 
 from .decoding.ar import greedy_decode
 from .decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, Hypothesis
-from .decoding.ctc_proposer import CTCProposer
+from .decoding.ctc_proposer import CTCProposer, punctuation_tokens
 from .decoding.medusa_proposer import MedusaOptions, MedusaProposer, load_heads
 from .decoding.proposer import DraftProposer, SpeculationOptions
 from .decoding.speculative import draft_loop
@@ -155,7 +155,8 @@ def _draft_stream(target, options, draft, max_cap):
 
 
 def _ctc_draft_loop(target, hypotheses):
-    proposer = CTCProposer(hypotheses, target.eos_token_id, len(target.prompt_ids), CTC_MAX_DRAFT)
+    proposer = CTCProposer(hypotheses, target.eos_token_id, len(target.prompt_ids), CTC_MAX_DRAFT,
+                           punctuation_tokens(target.tokenizer))
     return VerifyLoop(target, proposer, max_nodes=CTC_MAX_DRAFT, route="ctc-draft")
 
 

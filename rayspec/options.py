@@ -84,9 +84,10 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    help=f"most branches per token tree (default {d.tree_branches})")
     c = p.add_argument_group("ssd (CTC gating, verification, fallback)")
     c.add_argument("--ctc", help="CTC head directory; default: the CTC head bundled for the target, if any")
-    c.add_argument("--tau-ctc", type=float, default=1.0,
+    c.add_argument("--tau-ctc", type=float, default=0.7,
                    help="accept the CTC hypothesis with no target pass if every frame's entropy (nats) is below "
-                        "this; 0 = gate off (default 1.0, with --tau-slm 0.01; calibrate per CTC head on dev data)")
+                        "this; 0 = gate off (default 0.7: calibrated for whisper-base's bundled head on its dev "
+                        "split, see its card; calibrate your own head with the table in its training summary)")
     c.add_argument("--tau-slm", type=float, default=0.01,
                    help="verification accepts a token whose target probability exceeds this (default 0.01)")
     c.add_argument("--exact", action=argparse.BooleanOptionalAction, default=False,

@@ -264,8 +264,8 @@ def test_quantized_ct2_weights_are_refused():
 
 @pytest.mark.skipif(not _installed("whisper-base"), reason="whisper-base is not installed")
 def test_bundled_drafters_for_base_equal_ar_with_fewer_passes(samples_manifest):
-    """whisper-base's bundled Medusa heads and draft decoder are --method medusa's / draft's defaults; verification
-    keeps AR's tokens."""
+    """whisper-base's bundled Medusa heads, draft decoder and CTC head are --method medusa's / draft's / ctc-draft's
+    defaults; verification keeps AR's tokens."""
     from rayspec.models.registry import default_drafter
     from rayspec.pipeline import Drafter
 
@@ -278,8 +278,13 @@ def test_bundled_drafters_for_base_equal_ar_with_fewer_passes(samples_manifest):
     medusa = decode_batch(base, DecodeOptions("medusa"), audios, durations)
     assert [h.tokens for h in medusa] == [h.tokens for h in ar]
     assert sum(h.stats.target_forward_passes for h in medusa) < sum(h.stats.target_forward_passes for h in ar)
-    with pytest.raises(ModelLoadError, match="no bundled ctc drafter for target whisper-base"):
-        Drafter("whisper-base", options=DecodeOptions("ctc-draft"))
+    with pytest.raises(ModelLoadError, match="no bundled ctc drafter for target whisper-tiny.en"):
+        Drafter("whisper-tiny.en", options=DecodeOptions("ctc-draft"))
+    # the bundled CTC head (--method ctc-draft's and ssd's default): its re-tokenized hypotheses keep AR's tokens
+    ctc = decode_batch(base, DecodeOptions("ctc-draft"), audios, durations,
+                       ctc=CTCHead.from_pretrained(default_drafter("whisper-base", "ctc")))
+    assert [h.tokens for h in ctc] == [h.tokens for h in ar]
+    assert 2 * sum(h.stats.target_forward_passes for h in ctc) < sum(h.stats.target_forward_passes for h in ar)
     # the bundled draft decoder (--method draft's default): shares the target's embedding, keeps AR's tokens
     draft = WhisperASR.from_pretrained(default_drafter("whisper-base", "draft"))
     assert not draft.has_encoder
@@ -302,3 +307,40 @@ def test_bfloat16_encoder_keeps_every_method_exact_against_ar(clips, tiny_en_dra
     ar = decode_batch(model, DecodeOptions("ar", max_tokens_per_second=1000.0), a, d)
     spec = decode_batch(model, DecodeOptions("draft", max_tokens_per_second=1000.0), a, d, draft=draft)
     assert [h.tokens for h in spec] == [h.tokens for h in ar] and all(h.tokens for h in ar)
+
+
+def test_character_vocabulary_of_whisper_is_printable_ascii(tiny):
+    """The CTC head's classes for a byte-level BPE target: the printable ASCII characters, each one token."""
+    from rayspec.decoding.ssd import retokenize
+    from rayspec.models.ctc import CTCHead, character_vocabulary
+
+    vocab = character_vocabulary(tiny.tokenizer)
+    assert len(vocab) == 95 and all(tiny.tokenizer.decode([i]) == c for c, i in vocab.items())
+    head = CTCHead(tiny.config.d_model, sorted(vocab.values()))
+    text = " Hello, world."
+    assert retokenize([vocab[c] for c in text], head, tiny) == tiny.tokenizer(text, add_special_tokens=False).input_ids
+    from rayspec.decoding.ctc_proposer import punctuation_tokens
+
+    punct = punctuation_tokens(tiny.tokenizer)
+    assert {vocab[","], vocab["."], vocab["?"]} <= punct and vocab["a"] not in punct
+    assert tiny.tokenizer(" the", add_special_tokens=False).input_ids[0] not in punct
+
+
+def test_ctc_labels_spell_tokens_outside_the_shortlist(tiny):
+    """The stock-Whisper CTC head's labels: a shortlisted target token is one class, any other token is spelled in
+    characters; a transcript the target did not finish (no EOS) is left out."""
+    from rayspec.models.ctc import CTCHead, character_vocabulary
+    from rayspec.train.ctc_head import _labels, token_shortlist
+    from rayspec.train.draft_decoder import TeacherRecord
+
+    tok, eos = tiny.tokenizer, tiny.eos_token_id
+    ids = tok(" Hello world world", add_special_tokens=False).input_ids
+    rec = TeacherRecord(torch.zeros(50, 4), 50, torch.tensor(ids + [eos]), False)
+    assert token_shortlist(tiny, [rec], 10) == [tok(" world", add_special_tokens=False).input_ids[0]]
+    vocab = character_vocabulary(tok)
+    head = CTCHead(4, sorted(set(vocab.values()) | set(token_shortlist(tiny, [rec], 10))))
+    unfinished = TeacherRecord(torch.zeros(50, 4), 50, torch.tensor(ids), False)
+    (text, classes), missing = _labels(tiny, [rec, unfinished], vocab, head)
+    assert text == " Hello world world" and missing is None
+    spelled = [head.token_ids[c - 1] for c in classes.tolist()]
+    assert tok.decode(spelled) == text and len(spelled) == len(" Hello") + 2

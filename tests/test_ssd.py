@@ -33,6 +33,38 @@ def test_max_frame_entropy():
     assert max_frame_entropy(mixed, torch.tensor([3]))[0] < 0.2
 
 
+def test_ctc_head_layers_ignore_padding_and_round_trip(tmp_path):
+    """A head with Transformer layers (the stock-Whisper CTC head): a row's log-probabilities over its real frames do
+    not depend on the padding after them or on the other rows; saved in float16, it loads with its architecture."""
+    torch.manual_seed(0)
+    head = CTCHead(16, list(range(5)), layers=2, width=8, heads=2, ffn=16).eval()
+    states = torch.randn(2, 12, 16)
+    lengths = torch.tensor([7, 12])
+    with torch.no_grad():
+        both = head(states, lengths)
+        alone = head(states[:1, :7], torch.tensor([7]))
+        noisy = head(torch.cat([states[:1, :7], 100 * torch.randn(1, 5, 16)], 1), torch.tensor([7]))
+    assert both.shape == (2, 12, 6)
+    assert torch.allclose(both[0, :7], alone[0], atol=1e-5) and torch.allclose(noisy[0, :7], alone[0], atol=1e-5)
+    head.save_pretrained(str(tmp_path), torch.float16)
+    again = CTCHead.from_pretrained(str(tmp_path))
+    assert len(again.layers) == 2 and again.width == 8
+    assert torch.allclose(again(states, lengths), both, atol=5e-2)
+
+
+def test_rejoin_after_a_correction():
+    """Where the CTC hypothesis continues after the target's own token: match, deletion, repeat, punctuation
+    inserted before a word (the hypothesis stays put), substitution."""
+    from rayspec.decoding.ctc_proposer import _rejoin
+
+    hyp, comma = [10, 11, 12, 13], 5
+    assert _rejoin(hyp, 1, 11) == 2  # the target kept the hypothesis token
+    assert _rejoin(hyp, 1, 12) == 3  # it skipped hyp[1]
+    assert _rejoin(hyp, 1, 10) == 1  # it repeated hyp[0]
+    assert _rejoin(hyp, 1, comma, frozenset({comma})) == 1  # it added a comma before hyp[1]
+    assert _rejoin(hyp, 1, comma) == 2 and _rejoin(hyp, 1, 99) == 2  # otherwise: a substitution
+
+
 def test_retokenize_roundtrip(tiny_target):
     ids = tiny_target.tokenizer("HELLO WORLD", add_special_tokens=False).input_ids
     ctc = CTCHead(tiny_target.config.d_model, list(range(28)))

@@ -83,7 +83,7 @@ def ssd_grid(tau_ctc=(0.3, 0.7, 1.5, 3.0), tau_slm=(0.01, 0.1, 0.2)) -> list[tup
     # Section 3.2 across the corpus (rows that fail verification pooled into one fallback stream), for the CLI's
     # default point and the exact modes, beside AR and ctc-draft with the same continuous batching.
     out += [(name + CONTINUOUS, o) for name, o in list(out) if name in (
-        "ar", "ssd c=1.0 l=0.01", "ssd exact (c=0)", "ssd exact + draft fallback", "ctc-draft (exact)")]
+        "ar", "ssd c=0.7 l=0.01", "ssd exact (c=0)", "ssd exact + draft fallback", "ctc-draft (exact)")]
     return out
 
 

@@ -89,7 +89,7 @@ class CTCDrafts:
 @torch.inference_mode()
 def ctc_drafts(ctc: CTCHead, target: WhisperASR, enc: EncoderOutput) -> CTCDrafts:
     """Run the CTC head over the target's encoder states (``[B, S, D]``): greedy hypotheses and gate entropies."""
-    logp = ctc(enc.states)
+    logp = ctc(enc.states, enc.lengths)
     entropy = max_frame_entropy(logp, enc.lengths).tolist()
     return CTCDrafts([retokenize(ids, ctc, target) for ids in ctc.greedy(logp, enc.lengths)], entropy)
 

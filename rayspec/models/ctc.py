@@ -1,14 +1,19 @@
 """A CTC head over a target's encoder states: the self-speculative drafter of the SSD paper
 (../shared/seeds/ssd-ctc-self-speculative.txt, section 3.1, eq. 1-3).
 
-Its classes are ``blank`` (index 0) plus the target tokenizer's character tokens, so a CTC hypothesis maps directly to
-target token ids. Saved as ``model.safetensors`` + ``config.json`` in its own directory beside the target.
+Its classes are ``blank`` (index 0) plus single-character tokens of the target's tokenizer (a character vocabulary:
+for a byte-level BPE such as Whisper's, the printable ASCII characters), so a CTC hypothesis is a string that the
+target's tokenizer re-tokenizes for verification (:func:`~rayspec.decoding.ssd.retokenize`). A frozen encoder that
+was never trained for CTC (stock Whisper) gets a few Transformer layers of its own before the projection
+(``layers > 0``); a jointly trained encoder needs only the projection. Saved as ``model.safetensors`` +
+``config.json`` in its own directory beside the target.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from typing import Optional
 
 import torch
 from safetensors.torch import load_file, save_file
@@ -18,27 +23,55 @@ BLANK = 0
 
 
 class CTCHead(nn.Module):
-    """Linear projection of encoder states to CTC log-probabilities.
+    """Encoder states -> CTC log-probabilities: optional pre-norm Transformer layers at width ``width`` over the
+    real frames, then a linear projection to the classes.
 
     Args:
         d_model: encoder width.
         token_ids: target token id of each non-blank class (class ``i + 1`` is ``token_ids[i]``).
+        layers: Transformer layers of the head (0: a linear projection of the states).
+        width, heads, ffn: the layers' width (the states are projected to it), attention heads and feed-forward
+            width; dropout: their dropout in training.
     """
 
-    def __init__(self, d_model: int, token_ids: list[int]) -> None:
+    def __init__(self, d_model: int, token_ids: list[int], layers: int = 0, width: int = 256, heads: int = 4,
+                 ffn: int = 1024, dropout: float = 0.1) -> None:
         super().__init__()
         self.token_ids = list(token_ids)
-        self.proj = nn.Linear(d_model, len(token_ids) + 1)
+        self.d_model, self.width, self.heads, self.ffn = d_model, width, heads, ffn
+        self.inp = nn.Linear(d_model, width) if layers else None
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(width, heads, ffn, dropout, activation="gelu", batch_first=True,
+                                       norm_first=True) for _ in range(layers))
+        self.norm = nn.LayerNorm(width) if layers else None
+        self.proj = nn.Linear(width if layers else d_model, len(token_ids) + 1)
 
-    def forward(self, states: torch.Tensor) -> torch.Tensor:
-        """``[B, S, D]`` encoder states -> float32 log-probabilities ``[B, S, C]`` (C = classes incl. blank)."""
-        return torch.log_softmax(self.proj(states).float(), dim=-1)
+    def forward(self, states: torch.Tensor, lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """``[B, S, D]`` encoder states -> float32 log-probabilities ``[B, S', C]`` (C = classes incl. blank).
 
-    def save_pretrained(self, path: str) -> None:
+        ``lengths`` (int64 ``[B]``, real frames per row) makes the head's layers ignore padding and cuts ``S'`` to
+        the longest row; without it ``S' = S`` and every position is attended.
+        """
+        if not self.layers:
+            return torch.log_softmax(self.proj(states).float(), dim=-1)
+        pad = None
+        if lengths is not None:
+            states = states[:, : max(1, int(lengths.max()))]
+            pad = torch.arange(states.shape[1], device=states.device)[None, :] >= lengths[:, None].to(states.device)
+            pad[:, 0] = False  # a row without frames still attends somewhere (its output is never read)
+        x = self.inp(states.to(self.inp.weight.dtype))
+        for layer in self.layers:
+            x = layer(x, src_key_padding_mask=pad)
+        return torch.log_softmax(self.proj(self.norm(x)).float(), dim=-1)
+
+    def save_pretrained(self, path: str, dtype: torch.dtype = torch.float32) -> None:
+        """Write ``config.json`` and ``model.safetensors`` (weights in ``dtype``; loading casts them back)."""
         os.makedirs(path, exist_ok=True)
-        save_file({k: v.contiguous() for k, v in self.state_dict().items()}, os.path.join(path, "model.safetensors"))
+        save_file({k: v.detach().to("cpu", dtype).contiguous() for k, v in self.state_dict().items()},
+                  os.path.join(path, "model.safetensors"))
         with open(os.path.join(path, "config.json"), "w") as f:
-            json.dump({"model_type": "rayspec-ctc-head", "d_model": self.proj.in_features, "blank_id": BLANK,
+            json.dump({"model_type": "rayspec-ctc-head", "d_model": self.d_model, "blank_id": BLANK,
+                       "layers": len(self.layers), "width": self.width, "heads": self.heads, "ffn": self.ffn,
                        "token_ids": self.token_ids}, f, indent=2)
 
     @classmethod
@@ -50,7 +83,8 @@ class CTCHead(nn.Module):
         """
         with open(os.path.join(path, "config.json")) as f:
             cfg = json.load(f)
-        head = cls(cfg["d_model"], cfg["token_ids"])
+        head = cls(cfg["d_model"], cfg["token_ids"], cfg.get("layers", 0), cfg.get("width", 256), cfg.get("heads", 4),
+                   cfg.get("ffn", 1024))
         head.load_state_dict(load_file(os.path.join(path, "model.safetensors")))
         return head.to(device).eval()
 
@@ -58,7 +92,8 @@ class CTCHead(nn.Module):
         """Greedy CTC hypotheses (SSD eq. 2): best class per frame, collapse repeats, drop blanks.
 
         Args:
-            logp: ``[B, S, C]`` log-probabilities from :meth:`forward`; lengths: int64 ``[B]`` real frames.
+            logp: ``[B, S, C]`` log-probabilities from :meth:`forward`; lengths: int64 ``[B]`` real frames (at most
+                ``S``).
 
         Returns:
             ``B`` lists of target token ids.
@@ -72,6 +107,17 @@ class CTCHead(nn.Module):
         lut[torch.tensor(self.token_ids)] = torch.arange(1, len(self.token_ids) + 1)
         ids = token_ids.clamp(0, lut.numel() - 1)
         return torch.where(token_ids < lut.numel(), lut.to(token_ids.device)[ids], -1)
+
+
+def character_vocabulary(tokenizer) -> dict[str, int]:
+    """The printable ASCII characters that are one token of ``tokenizer`` on their own: character -> token id (the
+    class set of a CTC head whose hypotheses are re-tokenized, see the module docstring)."""
+    out = {}
+    for c in map(chr, range(32, 127)):
+        ids = tokenizer(c, add_special_tokens=False).input_ids
+        if len(ids) == 1 and tokenizer.decode(ids) == c:
+            out[c] = ids[0]
+    return out
 
 
 def collapse(path: list[int], token_ids: list[int]) -> list[int]:

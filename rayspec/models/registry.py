@@ -82,7 +82,7 @@ MODELS: dict[str, NamedModel] = {m.name: m for m in (
 )}
 DEFAULT_TARGET = "whisper-base"
 DRAFTERS: dict[str, dict[str, str]] = {
-    "whisper-base": {"medusa": "medusa-whisper-base", "draft": "draft-decoder-whisper-base"},
+    "whisper-base": {"medusa": "medusa-whisper-base", "draft": "draft-decoder-whisper-base", "ctc": "ctc-whisper-base"},
 }
 """Target name -> drafter kind ("draft", "ctc", "medusa") -> the bundled drafter's directory under ``rayspec/zoo``."""
 _DRAFTER_FLAGS = {"draft": "--draft", "ctc": "--ctc", "medusa": "--medusa"}

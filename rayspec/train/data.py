@@ -107,9 +107,11 @@ def split_manifests(paths: list[str], dev_fraction: float, seed: int) -> tuple[l
 
 
 def frozen_teacher(target_dir: str, manifests: list[str], work_dir: str, dev_fraction: float, seed: int,
-                   threads: int, max_utterances: Optional[int] = None, device: str = "cpu"):
+                   threads: int, max_utterances: Optional[int] = None, device: str = "cpu",
+                   encoder_dtype: Optional[torch.dtype] = None):
     """The opening of a recipe that learns from a frozen target (Medusa heads, a draft decoder): torch threads and
-    seed set, ``work_dir`` created, the target loaded (on ``device``) with gradients off, the manifests split as
+    seed set, ``work_dir`` created, the target loaded (on ``device``, its encoder in ``encoder_dtype`` if given) with
+    gradients off, the manifests split as
     :func:`split_manifests` does.
 
     Returns:
@@ -121,7 +123,7 @@ def frozen_teacher(target_dir: str, manifests: list[str], work_dir: str, dev_fra
     torch.set_num_threads(threads)
     torch.manual_seed(seed)
     os.makedirs(work_dir, exist_ok=True)
-    target = WhisperASR.from_pretrained(target_dir, device)
+    target = WhisperASR.from_pretrained(target_dir, device, encoder_dtype=encoder_dtype)
     target.model.requires_grad_(False)
     train_utts, dev_utts = split_manifests(manifests, dev_fraction, seed)
     if max_utterances:

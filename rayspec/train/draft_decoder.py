@@ -78,11 +78,12 @@ def _audio(path: str, sample_rate: int, speed: float) -> Optional[np.ndarray]:
 
 @torch.no_grad()  # not inference_mode: the states feed the student's autograd graph
 def teacher_pass(target: WhisperASR, utterances: list[Utterance], speeds: tuple[float, ...], batch: int = 16,
-                 cap: int = 200, workers: int = 2) -> list[TeacherRecord]:
+                 cap: int = 200, workers: int = 2, whole_window: bool = True) -> list[TeacherRecord]:
     """:class:`TeacherRecord` s of ``utterances`` at each speed factor in ``speeds`` (speed-major order), on
     ``target.device``: features and encoder exactly as at decode time (:meth:`WhisperASR.features`), then the
     target's greedy decode (at most ``cap`` tokens, and at most one per two log-mel frames). Audio decoding and
-    log-mel features run on ``workers`` threads."""
+    log-mel features run on ``workers`` threads. ``whole_window=False`` keeps only the real positions of a
+    fixed-window target's states (what a CTC head reads)."""
     eos, out = target.eos_token_id, []
     sr, most = target.sample_rate, int(target.max_audio_seconds * target.sample_rate)
     with ThreadPoolExecutor(workers) as pool:
@@ -102,7 +103,8 @@ def teacher_pass(target: WhisperASR, utterances: list[Utterance], speeds: tuple[
                 hyps = greedy_decode(target, enc, [min(cap, int(n) // 2) for n in xl])
                 for r, (i, h) in enumerate(zip(idx, hyps)):
                     real = int(enc.lengths[r])
-                    states = enc.states[r, : real if enc.masked else None].to(torch.float16).clone()
+                    cut = real if enc.masked or not whole_window else None
+                    states = enc.states[r, :cut].to(torch.float16).clone()
                     tokens = h.tokens + ([eos] if h.finished else [])
                     if tokens:  # a row with nothing to learn (no token, no EOS) is left out
                         got[i] = TeacherRecord(states, real, torch.tensor(tokens, dtype=torch.long), enc.masked)
@@ -173,21 +175,26 @@ def _batch_loss(student: WhisperASR, target: Optional[WhisperASR], records: list
     return loss, (int((logits.argmax(-1) == labels).sum()), len(labels))
 
 
-def _teacher(target: WhisperASR, train_utts, dev_utts, work_dir: str, speeds: tuple[float, ...], batch: int,
-             workers: int):
-    """The teacher pass over training (every speed) and dev (1.0) utterances, from ``<work_dir>/teacher.pt`` when
-    an earlier run cached it."""
+def cached_teacher_pass(target: WhisperASR, train_utts, dev_utts, work_dir: str, speeds: tuple[float, ...],
+                        batch: int, workers: int, whole_window: bool = True):
+    """The teacher pass (:func:`teacher_pass`) over training (every speed) and dev (1.0) utterances, from
+    ``<work_dir>/teacher.pt`` when an earlier run of the same kind cached it.
+
+    Returns:
+        ``(train records, dev records)``.
+    """
     cached = os.path.join(work_dir, "teacher.pt")
     if os.path.exists(cached):
         saved = torch.load(cached, weights_only=True, map_location=target.device)
-        if saved.get("format") == CACHE_FORMAT:
+        if saved.get("format") == CACHE_FORMAT and saved.get("whole_window", True) == whole_window:
             return [[TeacherRecord(*r) for r in saved[k]] for k in ("train", "dev")]
-        print(f"{cached} is from an older recipe: the teacher pass runs again", flush=True)
-    train = teacher_pass(target, train_utts, speeds, batch, workers=workers)
-    dev = teacher_pass(target, dev_utts, (1.0,), batch, workers=workers)
+        print(f"{cached} is from another recipe: the teacher pass runs again", flush=True)
+    train = teacher_pass(target, train_utts, speeds, batch, workers=workers, whole_window=whole_window)
+    dev = teacher_pass(target, dev_utts, (1.0,), batch, workers=workers, whole_window=whole_window)
     size = sum(r.states.numel() * 2 for r in train + dev)
     if size <= TEACHER_CACHE_BYTES:
-        torch.save({"format": CACHE_FORMAT, **{k: [(r.states, r.real, r.tokens, r.masked) for r in v]
+        torch.save({"format": CACHE_FORMAT, "whole_window": whole_window,
+                    **{k: [(r.states, r.real, r.tokens, r.masked) for r in v]
                                                for k, v in (("train", train), ("dev", dev))}}, cached + ".tmp")
         os.replace(cached + ".tmp", cached)
     else:
@@ -221,7 +228,7 @@ def train_draft_decoder(target_dir: str, manifests: list[str], out_dir: str, wor
     """
     target, train_utts, dev_utts = frozen_teacher(target_dir, manifests, work_dir, dev_fraction, seed, threads,
                                                   max_utterances, device)
-    train, dev = _teacher(target, train_utts, dev_utts, work_dir, tuple(speeds), 64 if device != "cpu" else 16,
+    train, dev = cached_teacher_pass(target, train_utts, dev_utts, work_dir, tuple(speeds), 64 if device != "cpu" else 16,
                           threads)
     student = new_draft_decoder(target, layers, dropout)
     tf32 = torch.backends.cuda.matmul.allow_tf32

@@ -7,7 +7,6 @@ One loop serves the three zoo kinds:
   0.9/1.0/1.1, AdamW with warmup + cosine decay, weight averaging of the last checkpoints.
 * ``draft``: a much smaller model of the same family and tokenizer, trained on the data and on the target's own greedy
   transcripts (sequence-level knowledge distillation, Kim & Rush 2016) so it agrees with the target.
-* ``ctc``: a CTC head over a frozen target encoder (the SSD paper's drafter, section 3.1).
 
 Every epoch writes a resumable checkpoint (model, optimizer, step, RNG) to the work directory; a re-run of the same
 command resumes from it. Logs go to ``<work>/log.jsonl`` (loss and dev WER per epoch).
@@ -228,17 +227,15 @@ def collate_features(examples: list[Example], speed_idx: list[int], tokenizer, d
     return x.to(device), lengths.to(device), toks
 
 
-def _losses(model: WhisperASR, ctc: CTCHead, x, lengths, toks, opt: TrainOptions, train_decoder: bool):
+def _losses(model: WhisperASR, ctc: CTCHead, x, lengths, toks, opt: TrainOptions):
     enc = model.encode(x, lengths)
-    logp = ctc(enc.states)
+    logp = ctc(enc.states, enc.lengths)
     targets = [ctc.targets(torch.tensor(t, dtype=torch.long)) for t in toks]
     flat = torch.cat(targets) if targets else torch.zeros(0, dtype=torch.long)
     ctc_loss = F.ctc_loss(
         logp.transpose(0, 1), flat, enc.lengths.cpu(), torch.tensor([len(t) for t in targets]),
         blank=0, reduction="mean", zero_infinity=True,
     )
-    if not train_decoder:
-        return ctc_loss, torch.zeros(())
     prompt = model.prompt_ids
     p, eos = len(prompt), model.eos_token_id
     width = max(len(t) for t in toks) + 1
@@ -256,8 +253,9 @@ def _losses(model: WhisperASR, ctc: CTCHead, x, lengths, toks, opt: TrainOptions
 
 
 @torch.no_grad()
-def evaluate(model: WhisperASR, ctc: Optional[CTCHead], examples: list[Example], attention: bool = True) -> dict:
-    """Dev WER of greedy CTC and (optionally) greedy attention decoding, speed 1.0 features, batches of 16."""
+def evaluate(model: WhisperASR, ctc: Optional[CTCHead], examples: list[Example]) -> dict:
+    """Dev WER of greedy CTC (when ``ctc`` is given) and greedy attention decoding, speed 1.0 features, batches
+    of 16."""
     was = model.model.training
     model.model.eval()
     refs, hyp_ctc, hyp_att = [], [], []
@@ -269,10 +267,9 @@ def evaluate(model: WhisperASR, ctc: Optional[CTCHead], examples: list[Example],
         enc = model.encode(x, lengths)
         refs += [ex.text for ex in batch]
         if ctc is not None:
-            hyp_ctc += [model.decode_text(t) for t in ctc.greedy(ctc(enc.states), enc.lengths)]
-        if attention:
-            caps = [min(200, int(l) // 2) for l in lengths]
-            hyp_att += [model.decode_text(h.tokens) for h in greedy_decode(model, enc, caps)]
+            hyp_ctc += [model.decode_text(t) for t in ctc.greedy(ctc(enc.states, enc.lengths), enc.lengths)]
+        caps = [min(200, int(l) // 2) for l in lengths]
+        hyp_att += [model.decode_text(h.tokens) for h in greedy_decode(model, enc, caps)]
     model.model.train(was)
     out = {}
     for name, hyps in (("ctc", hyp_ctc), ("att", hyp_att)):
@@ -307,9 +304,9 @@ def train(
     """Train one zoo model and export it.
 
     Args:
-        kind: "target" (joint CTC-attention; exports the CTC head to ``ctc_out`` if given), "draft" (distilled from
-            ``teacher_dir``'s greedy transcripts when given) or "ctc" (head only, over the frozen encoder of
-            ``teacher_dir``; exported to ``out_dir``).
+        kind: "target" (joint CTC-attention; exports the CTC head to ``ctc_out`` if given) or "draft" (distilled
+            from ``teacher_dir``'s greedy transcripts when given). The CTC head of a frozen target is
+            :func:`~rayspec.train.ctc_head.train_ctc_head`.
         manifests: training manifests (JSONL/CSV/Parquet with id, audio, text).
         out_dir: where the model directory is written (``from_pretrained``-loadable).
         work_dir: checkpoints, feature cache and ``log.jsonl``; a re-run resumes from here.
@@ -323,14 +320,10 @@ def train(
         Summary dict (parameters, epochs, minutes, last dev metrics), also written to ``<work_dir>/summary.json``.
 
     Raises:
-        ValueError: unknown kind, or "ctc" without ``teacher_dir``.
+        ValueError: unknown kind.
     """
-    if kind not in ("target", "draft", "ctc"):
-        raise ValueError(f"unknown kind {kind!r} (target, draft or ctc)")
-    if kind == "ctc" and not teacher_dir:
-        raise ValueError("train ctc needs --target: the model whose frozen encoder the head reads")
-    if init_dir and kind == "ctc":
-        raise ValueError("--init warm-starts target or draft models; train ctc reads --target's encoder")
+    if kind not in ("target", "draft"):
+        raise ValueError(f"unknown kind {kind!r} (target or draft)")
     torch.set_num_threads(opt.threads)
     torch.manual_seed(opt.seed)
     rng = random.Random(opt.seed)
@@ -345,19 +338,13 @@ def train(
     warm = WhisperASR.from_pretrained(init_dir) if init_dir else None
     if warm is not None:
         arch = architecture_of(warm.config)
-    if kind == "ctc":
-        fe = WhisperASR.from_pretrained(teacher_dir).feature_extractor
-    else:
-        fe = warm.feature_extractor if warm is not None else WhisperFeatureExtractor(**feature_extractor_config(
-            arch.frame_stack))
+    fe = warm.feature_extractor if warm is not None else WhisperFeatureExtractor(**feature_extractor_config(
+        arch.frame_stack))
     train_ex = load_examples(train_utts, fe, cache_dir)
     dev_ex = load_examples(dev_utts, fe, cache_dir, speeds=(1.0,))
 
     fresh_dir = os.path.join(work_dir, "init")
-    if kind == "ctc":
-        model = WhisperASR.from_pretrained(teacher_dir)
-        model.model.requires_grad_(False)
-    elif warm is not None:
+    if warm is not None:
         stats = (warm.config.rayspec_feature_mean, warm.config.rayspec_feature_std)
         model = new_model(arch, opt.dropout, fresh_dir, stats)
         model.model.load_state_dict(warm.model.state_dict())
@@ -404,8 +391,7 @@ def train(
         rng.setstate(saved["rng"])
         torch.set_rng_state(saved["torch_rng"])
         print(f"resuming {kind} from epoch {state.epoch} ({ckpt})")
-    train_decoder = kind != "ctc"
-    model.model.train(train_decoder)
+    model.model.train()
     ctc.train()
     log_path = os.path.join(work_dir, "log.jsonl")
     t_start = time.time()
@@ -423,10 +409,9 @@ def train(
             regularize = state.step >= opt.regularize_after
             if regularize:
                 x = _spec_augment(x, xl, opt, rng, model.frame_stack, model.feature_mean)
-            model.model.train(train_decoder and regularize)  # eval mode = no dropout (Whisper has no batch norm)
-            ctc_loss, att_loss = _losses(model, ctc, x, xl, toks, opt, train_decoder)
-            w = opt.ctc_weight if train_decoder else 1.0
-            loss = w * ctc_loss + (1 - w) * att_loss
+            model.model.train(regularize)  # eval mode = no dropout (Whisper has no batch norm)
+            ctc_loss, att_loss = _losses(model, ctc, x, xl, toks, opt)
+            loss = opt.ctc_weight * ctc_loss + (1 - opt.ctc_weight) * att_loss
             for g in optim.param_groups:
                 g["lr"] = lr_at(state.step)
             optim.param_groups[0]["weight_decay"] = opt.weight_decay if regularize else 0.0
@@ -442,8 +427,8 @@ def train(
                "att_loss": float(sums[1] / max(1, sums[2])), "epoch_s": round(time.time() - t0, 1),
                "lr": lr_at(state.step)}
         if state.epoch % opt.eval_every == 0 or state.epoch == opt.epochs:
-            rec.update(evaluate(model, ctc, dev_ex, attention=train_decoder))
-            model.model.train(train_decoder)
+            rec.update(evaluate(model, ctc, dev_ex))
+            model.model.train()
         state.history.append(rec)
         print(json.dumps(rec), flush=True)
         with open(log_path, "a") as f:
@@ -454,13 +439,10 @@ def train(
     ctc.load_state_dict(_average(work_dir, "ctc", opt.average, ctc.state_dict()))
     model.model.eval()
     ctc.eval()
-    final = evaluate(model, ctc, dev_ex, attention=train_decoder)
-    if kind == "ctc":
-        ctc.save_pretrained(out_dir)
-    else:
-        _export(model, out_dir)
-        if ctc_out:
-            ctc.save_pretrained(ctc_out)
+    final = evaluate(model, ctc, dev_ex)
+    _export(model, out_dir)
+    if ctc_out:
+        ctc.save_pretrained(ctc_out)
     summary = {
         "kind": kind, "parameters": model.count_parameters(), "ctc_parameters": sum(p.numel() for p in ctc.parameters()),
         "epochs": state.epoch, "steps": state.step, "train_minutes_this_run": round((time.time() - t_start) / 60, 1),
