@@ -506,7 +506,9 @@ class Transcriber:
                 if all(x is not None for x in hyps):
                     now = time.perf_counter()
                     _, eb, _ = pending.pop(k)
-                    yield k, self.decoder.rows(eb, hyps, eb.encode_s + now - t0)
+                    # wall time since the previous batch finished: it already holds this batch's encoding, which
+                    # ran inside the stream (adding eb.encode_s counted it twice)
+                    yield k, self.decoder.rows(eb, hyps, now - t0)
                     t0 = now
                 while finished:
                     yield finished.pop()

@@ -96,8 +96,8 @@ def main() -> None:
     timed("3. engine + load_audio (in process)", from_bytes)
     engine.close()
     del engine, transcriber
-    os.makedirs(args.output, exist_ok=True)
-    server = rayspec_server(args.model, 8765, args.threads, 8.0, os.path.join(args.output, "serve-overhead.log"))
+    os.makedirs(os.path.join(args.output, "logs"), exist_ok=True)
+    server = rayspec_server(args.model, 8765, args.threads, 8.0, os.path.join(args.output, "logs", "serve-overhead.log"))
     replica_decode = []
     try:
         server.wait_ready("/health")
