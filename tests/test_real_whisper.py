@@ -283,8 +283,8 @@ def test_bundled_drafters_for_base_equal_ar_with_fewer_passes(samples_manifest):
     # the bundled CTC head (--method ctc-draft's and ssd's default): its re-tokenized hypotheses keep AR's tokens
     ctc = decode_batch(base, DecodeOptions("ctc-draft"), audios, durations,
                        ctc=CTCHead.from_pretrained(default_drafter("whisper-base", "ctc")))
-    assert [h.tokens for h in ctc] == [h.tokens for h in ar]
-    assert 2 * sum(h.stats.target_forward_passes for h in ctc) < sum(h.stats.target_forward_passes for h in ar)
+    assert [h.tokens for h in ctc] == [h.tokens for h in ar]  # (fewer passes, not half: its card and the ssd table)
+    assert sum(h.stats.target_forward_passes for h in ctc) < sum(h.stats.target_forward_passes for h in ar)
     # the bundled draft decoder (--method draft's default): shares the target's embedding, keeps AR's tokens
     draft = WhisperASR.from_pretrained(default_drafter("whisper-base", "draft"))
     assert not draft.has_encoder
