@@ -317,7 +317,8 @@ def _train_parser(sub) -> None:
               target  encoder-decoder + CTC head trained jointly (--ctc-output writes the head)
               draft   a small model with the same tokenizer, distilled from --target's greedy transcripts
               ctc     a CTC head over the frozen encoder of --target (SSD's drafter), labelled by the target's own
-                      greedy transcripts, characters as its vocabulary (re-tokenized for verification):
+                      greedy transcripts; its vocabulary: characters + the target's --ctc-tokens most frequent
+                      tokens (its hypothesis is re-tokenized for verification):
                       --encoder-layers (its Transformer layers, default 2; 0 = linear), --d-model (width, 256),
                       --heads (4), --ffn (1024), --ctc-tokens (4000), --epochs (20), --lr (1e-3),
                       --batch-frames (2 per encoder position), --encoder-dtype bfloat16 (a 3x faster teacher pass

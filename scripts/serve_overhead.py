@@ -95,9 +95,9 @@ def main() -> None:
 
     timed("3. engine + load_audio (in process)", from_bytes)
     engine.close()
-    del engine, transcriber
     os.makedirs(os.path.join(args.output, "logs"), exist_ok=True)
-    server = rayspec_server(args.model, 8765, args.threads, 8.0, os.path.join(args.output, "logs", "serve-overhead.log"))
+    log = os.path.join(args.output, "logs", "serve-overhead.log")
+    server = rayspec_server(args.model, 8765, args.threads, 8.0, log)
     replica_decode = []
     try:
         server.wait_ready("/health")

@@ -25,7 +25,6 @@ target's spelling.)
 from __future__ import annotations
 
 import json
-import math
 import os
 import random
 import time
@@ -40,7 +39,7 @@ from ..metrics import error_rates
 from ..models.ctc import CTCHead, character_vocabulary, max_frame_entropy
 from .data import frozen_teacher
 from .draft_decoder import TeacherRecord, cached_teacher_pass
-from .recipe import length_batches
+from .recipe import length_batches, warmup_cosine
 
 
 def token_shortlist(target, records: list[TeacherRecord], size: int) -> list[int]:
@@ -66,10 +65,10 @@ def _labels(target, records: list[TeacherRecord], vocab: dict[str, int], head: C
     return out
 
 
-def _batch(records: list[TeacherRecord], dtype: torch.dtype):
-    """Zero-padded states ``[B, S, D]`` and real lengths int64 ``[B]`` of ``records``."""
+def _batch(records: list[TeacherRecord]):
+    """Zero-padded float32 states ``[B, S, D]`` and real lengths int64 ``[B]`` of ``records``."""
     widest = max(r.real for r in records)
-    states = torch.zeros(len(records), widest, records[0].states.shape[1], dtype=dtype)
+    states = torch.zeros(len(records), widest, records[0].states.shape[1])
     for i, r in enumerate(records):
         states[i, : r.real] = r.states[: r.real]
     return states, torch.tensor([r.real for r in records])
@@ -88,7 +87,7 @@ def dev_hypotheses(head: CTCHead, target, records: list[TeacherRecord], labels, 
         part = [(r, lab) for r, lab in zip(records[k : k + batch], labels[k : k + batch]) if lab is not None]
         if not part:
             continue
-        states, lengths = _batch([r for r, _ in part], torch.float32)
+        states, lengths = _batch([r for r, _ in part])
         logp = head(states, lengths)
         entropy = max_frame_entropy(logp, lengths).tolist()
         for (r, (text, _)), ids, ent in zip(part, head.greedy(logp, lengths), entropy):
@@ -126,8 +125,7 @@ def gate_table(rows) -> list[dict]:
 
 def train_ctc_head(target_dir: str, manifests: list[str], out_dir: str, work_dir: str, layers: int = 2,
                    width: int = 256, heads: int = 4, ffn: int = 1024, tokens: int = 4000, epochs: int = 20,
-                   lr: float = 1e-3,
-                   batch_positions: int = 6000, dropout: float = 0.1, warmup_steps: int = 200, seed: int = 0,
+                   lr: float = 1e-3, batch_positions: int = 6000, dropout: float = 0.1, warmup_steps: int = 200, seed: int = 0,
                    threads: int = 2, dev_fraction: float = 0.08, max_utterances: Optional[int] = None,
                    encoder_dtype: Optional[torch.dtype] = None, max_steps: Optional[int] = None) -> dict:
     """Train a CTC head for the frozen target ``target_dir`` (a model name or directory); write it to ``out_dir``
@@ -161,11 +159,6 @@ def train_ctc_head(target_dir: str, manifests: list[str], out_dir: str, work_dir
     lengths = [train[i].real for i in keep]
     total = max(1, epochs * len(length_batches(lengths, batch_positions, random.Random(0))))
 
-    def lr_at(step: int) -> float:
-        if step < warmup_steps:
-            return lr * (step + 1) / warmup_steps
-        return lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup_steps) / total))))
-
     epoch, step, history = 0, 0, []
     ckpt = os.path.join(work_dir, "checkpoint.pt")
     if os.path.exists(ckpt):
@@ -185,13 +178,13 @@ def train_ctc_head(target_dir: str, manifests: list[str], out_dir: str, work_dir
             if max_steps is not None and step >= max_steps:
                 break
             rows = [keep[i] for i in idx]
-            states, real = _batch([train[i] for i in rows], torch.float32)
+            states, real = _batch([train[i] for i in rows])
             labels = [train_labels[i][1] for i in rows]
             logp = head(F.dropout(states, dropout), real)
             loss = F.ctc_loss(logp.transpose(0, 1), torch.cat(labels), real, torch.tensor([len(t) for t in labels]),
                               blank=0, zero_infinity=True)
             for g in optim.param_groups:
-                g["lr"] = lr_at(step)
+                g["lr"] = warmup_cosine(step, lr, warmup_steps, total)
             optim.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(head.parameters(), 5.0)

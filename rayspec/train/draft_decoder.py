@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import random
 import time
@@ -39,7 +38,7 @@ from ..decoding.ar import greedy_decode
 from ..manifest import Utterance
 from ..models.whisper import EMBEDDING_KEY, EncoderOutput, WhisperASR
 from .data import SPEEDS, frozen_teacher, perturb_speed
-from .recipe import length_batches
+from .recipe import length_batches, warmup_cosine
 
 RAYSPEC_FEATURE_KEYS = ("rayspec_encoder_masking", "rayspec_frame_stack", "rayspec_feature_mean", "rayspec_feature_std")
 """Config entries of the target's front-end, meaningless for a decoder without an encoder (dropped from its config)."""
@@ -228,7 +227,8 @@ def train_draft_decoder(target_dir: str, manifests: list[str], out_dir: str, wor
     """
     target, train_utts, dev_utts = frozen_teacher(target_dir, manifests, work_dir, dev_fraction, seed, threads,
                                                   max_utterances, device)
-    train, dev = cached_teacher_pass(target, train_utts, dev_utts, work_dir, tuple(speeds), 64 if device != "cpu" else 16,
+    train, dev = cached_teacher_pass(target, train_utts, dev_utts, work_dir, tuple(speeds),
+                                     64 if device != "cpu" else 16,
                           threads)
     student = new_draft_decoder(target, layers, dropout)
     tf32 = torch.backends.cuda.matmul.allow_tf32
@@ -248,11 +248,6 @@ def _train(student, target, train, dev, target_dir, out_dir, work_dir, layers, e
     lengths = [r.states.shape[0] for r in train]
     steps_per_epoch = len(length_batches(lengths, batch_positions, random.Random(0)))
     total = max(1, epochs * steps_per_epoch)
-
-    def lr_at(step: int) -> float:
-        if step < warmup_steps:
-            return lr * (step + 1) / warmup_steps
-        return lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup_steps) / max(1, total)))))
 
     epoch, step, history = 0, 0, []
     ckpt = os.path.join(work_dir, "checkpoint.pt")
@@ -275,7 +270,7 @@ def _train(student, target, train, dev, target_dir, out_dir, work_dir, layers, e
             if max_steps is not None and step >= max_steps:
                 break
             for g in optim.param_groups:
-                g["lr"] = lr_at(step)
+                g["lr"] = warmup_cosine(step, lr, warmup_steps, total)
             loss, _ = _batch_loss(student, target, [train[i] for i in idx], kl_weight)
             optim.zero_grad(set_to_none=True)
             loss.backward()

@@ -199,6 +199,14 @@ def _spec_augment(x: torch.Tensor, lengths: torch.Tensor, opt: TrainOptions, rng
     return x
 
 
+def warmup_cosine(step: int, lr: float, warmup_steps: int, total: int) -> float:
+    """Learning rate at optimizer ``step``: linear warm-up to ``lr`` over ``warmup_steps``, then cosine decay to 5% of
+    ``lr`` over ``total`` steps (the frozen-target recipes: draft decoder, CTC head)."""
+    if step < warmup_steps:
+        return lr * (step + 1) / warmup_steps
+    return lr * (0.05 + 0.95 * 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warmup_steps) / max(1, total)))))
+
+
 def length_batches(lengths: list[int], budget: int, rng: random.Random) -> list[list[int]]:
     """Length-sorted batches under a padded-frame budget, in random order."""
     order = sorted(range(len(lengths)), key=lambda i: (lengths[i], rng.random()))
@@ -253,9 +261,8 @@ def _losses(model: WhisperASR, ctc: CTCHead, x, lengths, toks, opt: TrainOptions
 
 
 @torch.no_grad()
-def evaluate(model: WhisperASR, ctc: Optional[CTCHead], examples: list[Example]) -> dict:
-    """Dev WER of greedy CTC (when ``ctc`` is given) and greedy attention decoding, speed 1.0 features, batches
-    of 16."""
+def evaluate(model: WhisperASR, ctc: CTCHead, examples: list[Example]) -> dict:
+    """Dev WER of greedy CTC and greedy attention decoding, speed 1.0 features, batches of 16."""
     was = model.model.training
     model.model.eval()
     refs, hyp_ctc, hyp_att = [], [], []
@@ -266,8 +273,7 @@ def evaluate(model: WhisperASR, ctc: Optional[CTCHead], examples: list[Example])
                                          model.frame_stack)
         enc = model.encode(x, lengths)
         refs += [ex.text for ex in batch]
-        if ctc is not None:
-            hyp_ctc += [model.decode_text(t) for t in ctc.greedy(ctc(enc.states, enc.lengths), enc.lengths)]
+        hyp_ctc += [model.decode_text(t) for t in ctc.greedy(ctc(enc.states, enc.lengths), enc.lengths)]
         caps = [min(200, int(l) // 2) for l in lengths]
         hyp_att += [model.decode_text(h.tokens) for h in greedy_decode(model, enc, caps)]
     model.model.train(was)
