@@ -215,7 +215,7 @@ class SpeechRequest(BaseModel):
 
     model: str = "rayspec-tts"
     input: str
-    voice: str = "lj"
+    voice: str = "joe"
     response_format: str = "mp3"
     speed: float = 1.0
     stream_format: Optional[str] = None

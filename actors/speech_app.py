@@ -15,10 +15,9 @@ import json
 import struct
 from typing import AsyncIterator
 
-import numpy as np
 from ray import serve
 
-VOICES = ("lj",)  # the bundled zoo's one voice (LJSpeech's reader)
+VOICES = ("joe",)  # the bundled zoo's one voice, distilled from the Piper voice en_US-joe-medium
 OPENAI_VOICES = ("alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse")
 MODEL_NAMES = ("rayspec-tts", "tts-1", "tts-1-hd", "gpt-4o-mini-tts")
 STREAMABLE = ("pcm", "wav", "mp3")  # formats whose chunks concatenate into one playable stream
@@ -81,32 +80,28 @@ class SpeechService:
         return encode_audio(audio, fmt), stats
 
     async def stream(self, text: str, speed: float, fmt: str, sse: bool, seed: int = 0) -> AsyncIterator[bytes]:
-        """Audio sentence by sentence: ``fmt`` chunks (a streaming WAV header first), or server-sent events
-        ``speech.audio.delta`` {audio: base64 16-bit PCM} then ``speech.audio.done`` {usage}."""
-        from rayspec.tts.phones import split_sentences
-        from rayspec.tts.synthesis import SENTENCE_PAUSE_S, encode_audio
+        """Audio as it is made, in chunks of 0.2 s (:meth:`rayspec.tts.synthesis.Synthesizer.stream`): ``fmt`` chunks
+        (a streaming WAV header first), or server-sent events ``speech.audio.delta`` {audio: base64 16-bit PCM} then
+        ``speech.audio.done`` {usage}. The audio is what the whole-text request with the same seed returns."""
+        from rayspec.tts.synthesis import encode_audio
 
         if fmt == "wav" and not sse:
             yield streaming_wav_header(16000)
-        sentences = split_sentences(text)
-        frames = passes = 0
-        for i, sentence in enumerate(sentences):
-            res = (await asyncio.to_thread(self.synth.synthesize, [sentence], self.opts, 0, [f"{seed}:{i}"],
-                                           speed))[0]
-            frames += res.frames
-            passes += res.target_passes
-            pcm = encode_audio(res.audio, "pcm")
+        loop = asyncio.get_running_loop()
+        chunks: asyncio.Queue = asyncio.Queue()
+        job = asyncio.ensure_future(asyncio.to_thread(
+            self.synth.stream, text, lambda a: loop.call_soon_threadsafe(chunks.put_nowait, a), self.opts, 0,
+            str(seed), speed))
+        job.add_done_callback(lambda _: chunks.put_nowait(None))  # runs on the loop, after every chunk
+        while (audio := await chunks.get()) is not None:
             if sse:
-                yield sse_event("speech.audio.delta", {"audio": base64.b64encode(pcm).decode()})
+                yield sse_event("speech.audio.delta", {"audio": base64.b64encode(encode_audio(audio, "pcm")).decode()})
             else:
-                yield pcm if fmt in ("pcm", "wav") else encode_audio(res.audio, fmt)
-            if i + 1 < len(sentences):  # the pause between sentences
-                pause = np.zeros(int(SENTENCE_PAUSE_S * 16000), dtype=np.float32)
-                yield (sse_event("speech.audio.delta", {"audio": base64.b64encode(encode_audio(pause, "pcm")).decode()})
-                       if sse else encode_audio(pause, fmt if fmt == "mp3" else "pcm"))
+                yield encode_audio(audio, "pcm" if fmt == "wav" else fmt)
+        res = await job  # raises what the synthesis raised
         if sse:
-            yield sse_event("speech.audio.done", {"usage": {"input_characters": len(text), "audio_frames": frames,
-                                                            "target_forward_passes": passes}})
+            yield sse_event("speech.audio.done", {"usage": {"input_characters": len(text), "audio_frames": res.frames,
+                                                            "target_forward_passes": res.target_passes}})
 
 
 def _stats(res, batch_size: int) -> dict:

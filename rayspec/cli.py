@@ -132,6 +132,9 @@ def cmd_score(args) -> int:
 def cmd_train(args) -> int:
     from .train.recipe import DRAFT_ARCH, TARGET_ARCH, Architecture, TrainOptions, train
 
+    if args.kind != "tts-data" and not args.work_dir:
+        print(f"rayspec train: error: {args.kind} needs --work-dir (checkpoints, caches, logs)", file=sys.stderr)
+        return EXIT_USAGE
     if args.epochs is None:
         args.epochs = 20 if args.kind == "ctc" else 60
     if args.lr is None:
@@ -209,15 +212,19 @@ def _train_tts(args) -> int:
     from .train.tts import TTSTrainOptions, train_tts_draft, train_tts_target
     from .tts.synthesis import default_codec_dir
 
+    if args.kind == "tts-data":
+        return _tts_data(args)
+
     opt = TTSTrainOptions(epochs=args.epochs, batch_frames=args.batch_frames, lr=args.lr, seed=args.seed,
-                          threads=args.threads, dropout=args.dropout, warmup_steps=args.warmup_steps)
+                          threads=args.threads, dropout=args.dropout, warmup_steps=args.warmup_steps,
+                          eval_every=args.eval_steps)
     codec = args.codec or default_codec_dir()
     if args.kind == "tts-target":
         arch = {k: v for k, v in (("d_model", args.d_model), ("encoder_layers", args.encoder_layers),
                                   ("decoder_layers", args.decoder_layers), ("heads", args.heads),
                                   ("ffn", args.ffn)) if v}
         summary = train_tts_target(args.manifests, args.output, args.work_dir, codec, opt, arch,
-                                   max_utterances=args.max_utterances)
+                                   max_utterances=args.max_utterances, init_dir=args.init)
     else:
         if not args.target:
             print("rayspec train: error: tts-draft needs --target (the TTS target it is distilled from)",
@@ -227,6 +234,23 @@ def _train_tts(args) -> int:
         summary = train_tts_draft(args.target, args.manifests, args.output, args.work_dir, codec, opt, arch,
                                   max_utterances=args.max_utterances)
     print(json.dumps(summary))
+    return 0
+
+
+def _tts_data(args) -> int:
+    import random
+
+    from .train.tts_data import prepare_piper
+    from .tts.synthesis import default_codec_dir, read_texts
+
+    items = [(it.id, it.text) for m in args.manifests for it in read_texts(m) if not it.error and it.text.strip()]
+    random.Random(args.seed).shuffle(items)
+    items = items[:args.sentences]
+    examples, failed = prepare_piper(items, args.output, args.codec or default_codec_dir(), args.voice,
+                                     workers=args.workers, noise_w=args.noise_w)
+    frames = sum(len(e.codes) for e in examples)
+    print(json.dumps({"sentences": len(examples), "hours": round(frames / 50 / 3600, 3), "failed": len(failed),
+                      "output": args.output}))
     return 0
 
 
@@ -329,21 +353,30 @@ def _train_parser(sub) -> None:
                       sharing the target's embedding (not shipped); reads --epochs, --lr, --batch-frames (2 per
                       encoder position: a 30 s window is 3,000), --device, --seed, --threads (dropout 0.1, 200
                       warm-up steps, KL weight 0.8: the recipe's own)
-              tts-target  the speech-token TTS target (phones + durations -> Lyra codes), on aligned clips
+              tts-data    teacher speech for the TTS kinds: a Piper voice (--voice) reads --sentences sentences
+                      of the given text files (.txt, .jsonl, .csv, LJSpeech's id|text metadata) into -o: phones,
+                      exact phone durations and Lyra codes, in resumable shards (needs the train extra: onnx)
+              tts-target  the speech-token TTS target (phones + durations -> Lyra codes), on tts-data directories
+                      or on recordings (manifests; forced-aligned)
               tts-draft   the TTS draft, distilled from --target (a TTS target directory)
 
             TTS kinds use --epochs, --batch-frames (20 ms codec frames, e.g. 6000), --lr (1e-3), --dropout (0.1)
-            and cache Lyra codes + forced alignments in --work-dir.
+            and cache Lyra codes + forced alignments of recordings in --work-dir.
 
             example (Medusa heads for the frozen whisper-base):
               rayspec train medusa ../shared/data/an4/train.jsonl --target whisper-base \\
                   -o runs/medusa-base --work-dir runs/medusa-base-work
+            example (a TTS target taught by the Piper voice):
+              rayspec train tts-data ../shared/data/ljspeech/metadata_text_only.csv --sentences 3000 -o runs/tts/data
+              rayspec train tts-target runs/tts/data -o runs/tts/target --work-dir runs/tts/work --epochs 3
             """),
     )
-    p.add_argument("kind", choices=["target", "draft", "draft-decoder", "ctc", "medusa", "tts-target", "tts-draft"])
-    p.add_argument("manifests", nargs="+", help="training manifests (JSONL/CSV/Parquet with id, audio, text)")
-    p.add_argument("-o", "--output", required=True, help="model directory to write")
-    p.add_argument("--work-dir", required=True, help="checkpoints, feature cache and logs (resumable)")
+    p.add_argument("kind", choices=["target", "draft", "draft-decoder", "ctc", "medusa", "tts-data", "tts-target",
+                                     "tts-draft"])
+    p.add_argument("manifests", nargs="+", help="training manifests (JSONL/CSV/Parquet with id, audio, text); "
+                                                "tts-data: text files; tts-target/draft: also tts-data directories")
+    p.add_argument("-o", "--output", required=True, help="model directory to write (tts-data: the data directory)")
+    p.add_argument("--work-dir", help="checkpoints, feature cache and logs (resumable; all kinds but tts-data)")
     p.add_argument("--target", help="teacher for draft distillation / frozen encoder for ctc / frozen model for medusa")
     p.add_argument("--ctc-output", help="target only: also write the jointly trained CTC head here")
     p.add_argument("--epochs", type=int, default=None, help="passes over the data (default 60; ctc 20)")
@@ -353,12 +386,14 @@ def _train_parser(sub) -> None:
     p.add_argument("--ctc-weight", type=float, default=0.4)
     p.add_argument("--dropout", type=float, default=0.15, help="residual dropout (attention/activation: 2/3 of it)")
     p.add_argument("--eval-every", type=int, default=5, help="epochs between dev WER evaluations")
+    p.add_argument("--eval-steps", type=int, default=0,
+                   help="tts kinds: steps between dev evaluations and checkpoints inside an epoch (0: per epoch)")
     p.add_argument("--regularize-after", type=int, default=None,
                    help="steps without SpecAugment, dropout and weight decay before they switch on (leaves CTC's "
                         "blank plateau sooner; default: the recipe's, see TrainOptions)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--init", help="warm start: initialise a target/draft from this model directory (curriculum)")
+    p.add_argument("--init", help="warm start: initialise a target/draft (or tts-target) from this model directory")
     p.add_argument("--init-ctc", help="warm start: initialise the CTC head from this directory")
     p.add_argument("--codec", help="tts kinds: Lyra v2 codec directory (default: the bundled one)")
     p.add_argument("--medusa-heads", type=int, default=4, help="medusa: number of heads K (default 4)")
@@ -371,6 +406,12 @@ def _train_parser(sub) -> None:
                    help="ctc: the target's most frequent text tokens in the head's vocabulary besides the characters")
     p.add_argument("--encoder-dtype", choices=["bfloat16", "float32"], default=None,
                    help="ctc: the frozen encoder's dtype in the teacher pass (default: the target's, float32)")
+    p.add_argument("--voice", default="en_US-joe-medium", help="tts-data: Piper voice (packaged name or .onnx path)")
+    p.add_argument("--sentences", type=int, default=None, help="tts-data: read this many sentences, a seeded "
+                                                                "random sample (default: all)")
+    p.add_argument("--noise-w", type=float, default=0.0,
+                   help="tts-data: the voice's duration noise (0: durations a function of the text)")
+    p.add_argument("--workers", type=int, default=2, help="tts-data: processes (one voice each)")
     p.add_argument("--max-steps", type=int, default=None, help="stop after this many steps (smoke runs)")
     p.add_argument("--max-utterances", type=int, default=None, help="use only the first N utterances (smoke runs)")
     p.set_defaults(func=cmd_train)

@@ -153,6 +153,39 @@ def test_text_to_phones_pauses_and_errors():
         assert e.value.code == code
 
 
+def test_ipa_phones_fold_pads_stress_and_pauses_into_phone_durations():
+    from rayspec.tts.phones import ipa_phones
+
+    symbols = list("^_h_ə_l_ˈ_o_ʊ_,_ _w_ɜ_ː_l_d_$")
+    frames = np.arange(1, len(symbols) + 1)
+    seq, durations = ipa_phones(symbols, frames)
+    assert seq.phones == ("SIL", "HH", "AH", "L", "OW", "SIL", "W", "ER", "L", "D", "SIL")
+    assert durations.sum() == frames.sum()
+    assert durations[0] == 1 + 2 and durations[3] == 7 + 8  # "^" + its pad; "l" + its pad
+    assert durations[4] == 9 + 10 + 11 + 12 + 13 + 14  # the stress mark and pad, "o" and "ʊ" with their pads
+    assert durations[5] == sum(range(15, 19))  # "," and the space after it, with pads: one pause
+    assert durations[7] == sum(range(21, 25))  # "ɜ" + the length mark, with pads
+    assert seq.words == (-1, 0, 0, 0, 0, -1, 1, 1, 1, 1, -1)
+
+
+def test_piper_teacher_reads_with_exact_durations_and_the_synthesis_phones(tmp_path):
+    from rayspec.train.tts_data import teacher_example
+    from rayspec.tts.codec import LyraCodec
+    from rayspec.tts.piper import PiperVoice
+    from rayspec.tts.synthesis import default_codec_dir
+
+    voice = PiperVoice(noise_w=0.0, durations=True)
+    text = "Dr. Smith paid 42 dollars, twice."
+    audio, frames = voice.speak_aligned(voice.phoneme_ids(text))
+    assert len(frames) == len(voice.phoneme_ids(text)) and len(audio) == 256 * frames.sum()
+    ex, audio16 = teacher_example(voice, LyraCodec(default_codec_dir(), 16), "s1", text)
+    assert ex.phones.tolist() == text_to_phones(text).ids  # training and synthesis see the same phones
+    assert ex.durations.sum() == len(ex.codes) and ex.codes.shape[1] == 16 and (ex.durations >= 0).all()
+    assert len(ex.codes) == len(audio16) // 320 and abs(len(audio16) / 16000 - len(audio) / voice.sample_rate) < 0.01
+    with pytest.raises(RuntimeError, match="durations=True"):
+        PiperVoice().speak_aligned([1, 2])
+
+
 def test_g2p_gives_espeak_style_ipa_for_known_unknown_and_number_words():
     from rayspec.tts.g2p import guess_phonemes, sentence_ipa, word_ipa
 
@@ -174,6 +207,29 @@ def test_read_texts_turns_bad_lines_into_error_items(tmp_path):
     jl.write_text(json.dumps({"id": "a", "text": "Hi."}) + "\n{not json\n")
     items = read_texts(str(jl))
     assert items[0].id == "a" and items[1].error_code == "bad_row"
+    lj = tmp_path / "metadata.csv"  # LJSpeech's form: id|raw|normalized, no header
+    lj.write_text("LJ001-0001|Printing, in 1850|Printing, in eighteen fifty\nLJ001-0002|in being modern.|in being modern.\n")
+    items = read_texts(str(lj))
+    assert [(i.id, i.text) for i in items] == [("LJ001-0001", "Printing, in eighteen fifty"),
+                                               ("LJ001-0002", "in being modern.")]
+
+
+def test_tts_recipes_run_on_teacher_speech(tmp_path):
+    """tts-data -> tts-target -> tts-draft on three sentences, one epoch each, with a tiny architecture."""
+    from rayspec.cli import main
+
+    texts = tmp_path / "texts.txt"
+    texts.write_text("The cat sat on the mat.\nA quick test, of speech.\nNumbers like 42 work too.\n")
+    data = str(tmp_path / "data")
+    assert main(["train", "tts-data", str(texts), "-o", data, "--workers", "1"]) == 0
+    assert os.listdir(data) == ["piper-00000.npz"]
+    assert main(["train", "tts-data", str(texts), "-o", data, "--workers", "1"]) == 0  # resumes: nothing redone
+    small = ["--epochs", "1", "--d-model", "32", "--heads", "2", "--ffn", "64", "--encoder-layers", "1",
+             "--decoder-layers", "1", "--batch-frames", "3000", "--work-dir", str(tmp_path / "work")]
+    assert main(["train", "tts-target", data, "-o", str(tmp_path / "target"), *small]) == 0
+    assert main(["train", "tts-draft", data, "--target", str(tmp_path / "target"), "-o", str(tmp_path / "draft"),
+                 *small[:4], "--batch-frames", "3000", "--work-dir", str(tmp_path / "work")]) == 0
+    Synthesizer(str(tmp_path / "target"), str(tmp_path / "draft")).synthesize(["Hi."], SamplingOptions("sd"), 0)
 
 
 @pytest.fixture(scope="module")
@@ -208,6 +264,17 @@ def test_synthesize_job_writes_audio_and_error_rows_and_resumes(tiny_synth, tmp_
     again = run_synthesis(read_texts(str(src)), tiny_synth, str(out), opts, fmt="wav")
     assert again.skipped == 5 and again.done == 0
     assert len(pq.read_table(out / "results.parquet")) == 5 and not os.path.exists(str(out / "results.parquet.parts"))
+
+
+def test_stream_hands_out_small_chunks_of_the_same_audio(tiny_synth):
+    opts, text = SamplingOptions(method="pcg", theta=0.9), "One sentence here. And another one."
+    chunks: list = []
+    res = tiny_synth.stream(text, chunks.append, opts, seed=3, key="x", chunk_frames=5)
+    whole = tiny_synth.synthesize([text], opts, seed=3, keys=["x"])[0]
+    assert np.array_equal(np.concatenate(chunks), whole.audio) and res.frames == whole.frames
+    speech = [c for c in chunks if c.any()]  # the rest: the pause between the sentences
+    assert all(len(c) <= (5 + opts.lookahead) * 320 for c in speech)  # a round accepts up to lookahead + 1 frames
+    assert len(speech) >= res.frames // (5 + opts.lookahead) and len(speech) >= 2
 
 
 def test_same_seed_same_audio_whatever_the_batch(tiny_synth):
@@ -264,7 +331,7 @@ def test_speech_endpoint_formats_streaming_and_errors(tiny_synth):
                   name="rayspec", route_prefix="/")
         url = f"http://127.0.0.1:{port}/v1/audio/speech"
         text = "The first sentence. And a second one."
-        assert requests.get(f"http://127.0.0.1:{port}/v1/audio/voices", timeout=30).json()["data"][0]["id"] == "lj"
+        assert requests.get(f"http://127.0.0.1:{port}/v1/audio/voices", timeout=30).json()["data"][0]["id"] == "joe"
         for fmt in ("wav", "flac", "mp3", "opus"):
             r = requests.post(url, json={"model": "tts-1", "input": text, "voice": "alloy", "response_format": fmt},
                               timeout=120)
@@ -277,12 +344,13 @@ def test_speech_endpoint_formats_streaming_and_errors(tiny_synth):
                            stream=True, timeout=120) as r:
             chunks = [c for c in r.iter_content(chunk_size=None) if c]
         assert r.status_code == 200 and len(chunks) >= 2
+        assert b"".join(chunks) == pcm.content  # streamed while made, the same audio as the whole request
         with requests.post(url, json={"input": text, "stream_format": "sse"}, stream=True, timeout=120) as r:
             events = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith(b"data: ")]
         assert [e["type"] for e in events][-1] == "speech.audio.done" and len(events) >= 3
         for body, status in (({"input": ""}, 400), ({"input": "x" * 5000}, 400), ({"voice": "nobody", "input": "Hi."}, 400),
                              ({"input": "Hi.", "response_format": "aac"}, 400), ({"input": "Hi.", "speed": 9}, 400),
-                             ({"input": "Hi.", "model": "nope"}, 404), ({"voice": "lj"}, 400),
+                             ({"input": "Hi.", "model": "nope"}, 404), ({"voice": "joe"}, 400),
                              ({"input": "Hi.", "response_format": "flac", "stream_format": "audio"}, 400)):
             r = requests.post(url, json=body, timeout=60)
             assert r.status_code == status, (body, r.status_code, r.text)

@@ -95,6 +95,9 @@ def add_bench_parser(sub) -> None:
     t.add_argument("--lookahead", type=int, default=3)
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--no-asr", action="store_true", help="skip the rayspec-ASR (--target) WER column")
+    t.add_argument("--teacher-voice", default="en_US-joe-medium",
+                   help="Piper voice whose audio of the same sentences is a floor and whose token sequences the "
+                        "offline acceptance uses ('none': the real recordings')")
     v = p.add_argument_group("voicechat suite")
     v.add_argument("--questions", help="turns: a JSONL file with MT-Bench's fields (the first of `turns`) or a text "
                                        "file, one turn per line (default: the bundled 80 MT-Bench questions)")

@@ -4,9 +4,10 @@ Every configuration synthesises the same sentences in one run, at each batch siz
 target-only sampling, ``sd`` (exact), ``ssd`` over a beta sweep and ``pcg`` over a theta sweep (the PCG paper's
 Figure 3). Per row: intelligibility (WER/CER by pocketsphinx, an independent recogniser; WER by rayspec's ASR target, Whisper base by default),
 MCD against the real recordings, acceptance rate, tokens per target pass, target passes per second of audio, RTFx
-and the wall-clock speed-up over target-only at each batch size. Floors: the real recordings and their Lyra
-16-codebook resynthesis, judged the same way. A second table estimates acceptance offline from teacher-forced
-distributions on the real token sequences. Sampling draws are per row, so the audio (and WER) of a configuration
+and the wall-clock speed-up over target-only at each batch size. Floors, judged the same way: the teacher voice's own
+audio of the same sentences (the Piper voice the models learn from) and its Lyra 16-codebook resynthesis, and the
+real recordings and their resynthesis where the manifest has audio. A second table estimates acceptance offline from
+teacher-forced distributions on the teacher's token sequences (the real recordings' without a teacher). Sampling draws are per row, so the audio (and WER) of a configuration
 does not depend on the batch size; only the time does.
 """
 
@@ -91,20 +92,27 @@ def offline_acceptance(synth, examples, thetas, temperature: float, lookahead: i
 
 
 def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16), betas=(0.1, 0.3, 0.5),
-                  thetas=(0.98, 0.95, 0.9), temperature=0.8, lookahead=3, seed=0, asr=None, groups="codec"):
-    """Rows for the floors and every configuration (see the module docstring)."""
+                  thetas=(0.98, 0.95, 0.9), temperature=0.8, lookahead=3, seed=0, asr=None, groups="codec",
+                  teacher_audio: list | None = None):
+    """Rows for the floors and every configuration (see the module docstring); ``teacher_audio``: the teacher
+    voice's 16 kHz audio of ``texts``."""
     from ..tts.evaluate import PocketsphinxJudge, mcd
 
     judge = PocketsphinxJudge()
     rows = []
     have_real = [a for a in real_audio if a is not None]
+    floors = []
+    if teacher_audio:
+        floors += [("teacher (Piper) audio", teacher_audio, False), ("teacher, Lyra resynthesis", teacher_audio, True)]
     if len(have_real) == len(texts):
-        for name, audios in (("real recordings", real_audio),
-                             ("Lyra 16-codebook resynthesis", [synth.codec.decode(synth.codec.encode(a))
-                                                               for a in real_audio])):
-            wer, cer, asr_wer = _judge(judge, asr, audios, texts)
-            rows.append(TTSBenchRow(name, "floor", wer=wer, cer=cer, asr_wer=asr_wer,
-                                    mcd=float(np.mean([mcd(a, r) for a, r in zip(audios, real_audio)]))))
+        floors += [("real recordings", real_audio, False), ("real, Lyra resynthesis", real_audio, True)]
+    for name, audios, resynth in floors:
+        if resynth:
+            audios = [synth.codec.decode(synth.codec.encode(a)) for a in audios]
+        wer, cer, asr_wer = _judge(judge, asr, audios, texts)
+        rows.append(TTSBenchRow(name, "floor", wer=wer, cer=cer, asr_wer=asr_wer,
+                                mcd=float(np.mean([mcd(a, r) for a, r in zip(audios, real_audio)]))
+                                if len(have_real) == len(texts) else float("nan")))
     synth.synthesize(texts[:2], SamplingOptions("sd"), seed)  # warm-up
     base: dict[int, float] = {}
     for name, opts in tqdm(configs(betas, thetas, temperature, lookahead, groups), desc="tts configs"):
@@ -149,7 +157,8 @@ def write_tts_outputs(rows, offline, out_dir: str, title: str, batch_sizes) -> s
                      _fmt(r.passes_per_audio_s, "{:.1f}")]
                     + [_fmt(r.rtfx.get(b), "{:.2f}") for b in batch_sizes]
                     + [_fmt(r.speedup.get(b), "{:.2f}x") for b in batch_sizes])
-    notes = ["", "Offline acceptance (teacher-forced on the real token sequences of the same sentences):", "",
+    notes = ["", "Offline acceptance (teacher-forced on the teacher's token sequences of the same sentences, or the "
+             "real recordings' without a teacher):", "",
              "| rule | groups | acceptance % | expected tokens / target pass |", "|---|---|---|---|"]
     notes += [f"| {o['rule']} | {o['groups']} | {100 * o['acceptance']:.1f} | {o['tokens_per_pass']:.2f} |"
               for o in offline]
@@ -210,21 +219,29 @@ def cmd_bench_tts(args) -> int:
         from ..pipeline import Transcriber
 
         asr = Transcriber(args.target)
+    teacher = []  # (TTSExample, 16 kHz audio) per text, read by the teacher voice as in its training data
+    if args.teacher_voice != "none":
+        from ..train.tts_data import teacher_example
+        from ..tts.piper import PiperVoice
+
+        voice = PiperVoice(args.teacher_voice, noise_w=0.0, durations=True)
+        teacher = [teacher_example(voice, synth.codec, u.id, u.text) for u in utts]
     rows = run_tts_bench(synth, texts, real, tuple(args.batch_sizes), tuple(args.betas), tuple(args.thetas),
-                         args.temperature, args.lookahead, args.seed, asr, args.groups)
-    offline = []
-    if all(a is not None for a in real):
+                         args.temperature, args.lookahead, args.seed, asr, args.groups, [a for _, a in teacher])
+    examples = [e for e, _ in teacher]
+    if not examples and all(a is not None for a in real):
         with tempfile.TemporaryDirectory() as tmp:
             manifest = os.path.join(tmp, "m.jsonl")
             with open(manifest, "w") as f:
                 for u in utts:
                     f.write(json.dumps({"id": u.id, "audio": u.audio, "text": u.text}) + "\n")
             examples, _ = prepare([manifest], tmp, synth.codec.path)
-        offline = offline_acceptance(synth, examples, tuple(args.thetas), args.temperature, args.lookahead,
-                                     args.groups)
-    audio_s = sum(len(a) for a in real if a is not None) / 16000
+    offline = offline_acceptance(synth, examples, tuple(args.thetas), args.temperature, args.lookahead,
+                                 args.groups) if examples else []
+    audio_s = sum(len(e.codes) for e in examples) / 50
+    source = "the teacher's" if teacher else "real"
     title = (f"tts: {os.path.basename(synth.target_dir)} + {os.path.basename(synth.draft_dir)}, {len(texts)} "
-             f"sentences ({audio_s:.0f} s of real speech), temperature {args.temperature:g}, lookahead "
+             f"held-out sentences ({audio_s:.0f} s of {source} speech), temperature {args.temperature:g}, lookahead "
              f"{args.lookahead}, pcg groups from {args.groups} vectors, {torch.get_num_threads()} threads, "
              f"seed {args.seed}")
     print(write_tts_outputs(rows, offline, args.output, title, tuple(args.batch_sizes)))

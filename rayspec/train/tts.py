@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 from ..models.speech_lm import SpeechDraft, SpeechLM, frame_layout, histories, phone_windows
 from ..tts.codec import coarse_tokens
-from .tts_data import TTSExample, prepare, split_dev
+from .tts_data import TTSExample, load_dir, prepare, split_dev
 
 
 @dataclass
@@ -36,6 +36,7 @@ class TTSTrainOptions:
     seed: int = 0
     threads: int = 2
     dropout: float = 0.1
+    eval_every: int = 0  # steps between dev evaluations and checkpoints inside an epoch (0: once per epoch)
 
 
 def _pad(arrays: list[np.ndarray], dtype=np.int64) -> torch.Tensor:
@@ -105,9 +106,12 @@ def _schedule(step: int, total: int, warmup: int) -> float:
 
 def _fit(kind: str, model, loss_fn, train, dev, out_dir: str, work_dir: str, opt: TTSTrainOptions,
          collate_fn) -> dict:
-    """Shared epoch loop: AdamW + warmup/cosine, resumable checkpoint, JSONL log. The model of the epoch with the
-    lowest dev loss is what ``out_dir`` gets (25 minutes of speech overfit before the schedule ends)."""
+    """Shared loop: AdamW + warmup/cosine, JSONL log, and a dev evaluation plus a resumable checkpoint at the end of
+    each epoch and every ``opt.eval_every`` steps (a resumed run redraws the epoch's batch order and skips the
+    batches done). Each log row counts the hours of audio trained on so far, so the log is the learning curve. The
+    model of the evaluation with the lowest dev loss is what ``out_dir`` gets."""
     torch.set_num_threads(opt.threads)
+    os.makedirs(work_dir, exist_ok=True)
     rng = random.Random(opt.seed)
     torch.manual_seed(opt.seed)
     optim = torch.optim.AdamW(model.parameters(), lr=opt.lr, weight_decay=0.01)
@@ -115,14 +119,14 @@ def _fit(kind: str, model, loss_fn, train, dev, out_dir: str, work_dir: str, opt
     total = per_epoch * opt.epochs
     sched = torch.optim.lr_scheduler.LambdaLR(optim, lambda s: _schedule(s, total, opt.warmup_steps))
     ckpt, log_path = os.path.join(work_dir, f"{kind}-checkpoint.pt"), os.path.join(work_dir, f"{kind}-log.jsonl")
-    start = 0
+    start, done, seen_frames = 0, 0, 0
     if os.path.exists(ckpt):
         state = torch.load(ckpt, weights_only=False)
         model.load_state_dict(state["model"])
         optim.load_state_dict(state["optim"])
         sched.load_state_dict(state["sched"])
         rng.setstate(state["rng"])
-        start = state["epoch"]
+        start, done, seen_frames = state["epoch"], state.get("batches_done", 0), state.get("frames_seen", 0)
     best_path = os.path.join(work_dir, f"{kind}-best.pt")
     best = torch.load(best_path, weights_only=False) if os.path.exists(best_path) else {"loss": float("inf")}
     dev_batches = [collate_fn(bb) for bb in batches(dev, opt.batch_frames)]
@@ -134,11 +138,32 @@ def _fit(kind: str, model, loss_fn, train, dev, out_dir: str, work_dir: str, opt
         model.train()
         return {k: round(float(np.mean([r[k] for r in rows])), 4) for k in rows[0]}
 
+    def checkpoint(epoch: int, epoch_rng, batches_done: int, losses: list[float], t0: float) -> None:
+        nonlocal best
+        row = {"epoch": epoch + 1, "step": int(sched.last_epoch), "hours_seen": round(seen_frames / 50 / 3600, 3),
+               "train_loss": round(float(np.mean(losses)), 4) if losses else None, "dev": evaluate(),
+               "seconds": round(time.time() - t0, 1)}
+        if row["dev"]["loss"] < best["loss"]:
+            best = {"loss": row["dev"]["loss"], "epoch": epoch + 1, "step": row["step"], "model": model.state_dict()}
+            torch.save(best, best_path + ".tmp")
+            os.replace(best_path + ".tmp", best_path)
+        with open(log_path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        print(json.dumps(row), flush=True)
+        finished = batches_done == per_epoch
+        torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "sched": sched.state_dict(),
+                    "rng": rng.getstate() if finished else epoch_rng, "epoch": epoch + finished,
+                    "batches_done": 0 if finished else batches_done, "frames_seen": seen_frames}, ckpt + ".tmp")
+        os.replace(ckpt + ".tmp", ckpt)
+
     for epoch in range(start, opt.epochs):
         t0 = time.time()
         model.train()
-        losses = []
-        for bb in batches(train, opt.batch_frames, rng):
+        losses: list[float] = []
+        epoch_rng = rng.getstate()  # the batch order of this epoch is redrawn from it on resume
+        for n, bb in enumerate(batches(train, opt.batch_frames, rng)):
+            if n < done:
+                continue
             out = loss_fn(model, collate_fn(bb))
             optim.zero_grad()
             out["loss"].backward()
@@ -146,34 +171,48 @@ def _fit(kind: str, model, loss_fn, train, dev, out_dir: str, work_dir: str, opt
             optim.step()
             sched.step()
             losses.append(float(out["loss"].detach()))
-        row = {"epoch": epoch + 1, "train_loss": round(float(np.mean(losses)), 4), "dev": evaluate(),
-               "seconds": round(time.time() - t0, 1)}
-        if row["dev"]["loss"] < best["loss"]:
-            best = {"loss": row["dev"]["loss"], "epoch": epoch + 1, "model": model.state_dict()}
-            torch.save(best, best_path + ".tmp")
-            os.replace(best_path + ".tmp", best_path)
-        with open(log_path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-        print(json.dumps(row), flush=True)
-        tmp = ckpt + ".tmp"
-        torch.save({"model": model.state_dict(), "optim": optim.state_dict(), "sched": sched.state_dict(),
-                    "rng": rng.getstate(), "epoch": epoch + 1}, tmp)
-        os.replace(tmp, ckpt)
+            seen_frames += sum(len(e.codes) for e in bb)
+            if opt.eval_every and (n + 1) % opt.eval_every == 0 and n + 1 < per_epoch:
+                checkpoint(epoch, epoch_rng, n + 1, losses, t0)
+        done = 0
+        checkpoint(epoch, epoch_rng, per_epoch, losses, t0)
     if "model" in best:
         model.load_state_dict(best["model"])
     model.eval()
     model.save_pretrained(out_dir)
-    return {"dev": evaluate(), "best_epoch": best.get("epoch"), "train_clips": len(train), "dev_clips": len(dev)}
+    return {"dev": evaluate(), "best_epoch": best.get("epoch"), "best_step": best.get("step"),
+            "train_clips": len(train), "dev_clips": len(dev), "hours_seen": round(seen_frames / 50 / 3600, 3)}
+
+
+def training_data(sources: list[str], work_dir: str, codec_dir: str,
+                  max_utterances: int | None = None) -> tuple[list[TTSExample], list[str]]:
+    """The examples of ``sources``: ``rayspec train tts-data`` directories are read as they are; manifests of
+    recordings are encoded and force-aligned once (:func:`~rayspec.train.tts_data.prepare`, cached in
+    ``work_dir``). Returns ``(examples, failed)``."""
+    dirs = [s for s in sources if os.path.isdir(s)]
+    manifests = [s for s in sources if not os.path.isdir(s)]
+    examples, failed = prepare(manifests, work_dir, codec_dir) if manifests else ([], [])
+    for d in dirs:
+        got, bad = load_dir(d)
+        examples, failed = examples + got, failed + bad
+    return examples[:max_utterances], failed
 
 
 def train_tts_target(manifests: list[str], out_dir: str, work_dir: str, codec_dir: str, opt: TTSTrainOptions,
-                     arch: dict | None = None, max_utterances: int | None = None) -> dict:
-    """Train the TTS target on aligned clips of ``manifests`` (dev: :data:`~rayspec.train.tts_data.DEV_IDS`)."""
-    examples, failed = prepare(manifests, work_dir, codec_dir, max_utterances=max_utterances)
+                     arch: dict | None = None, max_utterances: int | None = None,
+                     init_dir: str | None = None) -> dict:
+    """Train the TTS target on ``manifests`` (see :func:`training_data`; dev:
+    :func:`~rayspec.train.tts_data.split_dev`); ``init_dir``: start from that target's weights and architecture (a
+    warm restart: a new schedule in a new work directory)."""
+    examples, failed = training_data(manifests, work_dir, codec_dir, max_utterances)
     train, dev = split_dev(examples)
     if not dev:  # smoke runs on a few clips
         train, dev = examples[1:], examples[:1]
     model = SpeechLM(**(arch or {}), dropout=opt.dropout)
+    if init_dir:
+        init = SpeechLM.from_pretrained(init_dir)
+        model = SpeechLM(**{**init.config_dict(), "dropout": opt.dropout})
+        model.load_state_dict(init.state_dict())
     summary = _fit("tts-target", model, target_losses, train, dev, out_dir, work_dir, opt,
                    lambda bb: collate(bb, model.bos))
     return {**summary, "skipped_clips": len(failed)}
@@ -196,7 +235,7 @@ def teacher_probs(target: SpeechLM, examples: list[TTSExample], batch_frames: in
 def train_tts_draft(target_dir: str, manifests: list[str], out_dir: str, work_dir: str, codec_dir: str,
                     opt: TTSTrainOptions, arch: dict | None = None, max_utterances: int | None = None) -> dict:
     """Distil the TTS draft from the target at ``target_dir`` on the same clips."""
-    examples, _ = prepare(manifests, work_dir, codec_dir, max_utterances=max_utterances)
+    examples, _ = training_data(manifests, work_dir, codec_dir, max_utterances)
     train, dev = split_dev(examples)
     if not dev:
         train, dev = examples[1:], examples[:1]

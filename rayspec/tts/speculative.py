@@ -20,7 +20,7 @@ measured against. Draws are counter-based per (row seed, frame), so a row's audi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
@@ -122,9 +122,17 @@ def _pad(arrays: Sequence[np.ndarray], width: int, value: int = 0) -> torch.Tens
 
 
 @torch.no_grad()
+def _frame_codes(target: SpeechLM, coarse: torch.Tensor, hidden: torch.Tensor) -> np.ndarray:
+    """int64 ``[N, 16]`` Lyra codes of frames: coarse ``[N]`` (codebooks 1-2) + the depth head's 14 fine codebooks
+    from their hidden states ``[N, D]``."""
+    return torch.cat([torch.stack([coarse // 16, coarse % 16], -1), target.fine_codes(hidden, coarse)],
+                     -1).cpu().numpy()
+
+
 def generate(target: SpeechLM, draft: Optional[SpeechDraft], phones: Sequence[np.ndarray],
              durations: Sequence[np.ndarray], seeds: Sequence[int], opts: SamplingOptions,
-             ratio: Optional[AcceptanceRatio] = None) -> list[SpeechTokens]:
+             ratio: Optional[AcceptanceRatio] = None, on_chunk: Optional[Callable[[int, np.ndarray], None]] = None,
+             chunk_frames: int = 10) -> list[SpeechTokens]:
     """Sample the speech tokens of a batch of sentences.
 
     Args:
@@ -133,6 +141,9 @@ def generate(target: SpeechLM, draft: Optional[SpeechDraft], phones: Sequence[np
             at most ``target.max_frames``).
         seeds: per row int seed (same seed + text -> same audio, whatever the batch).
         opts: sampling options; ratio: a prebuilt acceptance ratio (default :func:`ratio_for`).
+        on_chunk: streaming: called as ``(row, codes)`` with int64 ``[n, 16]`` codes of a row's next frames as soon
+            as ``chunk_frames`` (20 ms each) of them are accepted, and with the rest when the row ends; a row's
+            chunks come in order and add up to its returned codes.
 
     Returns:
         One :class:`SpeechTokens` per row, in order.
@@ -165,6 +176,7 @@ def generate(target: SpeechLM, draft: Optional[SpeechDraft], phones: Sequence[np
     cache = target.new_cache(bsz, tmax + look + 1, dev, enc.dtype)
     offsets = torch.arange(look + 1, device=dev)
     window_offsets = torch.arange(context, device=dev)
+    streamed = np.zeros(bsz, dtype=np.int64)  # frames of each row already given to on_chunk
     while len(st.rows):
         k = np.minimum(look, st.frames - st.done - 1)  # [L] draft tokens per live row
         kmax = int(k.max())
@@ -202,6 +214,13 @@ def generate(target: SpeechLM, draft: Optional[SpeechDraft], phones: Sequence[np
         proposed[st.rows] += k
         kept[st.rows] += accepted
         st.done = st.done + counts
+        if on_chunk is not None:
+            for row, done in zip(st.rows, st.done):
+                if done - streamed[row] >= chunk_frames or done >= frames[row]:
+                    span = slice(context + streamed[row], context + done)
+                    on_chunk(int(row), _frame_codes(target, seq[row, span],
+                                                    hidden_all[row, streamed[row]:done]))
+                    streamed[row] = done
         finished = np.flatnonzero(st.done >= st.frames)
         if len(finished):  # swap-remove in place: only the rows that fill the finished rows' slots move
             live = np.asarray(cache.drop(finished), dtype=np.int64)
@@ -209,9 +228,7 @@ def generate(target: SpeechLM, draft: Optional[SpeechDraft], phones: Sequence[np
             st = _Live(st.rows[live], st.rows_dev[idx], st.seeds[idx], st.frames[live], st.done[live])
     # 5. fine codebooks of every frame at once (they do not feed back into the coarse stream)
     mask = torch.arange(tmax, device=dev)[None] < torch.from_numpy(frames).to(dev)[:, None]  # [B, Tmax]
-    coarse = seq[:, context:context + tmax][mask]
-    codes = torch.cat([torch.stack([coarse // 16, coarse % 16], -1), target.fine_codes(hidden_all[mask], coarse)],
-                      -1).cpu().numpy()
+    codes = _frame_codes(target, seq[:, context:context + tmax][mask], hidden_all[mask])
     bounds = np.concatenate([[0], np.cumsum(frames)])
     return [SpeechTokens(codes[bounds[i]:bounds[i + 1]], int(passes[i]), int(proposed[i]), int(kept[i]))
             for i in range(bsz)]

@@ -223,6 +223,44 @@ class Synthesizer:
         return out
 
 
+    def stream(self, text: str, on_audio: Callable[[np.ndarray], None], opts: SamplingOptions = SamplingOptions(),
+               seed: int = 0, key: str = "0", speed: float = 1.0, chunk_frames: int = 10) -> Synthesis:
+        """Synthesise one text sentence by sentence, handing audio to ``on_audio`` while it is made: float32 16 kHz
+        chunks of ``chunk_frames`` codec frames (20 ms each; the last of a sentence shorter), with the pause between
+        sentences as a chunk of its own. A sentence draws what :meth:`synthesize` draws for it (same seed and key).
+
+        Returns:
+            The text's :class:`Synthesis` (its ``audio`` is the chunks joined).
+
+        Raises:
+            TextError: the text cannot be synthesised.
+        """
+        ratio = self._ratio(opts)
+        res = Synthesis(np.zeros(0, dtype=np.float32))
+        parts: list[np.ndarray] = []
+
+        def emit(audio: np.ndarray) -> None:
+            parts.append(audio)
+            on_audio(audio)
+
+        for i, phones in enumerate(self.sentences(text)):
+            if i:
+                emit(np.zeros(int(SENTENCE_PAUSE_S * SAMPLE_RATE), dtype=np.float32))
+            t0 = time.perf_counter()
+            durations = self.durations([phones], speed)
+            tokens = generate(self.target, self.draft, [phones], durations, [sentence_seed(seed, key, i)], opts,
+                              ratio, on_chunk=lambda _, codes: emit(self.codec.decode(codes)),
+                              chunk_frames=chunk_frames)[0]
+            res.decode_s += time.perf_counter() - t0
+            res.frames += len(tokens.codes)
+            res.sentences += 1
+            res.target_passes += tokens.target_passes
+            res.draft_proposed += tokens.draft_proposed
+            res.draft_accepted += tokens.draft_accepted
+        res.audio = np.concatenate(parts) if parts else res.audio
+        return res
+
+
 def add_synthesis_args(p) -> None:
     """The synthesis flags shared by ``rayspec synthesize``, ``jobs.synthesize`` and ``rayspec serve-tts``."""
     g = p.add_argument_group("models")
@@ -303,7 +341,9 @@ class TextItem:
 
 def read_texts(path: str) -> list[TextItem]:
     """Texts to synthesise from ``.txt`` (one per line; ids ``line-00001``...), ``.jsonl`` / ``.csv`` / ``.parquet``
-    (columns ``text`` and optional ``id``). A line that is not UTF-8 or not JSON becomes an error item.
+    (columns ``text`` and optional ``id``), or a TTS corpus's ``metadata.csv`` in LJSpeech's form (no header,
+    ``id|text`` or ``id|raw text|normalized text``: the last column is read). A line that is not UTF-8 or not JSON
+    becomes an error item.
 
     Raises:
         FileNotFoundError: no such file; ManifestError: an unknown extension or no ``text`` column.
@@ -333,6 +373,10 @@ def read_texts(path: str) -> list[TextItem]:
                     items.append(TextItem(key, error=f"line {n}: not a JSON object with 'text': {e}",
                                           error_code="bad_row"))
         return items
+    if ext == ".csv" and _is_pipe_metadata(path):
+        with open(path, encoding="utf-8", errors="replace") as f:
+            rows = [line.rstrip("\r\n").split("|") for line in f if line.strip()]
+        return [TextItem(r[0], r[-1]) for r in rows]
     if ext in (".csv", ".parquet"):
         import pyarrow.csv as pacsv
         import pyarrow.parquet as pq
@@ -344,6 +388,14 @@ def read_texts(path: str) -> list[TextItem]:
         return [TextItem(str(ids[i]) if ids else f"row-{i + 1:05d}", "" if t is None else str(t))
                 for i, t in enumerate(table.column("text").to_pylist())]
     raise ManifestError(f"unknown input type {ext!r}: use .txt, .jsonl, .csv or .parquet")
+
+
+def _is_pipe_metadata(path: str) -> bool:
+    """Whether a ``.csv`` is LJSpeech-style ``id|text`` metadata: its first line splits on ``|`` into 2-3 fields and
+    the first is a bare id."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        fields = f.readline().split("|")
+    return 2 <= len(fields) <= 3 and fields[0].strip() != "" and not any(c in fields[0] for c in " ,\t")
 
 
 def _write_file_atomic(path: str, data: bytes) -> None:
