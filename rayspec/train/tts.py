@@ -179,7 +179,7 @@ def _fit(kind: str, model, loss_fn, train, dev, out_dir: str, work_dir: str, opt
     if "model" in best:
         model.load_state_dict(best["model"])
     model.eval()
-    model.save_pretrained(out_dir)
+    model.save_pretrained(out_dir, torch.float16)  # loaded back as float32
     return {"dev": evaluate(), "best_epoch": best.get("epoch"), "best_step": best.get("step"),
             "train_clips": len(train), "dev_clips": len(dev), "hours_seen": round(seen_frames / 50 / 3600, 3)}
 
