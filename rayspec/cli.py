@@ -407,8 +407,9 @@ def _train_parser(sub) -> None:
     p.add_argument("--encoder-dtype", choices=["bfloat16", "float32"], default=None,
                    help="ctc: the frozen encoder's dtype in the teacher pass (default: the target's, float32)")
     p.add_argument("--voice", default="en_US-joe-medium", help="tts-data: Piper voice (packaged name or .onnx path)")
-    p.add_argument("--sentences", type=int, default=None, help="tts-data: read this many sentences, a seeded "
-                                                                "random sample (default: all)")
+    p.add_argument("--sentences", type=int, default=None,
+                   help="tts-data: read this many sentences, a seeded random sample (default: all); a re-run with a "
+                        "larger number and the same --seed keeps the shards made and adds the rest")
     p.add_argument("--noise-w", type=float, default=0.0,
                    help="tts-data: the voice's duration noise (0: durations a function of the text)")
     p.add_argument("--workers", type=int, default=2, help="tts-data: processes (one voice each)")

@@ -143,6 +143,9 @@ def prepare_piper(texts: list[tuple[str, str]], data_dir: str, codec_dir: str, v
     shards = [texts[i:i + shard_size] for i in range(0, len(texts), shard_size)]
     todo = [n for n in range(len(shards)) if not os.path.exists(_shard_path(data_dir, n))]
     if todo:
+        from ..tts.piper import PiperVoice
+
+        PiperVoice(voice, durations=True)  # fails here, with its reason, rather than in every worker's start-up
         with get_context("spawn").Pool(workers, _init_worker, (voice, codec_dir, noise, noise_w)) as pool, \
                 tqdm(total=sum(len(shards[n]) for n in todo), desc="teacher speech", unit="sentence") as bar:
             for n in todo:
