@@ -129,11 +129,20 @@ def cmd_score(args) -> int:
     return 0
 
 
+NEEDS_TARGET = {"medusa": "the frozen model the heads are for",
+                "ctc": "the model whose frozen encoder the head reads",
+                "draft-decoder": "the model whose encoder it reads",
+                "tts-draft": "the TTS target it is distilled from"}  # train kinds -> what their --target is
+
+
 def cmd_train(args) -> int:
     from .train.recipe import DRAFT_ARCH, TARGET_ARCH, Architecture, TrainOptions, train
 
     if args.kind != "tts-data" and not args.work_dir:
         print(f"rayspec train: error: {args.kind} needs --work-dir (checkpoints, caches, logs)", file=sys.stderr)
+        return EXIT_USAGE
+    if args.kind in NEEDS_TARGET and not args.target:
+        print(f"rayspec train: error: {args.kind} needs --target ({NEEDS_TARGET[args.kind]})", file=sys.stderr)
         return EXIT_USAGE
     if args.epochs is None:
         args.epochs = 20 if args.kind == "ctc" else 60
@@ -143,9 +152,6 @@ def cmd_train(args) -> int:
     if args.kind == "medusa":
         from .train.medusa import train_medusa
 
-        if not args.target:
-            print("rayspec train: error: medusa needs --target (the frozen model the heads are for)", file=sys.stderr)
-            return EXIT_USAGE
         summary = train_medusa(args.target, args.manifests, args.output, args.work_dir, args.medusa_heads,
                                args.epochs, seed=args.seed, threads=args.threads,
                                max_utterances=args.max_utterances)
@@ -157,10 +163,6 @@ def cmd_train(args) -> int:
 
         from .train.ctc_head import train_ctc_head
 
-        if not args.target:
-            print("rayspec train: error: ctc needs --target (the model whose frozen encoder the head reads)",
-                  file=sys.stderr)
-            return EXIT_USAGE
         summary = train_ctc_head(args.target, args.manifests, args.output, args.work_dir,
                                  layers=2 if args.encoder_layers is None else args.encoder_layers,
                                  width=args.d_model or 256, heads=args.heads or 4, ffn=args.ffn or 1024,
@@ -175,10 +177,6 @@ def cmd_train(args) -> int:
     if args.kind == "draft-decoder":
         from .train.draft_decoder import train_draft_decoder
 
-        if not args.target:
-            print("rayspec train: error: draft-decoder needs --target (the model whose encoder it reads)",
-                  file=sys.stderr)
-            return EXIT_USAGE
         summary = train_draft_decoder(args.target, args.manifests, args.output, args.work_dir,
                                       args.decoder_layers or 2, args.epochs, args.lr,
                                       batch_positions=args.batch_frames // 2, seed=args.seed, threads=args.threads,
@@ -226,10 +224,6 @@ def _train_tts(args) -> int:
         summary = train_tts_target(args.manifests, args.output, args.work_dir, codec, opt, arch,
                                    max_utterances=args.max_utterances, init_dir=args.init)
     else:
-        if not args.target:
-            print("rayspec train: error: tts-draft needs --target (the TTS target it is distilled from)",
-                  file=sys.stderr)
-            return EXIT_USAGE
         arch = {"d_model": args.d_model} if args.d_model else {}
         summary = train_tts_draft(args.target, args.manifests, args.output, args.work_dir, codec, opt, arch,
                                   max_utterances=args.max_utterances)

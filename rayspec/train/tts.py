@@ -208,11 +208,12 @@ def train_tts_target(manifests: list[str], out_dir: str, work_dir: str, codec_di
     train, dev = split_dev(examples)
     if not dev:  # smoke runs on a few clips
         train, dev = examples[1:], examples[:1]
-    model = SpeechLM(**(arch or {}), dropout=opt.dropout)
     if init_dir:
         init = SpeechLM.from_pretrained(init_dir)
         model = SpeechLM(**{**init.config_dict(), "dropout": opt.dropout})
         model.load_state_dict(init.state_dict())
+    else:
+        model = SpeechLM(**(arch or {}), dropout=opt.dropout)
     summary = _fit("tts-target", model, target_losses, train, dev, out_dir, work_dir, opt,
                    lambda bb: collate(bb, model.bos))
     return {**summary, "skipped_clips": len(failed)}

@@ -61,7 +61,7 @@ def prepare(manifests: list[str], work_dir: str, codec_dir: str, num_codebooks: 
     os.makedirs(work_dir, exist_ok=True)
     cache = os.path.join(work_dir, "tts_data.npz")
     if os.path.exists(cache):
-        return load(cache), json.loads(str(np.load(cache)["failed"]))
+        return load(cache)
     utts = [u for m in manifests for u in read_manifest(m)][:max_utterances]
     codec, aligner = LyraCodec(codec_dir, num_codebooks), Aligner()
     examples, failed = [], []
@@ -100,7 +100,7 @@ def teacher_example(voice, codec: LyraCodec, key: str, text: str) -> tuple[TTSEx
     from ..tts.phones import ipa_phones
 
     symbols = voice.symbols(text)
-    audio, frames = voice.speak_aligned([i for s in symbols for i in voice.id_map[s]])
+    audio, frames = voice.speak_aligned(voice.ids(symbols))
     audio16 = soxr.resample(audio, voice.sample_rate, SAMPLE_RATE)
     codes = codec.encode(audio16)
     phones, per_phone = ipa_phones(symbols, frames)
@@ -173,9 +173,8 @@ def load_dir(data_dir: str) -> tuple[list[TTSExample], list[str]]:
         raise FileNotFoundError(f"no TTS data in {data_dir} (make it with: rayspec train tts-data)")
     examples, failed = [], []
     for name in names:
-        examples += load(os.path.join(data_dir, name))
-        with np.load(os.path.join(data_dir, name)) as z:
-            failed += json.loads(str(z["failed"]))
+        got, bad = load(os.path.join(data_dir, name))
+        examples, failed = examples + got, failed + bad
     return examples, failed
 
 
@@ -191,14 +190,15 @@ def save(path: str, examples: list[TTSExample], failed: list[str]) -> None:
     os.replace(tmp, path)
 
 
-def load(path: str) -> list[TTSExample]:
-    """Examples written by :func:`save` (each array read once: an ``NpzFile`` re-reads an array at every access)."""
+def load(path: str) -> tuple[list[TTSExample], list[str]]:
+    """``(examples, failed)`` written by :func:`save` (each array read once: an ``NpzFile`` re-reads an array at
+    every access)."""
     with np.load(path) as z:
-        a = {k: z[k] for k in ("ids", "texts", "phones", "durations", "codes", "cu_phones", "cu_frames")}
+        a = {k: z[k] for k in ("ids", "texts", "phones", "durations", "codes", "cu_phones", "cu_frames", "failed")}
     cu_p, cu_t = a["cu_phones"], a["cu_frames"]
     return [TTSExample(str(a["ids"][i]), str(a["texts"][i]), a["phones"][cu_p[i]:cu_p[i + 1]],
                        a["durations"][cu_p[i]:cu_p[i + 1]], a["codes"][cu_t[i]:cu_t[i + 1]])
-            for i in range(len(cu_p) - 1)]
+            for i in range(len(cu_p) - 1)], json.loads(str(a["failed"]))
 
 
 def split_dev(examples: list[TTSExample], dev_ids=DEV_IDS) -> tuple[list[TTSExample], list[TTSExample]]:

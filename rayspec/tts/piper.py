@@ -103,13 +103,17 @@ class PiperVoice:
             raise TextError(f"nothing pronounceable in {text[:40]!r}", "unpronounceable")
         return ["^", "_"] + [s for symbol in ipa for s in (symbol, "_")] + ["$"]
 
+    def ids(self, symbols: list[str]) -> list[int]:
+        """The model's input ids ``[T]`` of :meth:`symbols`' output, through the voice's ``phoneme_id_map``."""
+        return [i for symbol in symbols for i in self.id_map[symbol]]
+
     def phoneme_ids(self, text: str) -> list[int]:
-        """The model's input ids ``[T]`` for a text: :meth:`symbols` through the voice's ``phoneme_id_map``.
+        """The model's input ids ``[T]`` for a text: ``ids(symbols(text))``.
 
         Raises:
             TextError: see :meth:`symbols`.
         """
-        return [i for symbol in self.symbols(text) for i in self.id_map[symbol]]
+        return self.ids(self.symbols(text))
 
     def synthesize(self, text: str) -> np.ndarray:
         """One sentence -> float32 ``[S]`` audio in [-1, 1] at :attr:`sample_rate`.

@@ -91,6 +91,15 @@ class Synthesis:
     def duration_s(self) -> float:
         return len(self.audio) / SAMPLE_RATE
 
+    def add(self, tokens, decode_s: float) -> None:
+        """Count one more sentence: its :class:`~rayspec.tts.speculative.SpeechTokens` and seconds of decoding."""
+        self.frames += len(tokens.codes)
+        self.sentences += 1
+        self.target_passes += tokens.target_passes
+        self.draft_proposed += tokens.draft_proposed
+        self.draft_accepted += tokens.draft_accepted
+        self.decode_s += decode_s
+
 
 @dataclass
 class _Sentence:
@@ -207,13 +216,7 @@ class Synthesizer:
             total = sum(len(t.codes) for t in tokens)
             for s, t in zip(batch, tokens):
                 audio[s.row, s.index] = self.codec.decode(t.codes)
-                res = out[s.row]
-                res.frames += len(t.codes)
-                res.sentences += 1
-                res.target_passes += t.target_passes
-                res.draft_proposed += t.draft_proposed
-                res.draft_accepted += t.draft_accepted
-                res.decode_s += wall * len(t.codes) / total
+                out[s.row].add(t, wall * len(t.codes) / total)
                 if on_sentence:
                     on_sentence(s.row, s.index, audio[s.row, s.index])
         pause = np.zeros(int(SENTENCE_PAUSE_S * SAMPLE_RATE), dtype=np.float32)
@@ -251,12 +254,7 @@ class Synthesizer:
             tokens = generate(self.target, self.draft, [phones], durations, [sentence_seed(seed, key, i)], opts,
                               ratio, on_chunk=lambda _, codes: emit(self.codec.decode(codes)),
                               chunk_frames=chunk_frames)[0]
-            res.decode_s += time.perf_counter() - t0
-            res.frames += len(tokens.codes)
-            res.sentences += 1
-            res.target_passes += tokens.target_passes
-            res.draft_proposed += tokens.draft_proposed
-            res.draft_accepted += tokens.draft_accepted
+            res.add(tokens, time.perf_counter() - t0)
         res.audio = np.concatenate(parts) if parts else res.audio
         return res
 
