@@ -360,3 +360,19 @@ def test_speech_endpoint_formats_streaming_and_errors(tiny_synth):
     finally:
         serve.shutdown()
         ray.shutdown()
+
+
+def test_tts_bench_times_round_robin_and_measures_mcd_against_the_teacher(tiny_synth):
+    from rayspec.bench.tts import run_tts_bench
+
+    texts = ["Printing is an art.", "Hello world"]
+    teacher = [tiny_synth.synthesize([t], SamplingOptions("target"), seed=7)[0].audio for t in texts]
+    rows = run_tts_bench(tiny_synth, texts, [None, None], batch_sizes=(1, 2), betas=(0.3,), thetas=(0.9,),
+                         teacher_audio=teacher, repeats=2)
+    by_name = {r.name: r for r in rows}
+    assert [r.name for r in rows][:2] == ["teacher (Piper) audio", "teacher, Lyra resynthesis"]
+    assert by_name["teacher (Piper) audio"].mcd == pytest.approx(0.0, abs=1e-6)  # the reference itself
+    assert by_name["target-only"].speedup == {1: 1.0, 2: 1.0}
+    for name in ("sd", "ssd beta=0.3", "pcg theta=0.9"):
+        row = by_name[name]
+        assert set(row.rtfx) == {1, 2} and row.mcd >= 0 and row.tokens_per_pass >= 1  # mcd: not NaN

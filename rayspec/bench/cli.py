@@ -67,7 +67,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--max-draft", type=int, default=0, help="spec: override max draft length of adaptive configs")
     p.add_argument("--no-hf", action="store_true", help="spec: skip transformers' assisted generation")
     p.add_argument("--repeats", type=_positive, default=1,
-                   help="spec/ssd/medusa/peers: timed runs per configuration, taken round-robin over the "
+                   help="spec/ssd/medusa/peers/tts: timed runs per configuration, taken round-robin over the "
                         "configurations, the fastest reported (default 1)")
     p.add_argument("--tau-ctc", type=float, nargs="+", default=[0.3, 0.7, 1.5, 3.0], help="ssd: gate thresholds")
     p.add_argument("--tau-slm", type=float, nargs="+", default=[0.01, 0.1, 0.2], help="ssd: verification thresholds")

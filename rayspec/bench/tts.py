@@ -2,13 +2,15 @@
 
 Every configuration synthesises the same sentences in one run, at each batch size, with the same threads:
 target-only sampling, ``sd`` (exact), ``ssd`` over a beta sweep and ``pcg`` over a theta sweep (the PCG paper's
-Figure 3). Per row: intelligibility (WER/CER by pocketsphinx, an independent recogniser; WER by rayspec's ASR target, Whisper base by default),
-MCD against the real recordings, acceptance rate, tokens per target pass, target passes per second of audio, RTFx
-and the wall-clock speed-up over target-only at each batch size. Floors, judged the same way: the teacher voice's own
-audio of the same sentences (the Piper voice the models learn from) and its Lyra 16-codebook resynthesis, and the
-real recordings and their resynthesis where the manifest has audio. A second table estimates acceptance offline from
-teacher-forced distributions on the teacher's token sequences (the real recordings' without a teacher). Sampling draws are per row, so the audio (and WER) of a configuration
-does not depend on the batch size; only the time does.
+Figure 3). Each configuration is timed ``--repeats`` times per batch size, round-robin over the configurations, and
+its fastest run counts. Per row: intelligibility (WER/CER by pocketsphinx, an independent recogniser; WER by
+rayspec's ASR target, Whisper base by default), MCD against the teacher's audio (the real recordings without a
+teacher), acceptance rate, tokens per target pass, target passes per second of audio, RTFx and the wall-clock
+speed-up over target-only at each batch size. Floors, judged the same way: the teacher voice's own audio of the same
+sentences (the Piper voice the models learn from) and its Lyra 16-codebook resynthesis, and the real recordings and
+their resynthesis where the manifest has audio. A second table estimates acceptance offline from teacher-forced
+distributions on the teacher's token sequences (the real recordings' without a teacher). Sampling draws are per
+row, so the audio (and WER) of a configuration does not depend on the batch size or the run; only the time does.
 """
 
 from __future__ import annotations
@@ -93,14 +95,20 @@ def offline_acceptance(synth, examples, thetas, temperature: float, lookahead: i
 
 def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16), betas=(0.1, 0.3, 0.5),
                   thetas=(0.98, 0.95, 0.9), temperature=0.8, lookahead=3, seed=0, asr=None, groups="codec",
-                  teacher_audio: list | None = None):
+                  teacher_audio: list | None = None, repeats: int = 1):
     """Rows for the floors and every configuration (see the module docstring); ``teacher_audio``: the teacher
-    voice's 16 kHz audio of ``texts``."""
+    voice's 16 kHz audio of ``texts``, the MCD reference when given (else the real recordings). Each configuration
+    is timed ``repeats`` times per batch size, round-robin over the configurations; the fastest run counts."""
     from ..tts.evaluate import PocketsphinxJudge, mcd
 
     judge = PocketsphinxJudge()
     rows = []
     have_real = [a for a in real_audio if a is not None]
+    reference = teacher_audio or (real_audio if len(have_real) == len(texts) else None)
+
+    def mean_mcd(audios):
+        return float(np.mean([mcd(a, r) for a, r in zip(audios, reference)])) if reference else float("nan")
+
     floors = []
     if teacher_audio:
         floors += [("teacher (Piper) audio", teacher_audio, False), ("teacher, Lyra resynthesis", teacher_audio, True)]
@@ -110,22 +118,28 @@ def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16)
         if resynth:
             audios = [synth.codec.decode(synth.codec.encode(a)) for a in audios]
         wer, cer, asr_wer = _judge(judge, asr, audios, texts)
-        rows.append(TTSBenchRow(name, "floor", wer=wer, cer=cer, asr_wer=asr_wer,
-                                mcd=float(np.mean([mcd(a, r) for a, r in zip(audios, real_audio)]))
-                                if len(have_real) == len(texts) else float("nan")))
+        rows.append(TTSBenchRow(name, "floor", wer=wer, cer=cer, asr_wer=asr_wer, mcd=mean_mcd(audios)))
     synth.synthesize(texts[:2], SamplingOptions("sd"), seed)  # warm-up
-    base: dict[int, float] = {}
-    for name, opts in tqdm(configs(betas, thetas, temperature, lookahead, groups), desc="tts configs"):
+    cfgs = configs(betas, thetas, temperature, lookahead, groups)
+    walls: dict = {}  # (config, batch size) -> wall seconds of each run
+    outputs: dict = {}  # config -> its results (draws are per row: the same at every batch size and run)
+    with tqdm(total=repeats * len(batch_sizes) * len(cfgs), desc="tts runs") as bar:
+        for _ in range(repeats):
+            for bs in batch_sizes:
+                for name, opts in cfgs:
+                    t0 = time.perf_counter()
+                    outputs[name] = synth.synthesize(texts, opts, seed, batch_size=bs)
+                    walls.setdefault((name, bs), []).append(time.perf_counter() - t0)
+                    bar.update()
+    base_name = cfgs[0][0]
+    for name, opts in tqdm(cfgs, desc="tts judges"):
+        results = outputs[name]
         row = TTSBenchRow(name, opts.method, {"ssd": f"beta={opts.beta:g}", "pcg": f"theta={opts.theta:g}"}.get(
             opts.method, ""))
+        audio_s = sum(r.duration_s for r in results)
         for bs in batch_sizes:
-            t0 = time.perf_counter()
-            results = synth.synthesize(texts, opts, seed, batch_size=bs)
-            wall = time.perf_counter() - t0
-            audio_s = sum(r.duration_s for r in results)
-            row.rtfx[bs] = audio_s / wall
-            base.setdefault(bs, wall)
-            row.speedup[bs] = base[bs] / wall
+            row.rtfx[bs] = audio_s / min(walls[name, bs])
+            row.speedup[bs] = min(walls[base_name, bs]) / min(walls[name, bs])
         frames = sum(r.frames for r in results)
         passes = sum(r.target_passes for r in results)
         proposed = sum(r.draft_proposed for r in results)
@@ -134,8 +148,7 @@ def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16)
         row.passes_per_audio_s = passes / audio_s
         audios = [r.audio for r in results]
         row.wer, row.cer, row.asr_wer = _judge(judge, asr, audios, texts)
-        if len(have_real) == len(texts):
-            row.mcd = float(np.mean([mcd(a, r) for a, r in zip(audios, real_audio)]))
+        row.mcd = mean_mcd(audios)
         rows.append(row)
     return rows
 
@@ -227,7 +240,8 @@ def cmd_bench_tts(args) -> int:
         voice = PiperVoice(args.teacher_voice, noise_w=0.0, durations=True)
         teacher = [teacher_example(voice, synth.codec, u.id, u.text) for u in utts]
     rows = run_tts_bench(synth, texts, real, tuple(args.batch_sizes), tuple(args.betas), tuple(args.thetas),
-                         args.temperature, args.lookahead, args.seed, asr, args.groups, [a for _, a in teacher])
+                         args.temperature, args.lookahead, args.seed, asr, args.groups, [a for _, a in teacher],
+                         args.repeats)
     examples = [e for e, _ in teacher]
     if not examples and all(a is not None for a in real):
         with tempfile.TemporaryDirectory() as tmp:
@@ -243,6 +257,6 @@ def cmd_bench_tts(args) -> int:
     title = (f"tts: {os.path.basename(synth.target_dir)} + {os.path.basename(synth.draft_dir)}, {len(texts)} "
              f"held-out sentences ({audio_s:.0f} s of {source} speech), temperature {args.temperature:g}, lookahead "
              f"{args.lookahead}, pcg groups from {args.groups} vectors, {torch.get_num_threads()} threads, "
-             f"seed {args.seed}")
+             f"seed {args.seed}, fastest of {args.repeats} round-robin runs, MCD against {source} audio")
     print(write_tts_outputs(rows, offline, args.output, title, tuple(args.batch_sizes)))
     return 0

@@ -229,9 +229,22 @@ class SpeechDraft(Pretrained, nn.Module):
                 history: torch.Tensor) -> torch.Tensor:
         """Coarse logits float ``[..., n_coarse]`` from int64 ``phone_window [..., 3]``, ``since [...]``,
         ``to_end [...]`` and ``history [..., context]`` (oldest first)."""
-        parts = [self.phone_emb(phone_window).flatten(-2), self.run_emb(since), self.run_emb(to_end),
-                 self.token_emb(history).flatten(-2)]
-        return self.mlp(torch.cat(parts, -1))
+        return self.logits(self.frame_features(phone_window, since, to_end), history)
+
+    def frame_features(self, phone_window: torch.Tensor, since: torch.Tensor, to_end: torch.Tensor) -> torch.Tensor:
+        """The frame-conditioning share of the first layer (bias included), float ``[..., hidden]``: it does not
+        depend on the coarse history, so synthesis computes it once per frame, not once per draft token."""
+        first = self.mlp[0]
+        parts = torch.cat([self.phone_emb(phone_window).flatten(-2), self.run_emb(since), self.run_emb(to_end)], -1)
+        return F.linear(parts, first.weight[:, :parts.shape[-1]], first.bias)
+
+    def logits(self, features: torch.Tensor, history: torch.Tensor) -> torch.Tensor:
+        """Coarse logits float ``[..., n_coarse]`` from :meth:`frame_features` ``[..., hidden]`` and int64
+        ``history [..., context]``."""
+        first = self.mlp[0]
+        tokens = self.token_emb(history).flatten(-2)
+        x = features + F.linear(tokens, first.weight[:, first.in_features - tokens.shape[-1]:])
+        return self.mlp[1:](x)
 
 
 def phone_windows(phones: np.ndarray, index: np.ndarray) -> np.ndarray:

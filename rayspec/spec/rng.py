@@ -15,8 +15,8 @@ _M1 = 0xBF58476D1CE4E5B9 - (1 << 64)
 _M2 = 0x94D049BB133111EB - (1 << 64)
 _GOLDEN = 0x9E3779B97F4A7C15 - (1 << 64)
 
-DRAFT, ACCEPT, RECOVER, GROUP = 0, 1, 2, 3  # streams; PCG's thinning uses GROUP + 1 + 3 * try (+1, +2) and above
-NUM_STREAMS = 20
+DRAFT, ACCEPT, RECOVER, GROUP, RESIDUAL = 0, 1, 2, 3, 4  # streams (GROUP, RESIDUAL: PCG's group draws)
+NUM_STREAMS = 5
 
 
 def _shr(x: torch.Tensor, n: int) -> torch.Tensor:

@@ -166,7 +166,9 @@ def generate(target: SpeechLM, draft: Optional[SpeechDraft], phones: Sequence[np
     enc = target.encode_phones(_pad(phones, pm.shape[1]).to(dev), pm)
     index, since, to_end = (_pad([lay[i] for lay in layouts], tmax).to(dev) for i in range(3))
     cond = target.condition(enc, index, since, to_end)  # [B, Tmax, D]
-    window = _pad([phone_windows(p, lay[0]) for p, lay in zip(phones, layouts)], tmax).to(dev)  # [B, Tmax, 3]
+    if speculative:  # the draft's per-frame share of its first layer, once per frame: [B, Tmax, hidden]
+        window = _pad([phone_windows(p, lay[0]) for p, lay in zip(phones, layouts)], tmax).to(dev)  # [B, Tmax, 3]
+        draft_frames = draft.frame_features(window, since, to_end)
     seq = torch.full((bsz, context + tmax + look), target.bos, dtype=torch.long, device=dev)  # coarse, BOS-padded
     hidden_all = torch.zeros((bsz, tmax, cond.shape[-1]), dtype=cond.dtype, device=dev)  # accepted frames' states
     passes, proposed, kept = (np.zeros(bsz, dtype=np.int64) for _ in range(3))
@@ -191,8 +193,7 @@ def generate(target: SpeechLM, draft: Optional[SpeechDraft], phones: Sequence[np
         u_draft = rng.uniform(DRAFT, kmax)
         for j in range(kmax):
             hist = seq[r[:, None], steps[:, j:j + 1] + window_offsets]  # [L, context] the tokens before frame
-            q = (draft(window[r, at[:, j]], since[r, at[:, j]], to_end[r, at[:, j]], hist)
-                 / opts.temperature).softmax(-1)
+            q = (draft.logits(draft_frames[r, at[:, j]], hist) / opts.temperature).softmax(-1)
             draft_probs[:, j], draft_tokens[:, j] = q, sample(q, u_draft[:, j])
             seq[r, context + steps[:, j]] = draft_tokens[:, j]
         # 2. verify: frames n .. n + K, each fed the previous frame's token
