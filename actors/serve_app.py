@@ -247,8 +247,9 @@ class TranscriptionService:
 
         if threads:
             torch.set_num_threads(threads)
-        self.transcriber = Transcriber(**transcriber)
-        self.engine = TranscriptionEngine(self.transcriber, max_batch_size)
+        # the models load on the engine's thread, the one thread that runs torch here (see TranscriptionEngine)
+        self.engine = TranscriptionEngine(lambda: Transcriber(**transcriber), max_batch_size)
+        self.transcriber = self.engine.transcriber
         self._requests = itertools.count()
         self.limits = AudioLimits(self.transcriber.limits.max_seconds, max_upload_bytes)
         self.admission = Admission(max_upload_bytes + MULTIPART_OVERHEAD, max_queued, body_timeout_s)

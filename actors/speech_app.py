@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import json
 import struct
+from concurrent.futures import ThreadPoolExecutor
 from typing import AsyncIterator
 
 from ray import serve
@@ -41,6 +43,10 @@ def sse_event(kind: str, payload: dict) -> bytes:
 class SpeechService:
     """A replica hosting one :class:`rayspec.tts.synthesis.Synthesizer`.
 
+    The models load and every synthesis runs on one thread of the replica's own (one-worker executor), so torch has
+    one OpenMP team here (see :class:`rayspec.engine.TranscriptionEngine` for what a second team cost the ASR
+    replica); concurrent requests take turns on it (whole texts batched by ``@serve.batch``).
+
     Args:
         models: ``{"target", "draft", "codec"}`` directories (None: the bundled zoo); sampling: keyword arguments of
             :class:`rayspec.tts.speculative.SamplingOptions`; max_batch_size: texts synthesised together;
@@ -51,10 +57,15 @@ class SpeechService:
         from rayspec.tts.speculative import SamplingOptions
         from rayspec.tts.synthesis import Synthesizer
 
-        self.synth = Synthesizer(models.get("target"), models.get("draft"), models.get("codec"),
-                                 threads=threads or None)
+        self._torch = ThreadPoolExecutor(1, thread_name_prefix="rayspec-tts")
+        self.synth = self._torch.submit(Synthesizer, models.get("target"), models.get("draft"), models.get("codec"),
+                                        threads=threads or None).result()
         self.opts = SamplingOptions(**sampling)
         self._batched.set_max_batch_size(max_batch_size)
+
+    async def _run(self, fn, *args):
+        """``fn(*args)`` on the replica's torch thread."""
+        return await asyncio.get_running_loop().run_in_executor(self._torch, functools.partial(fn, *args))
 
     def info(self) -> dict:
         return {"method": self.opts.method, "model": self.synth.target_dir, "sample_rate": 16000}
@@ -66,8 +77,8 @@ class SpeechService:
         out: list = [None] * len(requests)
         for speed in {r[1] for r in requests}:
             idx = [i for i, r in enumerate(requests) if r[1] == speed]
-            results = await asyncio.to_thread(self.synth.synthesize, [requests[i][0] for i in idx], self.opts,
-                                              0, [str(requests[i][2]) for i in idx], speed)
+            results = await self._run(self.synth.synthesize, [requests[i][0] for i in idx], self.opts, 0,
+                                      [str(requests[i][2]) for i in idx], speed)
             for i, res in zip(idx, results):
                 out[i] = (res.audio, _stats(res, len(idx)))
         return out
@@ -89,7 +100,7 @@ class SpeechService:
             yield streaming_wav_header(16000)
         loop = asyncio.get_running_loop()
         chunks: asyncio.Queue = asyncio.Queue()
-        job = asyncio.ensure_future(asyncio.to_thread(
+        job = asyncio.ensure_future(self._run(
             self.synth.stream, text, lambda a: loop.call_soon_threadsafe(chunks.put_nowait, a), self.opts, 0,
             str(seed), speed))
         job.add_done_callback(lambda _: chunks.put_nowait(None))  # runs on the loop, after every chunk

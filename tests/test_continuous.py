@@ -1,6 +1,8 @@
 """Continuous batching (VerifyLoop.decode_stream): rows join as others finish, and each row's tokens and counters
 equal those of static batches."""
 
+import threading
+
 import pytest
 import torch
 
@@ -330,6 +332,22 @@ def test_engine_requests_join_the_running_batch(samples_manifest, tiny_target, t
         engine.submit(utts[0], audios[utts[0].id])
     with pytest.raises(ValueError, match="slots"):
         TranscriptionEngine(t, 0)
+    built_on = []
+
+    def build():  # a factory runs on the engine's thread, where the decoding runs
+        built_on.append(threading.current_thread().name)
+        return t
+
+    engine = TranscriptionEngine(build, slots=2)
+    assert built_on == ["rayspec-engine"] and engine.transcriber is t
+    assert engine.submit(utts[0], audios[utts[0].id]).result(timeout=60)[0].text == expected[utts[0].id].text
+    engine.close()
+
+    def broken():
+        raise FileNotFoundError("no such model")
+
+    with pytest.raises(FileNotFoundError, match="no such model"):
+        TranscriptionEngine(broken)
 
 
 @pytest.mark.parametrize("method", ["ar", "draft"])
