@@ -95,12 +95,11 @@ class TranscriptionEngine:
             self._queue.popleft().future.set_exception(RuntimeError("the transcription engine was closed"))
 
     def _run(self, transcriber, built: Future) -> None:
-        try:
-            self.transcriber = transcriber if isinstance(transcriber, Transcriber) else transcriber()
+        try:  # the constructor sets self.transcriber from ``built`` before any request can arrive
+            built.set_result(transcriber if isinstance(transcriber, Transcriber) else transcriber())
         except BaseException as exc:  # handed to the constructor, which raises it
             built.set_exception(exc)
             return
-        built.set_result(self.transcriber)
         while True:
             with self._wake:
                 while not self._queue and not self._closed:

@@ -6,7 +6,8 @@ layer of the online path:
 1. ``decode_batch``: features + encoder + decoder in this process, batch 1 (what the peers table times);
 2. ``engine``: the replica's decode path without HTTP: a :class:`~rayspec.pipeline.Transcriber` behind a
    :class:`~rayspec.engine.TranscriptionEngine` (its thread, continuous batch and future), given the waveform;
-3. ``engine + load_audio``: 2, starting from the uploaded file's bytes (decoding, resampling), as the replica does;
+3. ``engine + load_audio``: 2, starting from the uploaded file's bytes (decoding, resampling), as the replica does
+   (stages 1-3 each run in a fresh process, with torch on one thread as in a replica);
 4. ``rayspec serve``: HTTP multipart upload through Ray Serve's proxy to the replica and back, timed by the client;
    the replica's own ``decode_s`` (verbose_json) is recorded beside it.
 
@@ -20,6 +21,7 @@ GCS...) are read with psutil, so time spent outside the replica shows up by proc
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import os
 import statistics
@@ -46,6 +48,52 @@ def _tree_cpu(pid: int) -> dict[str, float]:
     return out
 
 
+STAGES = ("1. decode_batch (in process)", "2. engine (in process)", "3. engine + load_audio (in process)")
+
+
+def _in_process(stage: str, args) -> list[float]:
+    """Seconds per request of one in-process stage, in a process of its own: torch runs on one thread there (the
+    main thread for stage 1, the engine's for 2 and 3, as in a replica), so no stage pays for a second OpenMP team
+    (see :class:`rayspec.engine.TranscriptionEngine`)."""
+    import torch
+
+    from rayspec.audio import load_audio
+    from rayspec.engine import TranscriptionEngine
+    from rayspec.manifest import Utterance, read_manifest
+    from rayspec.pipeline import DecodeOptions, Transcriber, decode_batch
+
+    torch.set_num_threads(args.threads)
+    utts = read_manifest(args.manifest)[: args.limit]
+    options = DecodeOptions("ar", max_tokens_per_second=8.0, vad=False)  # as rayspec_server: --no-vad
+    build = functools.partial(Transcriber, args.model, options=options)
+    if stage == STAGES[0]:
+        transcriber = build()
+        sr = transcriber.sample_rate
+        audios = [load_audio(u.audio, sr) for u in utts]
+        run = lambda i: decode_batch(transcriber.target, options, [audios[i]], [len(audios[i]) / sr])  # noqa: E731
+    else:
+        engine = TranscriptionEngine(build, 16)
+        sr = engine.transcriber.sample_rate
+        audios = [load_audio(u.audio, sr) for u in utts]
+
+        def run(i):
+            if stage == STAGES[1]:
+                return engine.submit(Utterance(utts[i].id, utts[i].id), audios[i]).result()
+            buf = io.BytesIO(open(utts[i].audio, "rb").read())
+            buf.name = os.path.basename(utts[i].audio)
+            audio = load_audio(buf, sr, engine.transcriber.limits)
+            return engine.submit(Utterance(utts[i].id, buf.name), audio).result()
+
+    for i in range(args.warmup):
+        run(i)
+    out = []
+    for i in range(len(utts)):
+        t0 = time.perf_counter()
+        run(i)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("manifest")
@@ -56,45 +104,19 @@ def main() -> None:
     p.add_argument("-o", "--output", required=True, help="folder for serve-overhead.md")
     args = p.parse_args()
 
+    import multiprocessing
+
     import requests
-    import torch
 
-    from rayspec.audio import load_audio
-    from rayspec.engine import TranscriptionEngine
-    from rayspec.manifest import Utterance, read_manifest
+    from rayspec.manifest import read_manifest
     from rayspec.peers.serve_load import rayspec_server
-    from rayspec.pipeline import DecodeOptions, Transcriber, decode_batch
 
-    torch.set_num_threads(args.threads)
     utts = read_manifest(args.manifest)[: args.limit]
     blobs = [open(u.audio, "rb").read() for u in utts]
-    options = DecodeOptions("ar", max_tokens_per_second=8.0, vad=False)  # as rayspec_server: --no-vad
-    transcriber = Transcriber(args.model, options=options)
-    target, sr = transcriber.target, transcriber.sample_rate
-    audios = [load_audio(u.audio, sr) for u in utts]
     times: dict[str, list[float]] = {}
-
-    def timed(name, fn):
-        for i in range(args.warmup):
-            fn(i)
-        for i in range(len(utts)):
-            t0 = time.perf_counter()
-            fn(i)
-            times.setdefault(name, []).append(time.perf_counter() - t0)
-
-    timed("1. decode_batch (in process)",
-          lambda i: decode_batch(target, options, [audios[i]], [len(audios[i]) / sr]))
-    engine = TranscriptionEngine(transcriber, 16)
-    timed("2. engine (in process)", lambda i: engine.submit(Utterance(utts[i].id, utts[i].id), audios[i]).result())
-
-    def from_bytes(i):
-        buf = io.BytesIO(blobs[i])
-        buf.name = os.path.basename(utts[i].audio)
-        audio = load_audio(buf, sr, transcriber.limits)
-        return engine.submit(Utterance(utts[i].id, buf.name), audio).result()
-
-    timed("3. engine + load_audio (in process)", from_bytes)
-    engine.close()
+    with multiprocessing.get_context("spawn").Pool(1, maxtasksperchild=1) as pool:  # a fresh process per stage
+        for stage in STAGES:
+            times[stage] = pool.apply(_in_process, (stage, args))
     os.makedirs(os.path.join(args.output, "logs"), exist_ok=True)
     log = os.path.join(args.output, "logs", "serve-overhead.log")
     server = rayspec_server(args.model, 8765, args.threads, 8.0, log)
