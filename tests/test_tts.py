@@ -372,7 +372,21 @@ def test_tts_bench_times_round_robin_and_measures_mcd_against_the_teacher(tiny_s
     by_name = {r.name: r for r in rows}
     assert [r.name for r in rows][:2] == ["teacher (Piper) audio", "teacher, Lyra resynthesis"]
     assert by_name["teacher (Piper) audio"].mcd == pytest.approx(0.0, abs=1e-6)  # the reference itself
-    assert by_name["target-only"].speedup == {1: 1.0, 2: 1.0}
+    assert by_name["target-only"].speedup == by_name["target-only"].token_speedup == {1: 1.0, 2: 1.0}
     for name in ("sd", "ssd beta=0.3", "pcg theta=0.9"):
         row = by_name[name]
         assert set(row.rtfx) == {1, 2} and row.mcd >= 0 and row.tokens_per_pass >= 1  # mcd: not NaN
+
+
+def test_lyra_latents_from_the_codebook_table_equal_the_quantizers_decoder():
+    from rayspec.tts.codec import MAX_CODEBOOKS, LyraCodec
+    from rayspec.tts.synthesis import default_codec_dir
+
+    codec = LyraCodec(default_codec_dir())
+    codes = np.random.default_rng(0).integers(0, 16, size=(20, 16))
+    dequantize = codec._runner("quantizer", "decode")
+    index = np.full((MAX_CODEBOOKS, 1, 1), -1, dtype=np.int32)
+    for frame, latent in zip(codes, codec.latents(codes)):
+        index[:16, 0, 0] = frame
+        assert np.array_equal(latent, dequantize(encoding_indices=index)["output_0"][0, 0])
+    assert codec.decode(codes).shape == (20 * 320,)

@@ -6,7 +6,8 @@ Figure 3). Each configuration is timed ``--repeats`` times per batch size, round
 its fastest run counts. Per row: intelligibility (WER/CER by pocketsphinx, an independent recogniser; WER by
 rayspec's ASR target, Whisper base by default), MCD against the teacher's audio (the real recordings without a
 teacher), acceptance rate, tokens per target pass, target passes per second of audio, RTFx and the wall-clock
-speed-up over target-only at each batch size. Floors, judged the same way: the teacher voice's own audio of the same
+speed-up over target-only at each batch size, end to end and for generating the tokens alone (without the Lyra
+vocoder, a fixed cost of every configuration). Floors, judged the same way: the teacher voice's own audio of the same
 sentences (the Piper voice the models learn from) and its Lyra 16-codebook resynthesis, and the real recordings and
 their resynthesis where the manifest has audio. A second table estimates acceptance offline from teacher-forced
 distributions on the teacher's token sequences (the real recordings' without a teacher). Sampling draws are per
@@ -44,6 +45,7 @@ class TTSBenchRow:
     passes_per_audio_s: float = float("nan")
     rtfx: dict = field(default_factory=dict)  # batch size -> audio seconds / wall seconds
     speedup: dict = field(default_factory=dict)  # batch size -> target-only wall / this wall
+    token_speedup: dict = field(default_factory=dict)  # the same for token generation only (no Lyra decoder)
 
 
 def configs(betas=(0.1, 0.3, 0.5), thetas=(0.98, 0.95, 0.9), temperature=0.8, lookahead=3, groups="codec"):
@@ -122,6 +124,7 @@ def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16)
     synth.synthesize(texts[:2], SamplingOptions("sd"), seed)  # warm-up
     cfgs = configs(betas, thetas, temperature, lookahead, groups)
     walls: dict = {}  # (config, batch size) -> wall seconds of each run
+    token_walls: dict = {}  # the same for generating the tokens (Synthesis.decode_s: no Lyra decoder)
     outputs: dict = {}  # config -> its results (draws are per row: the same at every batch size and run)
     with tqdm(total=repeats * len(batch_sizes) * len(cfgs), desc="tts runs") as bar:
         for _ in range(repeats):
@@ -130,6 +133,7 @@ def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16)
                     t0 = time.perf_counter()
                     outputs[name] = synth.synthesize(texts, opts, seed, batch_size=bs)
                     walls.setdefault((name, bs), []).append(time.perf_counter() - t0)
+                    token_walls.setdefault((name, bs), []).append(sum(r.decode_s for r in outputs[name]))
                     bar.update()
     base_name = cfgs[0][0]
     for name, opts in tqdm(cfgs, desc="tts judges"):
@@ -140,6 +144,7 @@ def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16)
         for bs in batch_sizes:
             row.rtfx[bs] = audio_s / min(walls[name, bs])
             row.speedup[bs] = min(walls[base_name, bs]) / min(walls[name, bs])
+            row.token_speedup[bs] = min(token_walls[base_name, bs]) / min(token_walls[name, bs])
         frames = sum(r.frames for r in results)
         passes = sum(r.target_passes for r in results)
         proposed = sum(r.draft_proposed for r in results)
@@ -162,14 +167,16 @@ def write_tts_outputs(rows, offline, out_dir: str, title: str, batch_sizes) -> s
     os.makedirs(out_dir, exist_ok=True)
     header = (["config", "WER % (pocketsphinx)", "CER %", "WER % (rayspec ASR)", "MCD dB", "acceptance %",
                "tokens / target pass", "target passes / audio s"]
-              + [f"RTFx bs{b}" for b in batch_sizes] + [f"speed-up bs{b}" for b in batch_sizes])
+              + [f"RTFx bs{b}" for b in batch_sizes] + [f"speed-up bs{b}" for b in batch_sizes]
+              + [f"tokens only: speed-up bs{b}" for b in batch_sizes])
     body = []
     for r in rows:
         body.append([r.name, _fmt(100 * r.wer), _fmt(100 * r.cer), _fmt(100 * r.asr_wer), _fmt(r.mcd, "{:.2f}"),
                      _fmt(100 * r.acceptance), _fmt(r.tokens_per_pass, "{:.2f}"),
                      _fmt(r.passes_per_audio_s, "{:.1f}")]
                     + [_fmt(r.rtfx.get(b), "{:.2f}") for b in batch_sizes]
-                    + [_fmt(r.speedup.get(b), "{:.2f}x") for b in batch_sizes])
+                    + [_fmt(r.speedup.get(b), "{:.2f}x") for b in batch_sizes]
+                    + [_fmt(r.token_speedup.get(b), "{:.2f}x") for b in batch_sizes])
     notes = ["", "Offline acceptance (teacher-forced on the teacher's token sequences of the same sentences, or the "
              "real recordings' without a teacher):", "",
              "| rule | groups | acceptance % | expected tokens / target pass |", "|---|---|---|---|"]

@@ -85,28 +85,41 @@ class LyraCodec:
             codes[t] = quantize(input_frames=latent, num_quantizers=n)["output_0"][:self.num_codebooks, 0, 0]
         return codes
 
-    def coarse_vectors(self) -> np.ndarray:
-        """float32 ``[256, 64]``: the latent each coarse token stands for (codebook-1 vector + codebook-2 vector),
-        read through the quantizer's decoder. PCG's acoustic similarity groups can be built from these."""
+    @cached_property
+    def codebooks(self) -> np.ndarray:
+        """float32 ``[46, 16, 64]``: every codebook's vectors, read once through the quantizer's decoder (a frame's
+        latent is the sum of its codebooks' vectors, as the decoder computes it)."""
         dequantize = self._runner("quantizer", "decode")
         index = np.full((MAX_CODEBOOKS, 1, 1), -1, dtype=np.int32)
-        out = np.zeros((CODES_PER_BOOK ** 2, 64), dtype=np.float32)
-        for t in range(len(out)):
-            index[0, 0, 0], index[1, 0, 0] = divmod(t, CODES_PER_BOOK)
-            out[t] = dequantize(encoding_indices=index)["output_0"][0, 0]
+        out = np.zeros((MAX_CODEBOOKS, CODES_PER_BOOK, 64), dtype=np.float32)
+        for k in range(MAX_CODEBOOKS):
+            for v in range(CODES_PER_BOOK):
+                index[k, 0, 0] = v
+                out[k, v] = dequantize(encoding_indices=index)["output_0"][0, 0]
+            index[k, 0, 0] = -1
         return out
 
-    def decode(self, codes: np.ndarray) -> np.ndarray:
-        """16 kHz float32 audio ``[T * 320]`` from int ``[T, Q]`` codes (``Q <= 46``; missing codebooks unused)."""
-        dequantize = self._runner("quantizer", "decode")
-        vocoder = self._runner("lyragan")
+    def latents(self, codes: np.ndarray) -> np.ndarray:
+        """float32 ``[T, 64]`` latents of int ``[T, Q]`` codes (``Q <= 46``), summed book by book in order."""
         codes = np.asarray(codes)
         if codes.ndim != 2 or codes.shape[1] > MAX_CODEBOOKS:
             raise ValueError(f"codes must be [T, <= {MAX_CODEBOOKS}], got shape {codes.shape}")
-        index = np.full((MAX_CODEBOOKS, 1, 1), -1, dtype=np.int32)
-        out = np.zeros(len(codes) * FRAME_SAMPLES, dtype=np.float32)
-        for t, frame in enumerate(codes):
-            index[:codes.shape[1], 0, 0] = frame
-            latent = dequantize(encoding_indices=index)["output_0"]
-            out[t * FRAME_SAMPLES:(t + 1) * FRAME_SAMPLES] = vocoder(input_audio=latent)["output_0"][0]
+        out = np.zeros((len(codes), 64), dtype=np.float32)
+        for k in range(codes.shape[1]):
+            out += self.codebooks[k, codes[:, k]]
+        return out
+
+    def coarse_vectors(self) -> np.ndarray:
+        """float32 ``[256, 64]``: the latent each coarse token stands for (codebook-1 vector + codebook-2 vector).
+        PCG's acoustic similarity groups can be built from these."""
+        return self.latents(split_coarse(np.arange(CODES_PER_BOOK ** 2)))
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """16 kHz float32 audio ``[T * 320]`` from int ``[T, Q]`` codes (``Q <= 46``; missing codebooks unused):
+        LyraGAN, one 20 ms frame per call (streaming and stateful)."""
+        latents = self.latents(codes)
+        vocoder = self._runner("lyragan")
+        out = np.zeros(len(latents) * FRAME_SAMPLES, dtype=np.float32)
+        for t, latent in enumerate(latents):
+            out[t * FRAME_SAMPLES:(t + 1) * FRAME_SAMPLES] = vocoder(input_audio=latent[None, None])["output_0"][0]
         return out
