@@ -32,6 +32,7 @@ import torch
 
 from .rng import ACCEPT, GROUP, RECOVER, RESIDUAL, CounterRNG, sample
 
+
 class AcceptanceRatio(Protocol):
     """The acceptance test and recovery distribution of :func:`rejection_sample`."""
 
