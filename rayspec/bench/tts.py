@@ -48,7 +48,8 @@ class TTSBenchRow:
     token_speedup: dict = field(default_factory=dict)  # the same for token generation only (no Lyra decoder)
 
 
-def configs(betas=(0.1, 0.3, 0.5), thetas=(0.98, 0.95, 0.9), temperature=0.8, lookahead=3, groups="codec"):
+def configs(betas=(0.1, 0.3, 0.5), thetas=(0.98, 0.95, 0.9), temperature=SamplingOptions.temperature, lookahead=3,
+            groups="codec"):
     """``(name, SamplingOptions)`` of the suite, target-only first."""
     out = [("target-only", SamplingOptions("target", temperature, lookahead)),
            ("sd", SamplingOptions("sd", temperature, lookahead))]
@@ -96,7 +97,8 @@ def offline_acceptance(synth, examples, thetas, temperature: float, lookahead: i
 
 
 def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16), betas=(0.1, 0.3, 0.5),
-                  thetas=(0.98, 0.95, 0.9), temperature=0.8, lookahead=3, seed=0, asr=None, groups="codec",
+                  thetas=(0.98, 0.95, 0.9), temperature=SamplingOptions.temperature, lookahead=3, seed=0, asr=None,
+                  groups="codec",
                   teacher_audio: list | None = None, repeats: int = 1):
     """Rows for the floors and every configuration (see the module docstring); ``teacher_audio``: the teacher
     voice's 16 kHz audio of ``texts``, the MCD reference when given (else the real recordings). Each configuration
@@ -226,6 +228,7 @@ def cmd_bench_tts(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
+    args.temperature = args.temperature or SamplingOptions.temperature
     synth = Synthesizer(args.tts_target, args.tts_draft, args.codec)
     utts = [u for m in args.manifests for u in read_manifest(m)]
     if args.tts_ids != "all":

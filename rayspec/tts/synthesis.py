@@ -270,7 +270,8 @@ def add_synthesis_args(p) -> None:
                    help="target: target-only sampling (the baseline); sd: speculative sampling, exact in "
                         "distribution; ssd: relaxed by --beta (lossy); pcg: group-level acceptance over acoustic "
                         "similarity groups at --theta (exact per group; default)")
-    s.add_argument("--temperature", type=float, default=0.8, help="sampling temperature (default 0.8)")
+    s.add_argument("--temperature", type=float, default=SamplingOptions.temperature,
+                   help=f"sampling temperature (default {SamplingOptions.temperature:g})")
     s.add_argument("--lookahead", type=int, default=3, help="draft tokens per round (default 3)")
     s.add_argument("--beta", type=float, default=0.3, help="ssd: acceptance relaxation (default 0.3)")
     s.add_argument("--theta", type=float, default=SamplingOptions.theta,
