@@ -98,8 +98,7 @@ def offline_acceptance(synth, examples, thetas, temperature: float, lookahead: i
 
 def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16), betas=(0.1, 0.3, 0.5),
                   thetas=(0.98, 0.95, 0.9), temperature=SamplingOptions.temperature, lookahead=3, seed=0, asr=None,
-                  groups="codec",
-                  teacher_audio: list | None = None, repeats: int = 1):
+                  groups="codec", teacher_audio: list | None = None, repeats: int = 1):
     """Rows for the floors and every configuration (see the module docstring); ``teacher_audio``: the teacher
     voice's 16 kHz audio of ``texts``, the MCD reference when given (else the real recordings). Each configuration
     is timed ``repeats`` times per batch size, round-robin over the configurations; the fastest run counts."""
