@@ -354,7 +354,7 @@ def _train_parser(sub) -> None:
                       or on recordings (manifests; forced-aligned)
               tts-draft   the TTS draft, distilled from --target (a TTS target directory)
 
-            TTS kinds use --epochs, --batch-frames (20 ms codec frames, e.g. 6000), --lr (1e-3), --dropout (0.1)
+            TTS kinds use --epochs, --batch-frames (20 ms codec frames, e.g. 6000), --lr (1e-3), --dropout (0.15)
             and cache Lyra codes + forced alignments of recordings in --work-dir.
 
             example (Medusa heads for the frozen whisper-base):

@@ -48,7 +48,7 @@ class SamplingOptions:
     """
 
     method: str = "pcg"
-    temperature: float = 0.8
+    temperature: float = 0.6
     lookahead: int = 3
     beta: float = 0.3
     theta: float = 0.95
