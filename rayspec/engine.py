@@ -41,7 +41,7 @@ class TranscriptionEngine:
     parallel region of the process runs on that one thread. Each thread that runs torch on CPU gets its own OpenMP
     team (libgomp), and with two teams on this 2-core machine a decode ran 21% slower (whisper-base, batch 1, 8
     LJSpeech clips: 747 against 617 ms per clip with the model loaded on the main thread and decoded on another;
-    606-615 ms with both on the other thread, as on the main thread). The likely mechanism: libgomp spin-waits
+    606-629 ms with both on the other thread, as on the main thread). The likely mechanism: libgomp spin-waits
     only briefly once it manages more threads than there are cores, so each parallel region waits for its team to
     wake.
 
