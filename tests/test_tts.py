@@ -390,3 +390,16 @@ def test_lyra_latents_from_the_codebook_table_equal_the_quantizers_decoder():
         index[:16, 0, 0] = frame
         assert np.array_equal(latent, dequantize(encoding_indices=index)["output_0"][0, 0])
     assert codec.decode(codes).shape == (20 * 320,)
+
+
+def test_lyra_decoder_continues_its_state_across_pieces():
+    from rayspec.tts.codec import LyraCodec
+    from rayspec.tts.synthesis import default_codec_dir
+
+    codec = LyraCodec(default_codec_dir())
+    codes = np.random.default_rng(1).integers(0, 16, size=(40, 16))
+    whole = codec.decode(codes)
+    decoder = codec.decoder()
+    assert np.array_equal(np.concatenate([decoder.decode(codes[:13]), decoder.decode(codes[13:])]), whole)
+    # LyraGAN is stateful: a fresh decoder for the second piece would not give the same audio
+    assert not np.array_equal(codec.decode(codes[13:]), whole[13 * 320:])

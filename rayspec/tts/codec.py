@@ -114,12 +114,34 @@ class LyraCodec:
         PCG's acoustic similarity groups can be built from these."""
         return self.latents(split_coarse(np.arange(CODES_PER_BOOK ** 2)))
 
+    def decoder(self) -> "LyraDecoder":
+        """A streaming decoder for one utterance (see :class:`LyraDecoder`)."""
+        return LyraDecoder(self)
+
     def decode(self, codes: np.ndarray) -> np.ndarray:
-        """16 kHz float32 audio ``[T * 320]`` from int ``[T, Q]`` codes (``Q <= 46``; missing codebooks unused):
-        LyraGAN, one 20 ms frame per call (streaming and stateful)."""
-        latents = self.latents(codes)
-        vocoder = self._runner("lyragan")
+        """16 kHz float32 audio ``[T * 320]`` of a whole utterance from int ``[T, Q]`` codes (``Q <= 46``; missing
+        codebooks unused): one fresh :class:`LyraDecoder`."""
+        return self.decoder().decode(codes)
+
+
+class LyraDecoder:
+    """LyraGAN decoding one utterance piece by piece: LyraGAN is stateful (a frame's audio depends on the frames
+    before it), so the pieces of one utterance must go through one decoder, in order. Pieces decoded this way join
+    into exactly the audio of decoding the utterance at once; a fresh decoder per piece would not (measured: up to
+    0.16 amplitude apart in the frames after each cut, on audio of RMS 0.12).
+
+    Not thread-safe: one thread at a time (it may be a different thread for each call).
+    """
+
+    def __init__(self, codec: LyraCodec) -> None:
+        self.codec = codec
+        self._vocoder = codec._runner("lyragan")
+
+    def decode(self, codes: np.ndarray) -> np.ndarray:
+        """The next piece: 16 kHz float32 audio ``[T * 320]`` from int ``[T, Q]`` codes, one 20 ms frame per
+        LyraGAN call."""
+        latents = self.codec.latents(codes)
         out = np.zeros(len(latents) * FRAME_SAMPLES, dtype=np.float32)
         for t, latent in enumerate(latents):
-            out[t * FRAME_SAMPLES:(t + 1) * FRAME_SAMPLES] = vocoder(input_audio=latent[None, None])["output_0"][0]
+            out[t * FRAME_SAMPLES:(t + 1) * FRAME_SAMPLES] = self._vocoder(input_audio=latent[None, None])["output_0"][0]
         return out

@@ -11,7 +11,8 @@ One round for a batch of ragged rows (each row is one sentence with its own numb
 4. Commit: the KV cache keeps the accepted frames; their coarse tokens and hidden states are stored.
 
 When every row is done the depth head turns each frame's hidden state and coarse token into its 14 fine codes, for
-the whole batch at once (fine codes never feed back into the coarse stream).
+the whole batch at once (fine codes never feed back into the coarse stream); when streaming, it runs once per round
+on the frames of every row with a chunk ready.
 
 With no draft (``method="target"``) every round is one frame sampled from the target: the baseline every speed-up is
 measured against. Draws are counter-based per (row seed, frame), so a row's audio does not depend on its batch.
@@ -179,6 +180,7 @@ def generate(target: SpeechLM, draft: Optional[SpeechDraft], phones: Sequence[np
     offsets = torch.arange(look + 1, device=dev)
     window_offsets = torch.arange(context, device=dev)
     streamed = np.zeros(bsz, dtype=np.int64)  # frames of each row already given to on_chunk
+    chunks: list[list[np.ndarray]] = [[] for _ in range(bsz)]  # the codes given to on_chunk, per row
     while len(st.rows):
         k = np.minimum(look, st.frames - st.done - 1)  # [L] draft tokens per live row
         kmax = int(k.max())
@@ -215,21 +217,25 @@ def generate(target: SpeechLM, draft: Optional[SpeechDraft], phones: Sequence[np
         proposed[st.rows] += k
         kept[st.rows] += accepted
         st.done = st.done + counts
-        if on_chunk is not None:
-            for row, done in zip(st.rows, st.done):
-                if done - streamed[row] >= chunk_frames or done >= frames[row]:
-                    span = slice(context + streamed[row], context + done)
-                    on_chunk(int(row), _frame_codes(target, seq[row, span],
-                                                    hidden_all[row, streamed[row]:done]))
-                    streamed[row] = done
+        if on_chunk is not None:  # the ready rows' new frames through the depth head in one call
+            ready = [(int(row), int(streamed[row]), int(done)) for row, done in zip(st.rows, st.done)
+                     if done - streamed[row] >= chunk_frames or done >= frames[row]]
+            if ready:
+                codes = _frame_codes(target, torch.cat([seq[row, context + a:context + b] for row, a, b in ready]),
+                                     torch.cat([hidden_all[row, a:b] for row, a, b in ready]))
+                for (row, a, b), piece in zip(ready, np.split(codes, np.cumsum([b - a for _, a, b in ready])[:-1])):
+                    chunks[row].append(piece)
+                    on_chunk(row, piece)
+                    streamed[row] = b
         finished = np.flatnonzero(st.done >= st.frames)
         if len(finished):  # swap-remove in place: only the rows that fill the finished rows' slots move
             live = np.asarray(cache.drop(finished), dtype=np.int64)
             idx = torch.from_numpy(live).to(dev)
             st = _Live(st.rows[live], st.rows_dev[idx], st.seeds[idx], st.frames[live], st.done[live])
-    # 5. fine codebooks of every frame at once (they do not feed back into the coarse stream)
-    mask = torch.arange(tmax, device=dev)[None] < torch.from_numpy(frames).to(dev)[:, None]  # [B, Tmax]
-    codes = _frame_codes(target, seq[:, context:context + tmax][mask], hidden_all[mask])
-    bounds = np.concatenate([[0], np.cumsum(frames)])
-    return [SpeechTokens(codes[bounds[i]:bounds[i + 1]], int(passes[i]), int(proposed[i]), int(kept[i]))
-            for i in range(bsz)]
+    if on_chunk is not None:  # every frame went through the depth head chunk by chunk
+        per_row = [np.concatenate(c) for c in chunks]
+    else:  # 5. fine codebooks of every frame at once (they do not feed back into the coarse stream)
+        mask = torch.arange(tmax, device=dev)[None] < torch.from_numpy(frames).to(dev)[:, None]  # [B, Tmax]
+        codes = _frame_codes(target, seq[:, context:context + tmax][mask], hidden_all[mask])
+        per_row = np.split(codes, np.cumsum(frames)[:-1])
+    return [SpeechTokens(per_row[i], int(passes[i]), int(proposed[i]), int(kept[i])) for i in range(bsz)]

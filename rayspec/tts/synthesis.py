@@ -13,6 +13,7 @@ import json
 import os
 import time
 import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Callable, Optional
@@ -33,6 +34,7 @@ AUDIO_FORMATS = {"wav": ("WAV", "PCM_16"), "flac": ("FLAC", "PCM_16"), "opus": (
                  "mp3": ("MP3", "MPEG_LAYER_III")}
 SENTENCE_PAUSE_S = 0.15  # silence between the sentences of one text
 MAX_SIL_FRAMES = 15  # the leading/trailing pause of a sentence is capped (300 ms)
+VOCODER_CHUNK_FRAMES = 25  # accepted frames (0.5 s) handed to the vocoder thread at a time
 
 
 def zoo_dir(name: str) -> str:
@@ -180,9 +182,13 @@ class Synthesizer:
         return out
 
     def synthesize(self, texts: list[str], opts: SamplingOptions = SamplingOptions(), seed: int = 0,
-                   keys: Optional[list[str]] = None, speed: float = 1.0, batch_size: int = 16,
-                   on_sentence: Optional[Callable[[int, int, np.ndarray], None]] = None) -> list[Synthesis]:
+                   keys: Optional[list[str]] = None, speed: float = 1.0, batch_size: int = 16) -> list[Synthesis]:
         """Synthesise texts (batched across all their sentences).
+
+        The vocoder runs beside the target: every ``VOCODER_CHUNK_FRAMES`` accepted frames of a sentence go to
+        LyraGAN on a worker thread (LyraGAN releases the GIL) while the target generates the next ones, so with a
+        core to spare the vocoder's time hides behind generation. The audio is the same as decoding each sentence
+        at once.
 
         Args:
             texts: input texts (each <= 4096 characters).
@@ -190,8 +196,6 @@ class Synthesizer:
             seed: base seed; with ``keys`` (default: the texts' positions) it fixes every sentence's draws.
             speed: speaking rate (0.25..4; durations scale by ``1 / speed``).
             batch_size: sentences per target batch.
-            on_sentence: called as ``(text_index, sentence_index, audio)`` as soon as a sentence is decoded (the
-                serving layer streams these).
 
         Returns:
             One :class:`Synthesis` per text.
@@ -207,24 +211,29 @@ class Synthesizer:
         audio: dict[tuple[int, int], np.ndarray] = {}
         order = sorted(sents, key=lambda s: int(s.durations.sum()))
         ratio = self._ratio(opts)
-        for start in range(0, len(order), batch_size):
-            batch = order[start:start + batch_size]
-            t0 = time.perf_counter()
-            tokens = generate(self.target, self.draft, [s.phones for s in batch], [s.durations for s in batch],
-                              [s.seed for s in batch], opts, ratio)
-            wall = time.perf_counter() - t0
-            total = sum(len(t.codes) for t in tokens)
-            for s, t in zip(batch, tokens):
-                audio[s.row, s.index] = self.codec.decode(t.codes)
-                out[s.row].add(t, wall * len(t.codes) / total)
-                if on_sentence:
-                    on_sentence(s.row, s.index, audio[s.row, s.index])
+        with ThreadPoolExecutor(1, thread_name_prefix="rayspec-vocoder") as vocoder:
+            for start in range(0, len(order), batch_size):
+                batch = order[start:start + batch_size]
+                decoders = [self.codec.decoder() for _ in batch]
+                pieces: list[list[Future]] = [[] for _ in batch]
+
+                def to_vocoder(i: int, codes: np.ndarray, decoders=decoders, pieces=pieces) -> None:
+                    pieces[i].append(vocoder.submit(decoders[i].decode, codes))
+
+                t0 = time.perf_counter()
+                tokens = generate(self.target, self.draft, [s.phones for s in batch], [s.durations for s in batch],
+                                  [s.seed for s in batch], opts, ratio, on_chunk=to_vocoder,
+                                  chunk_frames=VOCODER_CHUNK_FRAMES)
+                wall = time.perf_counter() - t0
+                total = sum(len(t.codes) for t in tokens)
+                for s, t, parts in zip(batch, tokens, pieces):
+                    audio[s.row, s.index] = np.concatenate([f.result() for f in parts])
+                    out[s.row].add(t, wall * len(t.codes) / total)
         pause = np.zeros(int(SENTENCE_PAUSE_S * SAMPLE_RATE), dtype=np.float32)
         for r, res in enumerate(out):
             parts = [audio[r, i] for i in range(res.sentences)]
             res.audio = np.concatenate([x for a in parts for x in (a, pause)][:-1]) if parts else res.audio
         return out
-
 
     def stream(self, text: str, on_audio: Callable[[np.ndarray], None], opts: SamplingOptions = SamplingOptions(),
                seed: int = 0, key: str = "0", speed: float = 1.0, chunk_frames: int = 10) -> Synthesis:
@@ -251,8 +260,9 @@ class Synthesizer:
                 emit(np.zeros(int(SENTENCE_PAUSE_S * SAMPLE_RATE), dtype=np.float32))
             t0 = time.perf_counter()
             durations = self.durations([phones], speed)
+            decoder = self.codec.decoder()  # one per sentence: LyraGAN is stateful
             tokens = generate(self.target, self.draft, [phones], durations, [sentence_seed(seed, key, i)], opts,
-                              ratio, on_chunk=lambda _, codes: emit(self.codec.decode(codes)),
+                              ratio, on_chunk=lambda _, codes: emit(decoder.decode(codes)),
                               chunk_frames=chunk_frames)[0]
             res.add(tokens, time.perf_counter() - t0)
         res.audio = np.concatenate(parts) if parts else res.audio
