@@ -134,6 +134,7 @@ def start_actors(args) -> ActorPool:
     """Start the drafter and target actors with this run's resources; returns once their models are loaded."""
     from actors.drafter import DrafterActor
     from actors.target import TargetActor
+    from rayspec.pipeline import needs_draft
 
     check_resources(args)
     options = decode_options(args)
@@ -155,9 +156,11 @@ def start_actors(args) -> ActorPool:
                                      scheduling_strategy=place(i))
                 .remote(drafter_kwargs, args.threads or max(1, int(args.drafter_cpus)))
                 for i in range(args.drafters)]
-    # Each target actor works on its in-flight batches concurrently (threads): while one batch waits for draft
-    # proposals or its encoder states, another is verified.
-    targets = [TargetActor.options(num_cpus=args.target_cpus, num_gpus=args.target_gpus, max_concurrency=args.in_flight,
+    # With a remote draft, a target actor works on its in-flight batches concurrently (threads): while one batch
+    # waits for draft proposals, another is verified. Otherwise it decodes one batch at a time (the next one waits
+    # in its queue while the drafter encodes it): a second concurrent batch would only add its KV cache to memory.
+    concurrency = args.in_flight if needs_draft(options) else 1
+    targets = [TargetActor.options(num_cpus=args.target_cpus, num_gpus=args.target_gpus, max_concurrency=concurrency,
                                    scheduling_strategy=place(args.drafters + i))
                .remote(args.target, options, "cuda" if args.target_gpus else args.device,
                        args.threads or max(1, int(args.target_cpus)), dtype)

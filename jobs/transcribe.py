@@ -59,7 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPUs per target actor (also its torch threads unless --threads)")
     p.add_argument("--drafter-gpus", type=float, default=0.0, help="GPUs per drafter actor (fractions share a GPU)")
     p.add_argument("--target-gpus", type=float, default=0.0, help="GPUs per target actor (fractions share a GPU)")
-    p.add_argument("--in-flight", type=int, default=2, help="batches in flight per target actor (backpressure)")
+    p.add_argument("--in-flight", type=int, default=2,
+                   help="batches in flight per target actor (backpressure; default 2: the drafter encodes the next "
+                        "one while the target decodes; they decode concurrently only with a remote draft)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the embedded local Ray")
     add_model_args(p)
     add_decode_args(p)

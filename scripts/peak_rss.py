@@ -29,9 +29,11 @@ def main() -> int:
     root = psutil.Process(proc.pid)
     peak_rss = peak_pss = peak_one = 0
     biggest = ""
+    at_peak: list[tuple[int, int, str]] = []  # (pss, rss, name) of each process when the summed PSS peaked
     t0 = time.perf_counter()
     while proc.poll() is None:
         rss = pss = 0
+        sample = []
         for q in [root, *root.children(recursive=True)]:
             try:
                 info = q.memory_full_info()
@@ -39,14 +41,20 @@ def main() -> int:
             except psutil.Error:
                 continue
             rss, pss = rss + info.rss, pss + info.pss
+            sample.append((info.pss, info.rss, name))
             if info.rss > peak_one:
                 peak_one, biggest = info.rss, name
+        if pss > peak_pss:
+            at_peak = sorted(sample, reverse=True)
         peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
         time.sleep(args.every)
     mib = 1 << 20
     print(f"exit status {proc.returncode}, {time.perf_counter() - t0:.1f} s; peak summed RSS {peak_rss / mib:.0f} MiB, "
           f"peak summed PSS {peak_pss / mib:.0f} MiB; largest process {peak_one / mib:.0f} MiB RSS ({biggest})",
           file=sys.stderr)
+    print("processes at the peak of the summed PSS (PSS / RSS MiB):", file=sys.stderr)
+    for p_, r_, name in at_peak:
+        print(f"  {p_ / mib:7.0f} {r_ / mib:7.0f}  {name}", file=sys.stderr)
     return proc.returncode
 
 

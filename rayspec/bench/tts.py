@@ -6,8 +6,8 @@ Figure 3). Each configuration is timed ``--repeats`` times per batch size, round
 its fastest run counts. Per row: intelligibility (WER/CER by pocketsphinx, an independent recogniser; WER by
 rayspec's ASR target, Whisper base by default), MCD against the teacher's audio (the real recordings without a
 teacher), acceptance rate, tokens per target pass, target passes per second of audio, RTFx and the wall-clock
-speed-up over target-only at each batch size, end to end and for generating the tokens alone (without the Lyra
-vocoder, a fixed cost of every configuration). Floors, judged the same way: the teacher voice's own audio of the same
+speed-up over target-only at each batch size, end to end and for generating the tokens alone (the Lyra vocoder, a
+fixed cost of every configuration, runs beside generation on a thread of its own; see ``Synthesizer.synthesize``). Floors, judged the same way: the teacher voice's own audio of the same
 sentences (the Piper voice the models learn from) and its Lyra 16-codebook resynthesis, and the real recordings and
 their resynthesis where the manifest has audio. A second table estimates acceptance offline from teacher-forced
 distributions on the teacher's token sequences (the real recordings' without a teacher). Sampling draws are per
@@ -265,7 +265,8 @@ def cmd_bench_tts(args) -> int:
     source = "the teacher's" if teacher else "real"
     title = (f"tts: {os.path.basename(synth.target_dir)} + {os.path.basename(synth.draft_dir)}, {len(texts)} "
              f"held-out sentences ({audio_s:.0f} s of {source} speech), temperature {args.temperature:g}, lookahead "
-             f"{args.lookahead}, pcg groups from {args.groups} vectors, {torch.get_num_threads()} threads, "
+             f"{args.lookahead}, pcg groups from {args.groups} vectors, {torch.get_num_threads()} torch threads + the "
+             f"vocoder's thread, "
              f"seed {args.seed}, fastest of {args.repeats} round-robin runs, MCD against {source} audio")
     print(write_tts_outputs(rows, offline, args.output, title, tuple(args.batch_sizes)))
     return 0

@@ -291,7 +291,9 @@ def add_synthesis_args(p) -> None:
     s.add_argument("--seed", type=int, default=0, help="base seed; with the row id it fixes each row's audio")
     s.add_argument("--speed", type=float, default=1.0, help="speaking rate 0.25..4 (default 1)")
     s.add_argument("--batch-size", type=int, default=16, help="sentences per target batch (default 16)")
-    s.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    s.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: rayspec synthesize all cores but one, which the vocoder thread "
+                        "uses; jobs.synthesize's actors their --actor-cpus)")
 
 
 def sampling_from_args(args) -> SamplingOptions:
