@@ -263,10 +263,11 @@ def cmd_bench_tts(args) -> int:
                                  args.groups) if examples else []
     audio_s = sum(len(e.codes) for e in examples) / 50
     source = "the teacher's" if teacher else "real"
+    threads = torch.get_num_threads()
     title = (f"tts: {os.path.basename(synth.target_dir)} + {os.path.basename(synth.draft_dir)}, {len(texts)} "
              f"held-out sentences ({audio_s:.0f} s of {source} speech), temperature {args.temperature:g}, lookahead "
-             f"{args.lookahead}, pcg groups from {args.groups} vectors, {torch.get_num_threads()} torch threads + the "
-             f"vocoder's thread, "
+             f"{args.lookahead}, pcg groups from {args.groups} vectors, {threads} torch thread{'s' * (threads != 1)} + "
+             f"the vocoder's thread, "
              f"seed {args.seed}, fastest of {args.repeats} round-robin runs, MCD against {source} audio")
     print(write_tts_outputs(rows, offline, args.output, title, tuple(args.batch_sizes)))
     return 0
