@@ -128,7 +128,8 @@ class LyraDecoder:
     """LyraGAN decoding one utterance piece by piece: LyraGAN is stateful (a frame's audio depends on the frames
     before it), so the pieces of one utterance must go through one decoder, in order. Pieces decoded this way join
     into exactly the audio of decoding the utterance at once; a fresh decoder per piece would not (measured: up to
-    0.16 amplitude apart in the frames after each cut, on audio of RMS 0.12).
+    0.16 amplitude apart in the frames after a cut, still 0.03 twelve frames later, on random codes' audio of RMS
+0.12).
 
     Not thread-safe: one thread at a time (it may be a different thread for each call).
     """
@@ -143,5 +144,6 @@ class LyraDecoder:
         latents = self.codec.latents(codes)
         out = np.zeros(len(latents) * FRAME_SAMPLES, dtype=np.float32)
         for t, latent in enumerate(latents):
-            out[t * FRAME_SAMPLES:(t + 1) * FRAME_SAMPLES] = self._vocoder(input_audio=latent[None, None])["output_0"][0]
+            frame = self._vocoder(input_audio=latent[None, None])["output_0"][0]
+            out[t * FRAME_SAMPLES:(t + 1) * FRAME_SAMPLES] = frame
         return out
