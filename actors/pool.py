@@ -1,8 +1,10 @@
 """The corpus job's actors on a Ray cluster: connecting, resources, a placement group, routing.
 
-:func:`start_actors` starts the drafter and target actors (``actors/drafter.py``, ``actors/target.py``) of a run in
-one ``PACK`` placement group; :class:`ActorPool` routes each batch to the least-loaded target and a drafter on its
-node. :func:`resolve_paths` makes the paths of a ``ray job submit`` command line point where the submitter meant.
+:func:`start_actors` starts a run's actors in one ``PACK`` placement group, in one of two layouts
+(:func:`actor_layout`): colocated transcriber actors (``actors/transcriber.py``: encoder and decoder in one
+process), or drafter and target actors (``actors/drafter.py``, ``actors/target.py``). :class:`ActorPool` sends each
+batch to the least-loaded target (or transcriber) actor and, split, a drafter on its node. :func:`resolve_paths`
+makes the paths of a ``ray job submit`` command line point where the submitter meant.
 """
 
 from __future__ import annotations
@@ -74,7 +76,8 @@ class ActorPool:
     """The job's actors (handles), the nodes they run on, their placement group, and how busy each is.
 
     :meth:`route` sends a batch to the least-loaded target actor and to the least-loaded drafter on the same node
-    when there is one, so the per-round draft proposals stay on the node.
+    when there is one, so the per-round draft proposals stay on the node. In the colocated layout ``drafters`` is
+    empty and ``targets`` holds the transcriber actors.
     """
 
     drafters: list
@@ -89,18 +92,38 @@ class ActorPool:
         self.drafter_load = [0] * len(self.drafters)
         self.target_load = [0] * len(self.targets)
 
-    def route(self) -> tuple[int, int]:
-        """``(drafter index, target index)`` for the next batch; counts it as in flight on both."""
+    def route(self) -> tuple[int | None, int]:
+        """``(drafter index, target index)`` for the next batch (drafter None when colocated); counts it as in
+        flight on both."""
         t = min(range(len(self.targets)), key=self.target_load.__getitem__)
+        self.target_load[t] += 1
+        if not self.drafters:
+            return None, t
         local = [d for d, n in enumerate(self.drafter_nodes) if n == self.target_nodes[t]]
         d = min(local or range(len(self.drafters)), key=self.drafter_load.__getitem__)
         self.drafter_load[d] += 1
-        self.target_load[t] += 1
         return d, t
 
-    def finished(self, d: int, t: int) -> None:
+    def submit(self, batch: list, key: str):
+        """Send one batch (``rayspec.manifest.Utterance`` list) through the actors :meth:`route` picks.
+
+        Args:
+            key: unique to the batch in this run (names its draft session on the drafter).
+
+        Returns:
+            ``(ref, route)``: the ObjectRef of the batch's result rows (dicts) and the route to pass to
+            :meth:`finished`.
+        """
+        d, t = self.route()
+        if d is None:
+            return self.targets[t].transcribe.remote(batch), (d, t)
+        drafter = self.drafters[d]
+        return self.targets[t].decode.remote([drafter.encode.remote(batch)], drafter, key), (d, t)
+
+    def finished(self, d: int | None, t: int) -> None:
         """A batch routed to ``(d, t)`` is done."""
-        self.drafter_load[d] -= 1
+        if d is not None:
+            self.drafter_load[d] -= 1
         self.target_load[t] -= 1
 
     def shutdown(self) -> None:
@@ -109,6 +132,25 @@ class ActorPool:
             ray.kill(actor)
         if self.placement_group is not None:
             remove_placement_group(self.placement_group)
+
+
+def actor_layout(args) -> str:
+    """``--actors`` resolved: "split" (drafter + target actors) when asked for or when the actors get GPUs (the two
+    models on separate devices), else "colocated" (one process per model copy; on CPUs the split only adds a
+    second torch runtime and an object-store hop: whisper-base on LJSpeech, see the README)."""
+    if args.actors != "auto":
+        return args.actors
+    return "split" if args.drafter_gpus or args.target_gpus else "colocated"
+
+
+def _actor_shapes(args) -> list[tuple[str, int, float, float]]:
+    """``(kind, count, CPUs, GPUs)`` of each kind of actor the layout starts (colocated: ``--targets`` transcriber
+    actors with a drafter's and a target's resources each)."""
+    if actor_layout(args) == "colocated":
+        return [("transcriber", args.targets, args.drafter_cpus + args.target_cpus,
+                 args.drafter_gpus + args.target_gpus)]
+    return [("drafter", args.drafters, args.drafter_cpus, args.drafter_gpus),
+            ("target", args.targets, args.target_cpus, args.target_gpus)]
 
 
 def check_resources(args) -> None:
@@ -120,41 +162,51 @@ def check_resources(args) -> None:
     if min(args.drafter_cpus, args.target_cpus) <= 0:
         raise SystemExit("--drafter-cpus and --target-cpus must be > 0 (fractions are fine)")
     have = ray.cluster_resources()
-    for kind, per_drafter, per_target in (("CPU", args.drafter_cpus, args.target_cpus),
-                                          ("GPU", args.drafter_gpus, args.target_gpus)):
-        need = args.drafters * per_drafter + args.targets * per_target
+    shapes = _actor_shapes(args)
+    for k, kind in ((2, "CPU"), (3, "GPU")):
+        need = sum(shape[1] * shape[k] for shape in shapes)
         if need > have.get(kind, 0) + 1e-9:
+            asked = " + ".join(f"{shape[1]} {shape[0]}(s) x {shape[k]:g}" for shape in shapes)
             raise SystemExit(
-                f"{args.drafters} drafter(s) x {per_drafter:g} + {args.targets} target(s) x {per_target:g} = {need:g} "
-                f"{kind}s, but the Ray cluster has {have.get(kind, 0):g}: lower --drafter-{kind.lower()}s/"
-                f"--target-{kind.lower()}s (fractions are fine) or the actor counts")
+                f"{asked} = {need:g} {kind}s, but the Ray cluster has {have.get(kind, 0):g}: lower "
+                f"--drafter-{kind.lower()}s/--target-{kind.lower()}s (fractions are fine) or the actor counts")
 
 
 def start_actors(args) -> ActorPool:
-    """Start the drafter and target actors with this run's resources; returns once their models are loaded."""
-    from actors.drafter import DrafterActor
-    from actors.target import TargetActor
+    """Start the run's actors (:func:`actor_layout`) with its resources; returns once their models are loaded."""
     from rayspec.pipeline import needs_draft
 
     check_resources(args)
     options = decode_options(args)
-    dtype = DTYPES[args.dtype]
-    drafter_kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": options,
-                      "device": "cuda" if args.drafter_gpus else args.device, "dtype": dtype,
-                      "limits": limits_from_args(args), "encoder_dtype": encoder_dtype(args)}
+    layout = actor_layout(args)
+    kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": options,
+              "device": "cuda" if args.drafter_gpus else args.device, "dtype": DTYPES[args.dtype],
+              "limits": limits_from_args(args), "encoder_dtype": encoder_dtype(args)}
     # One bundle per actor, packed onto as few nodes as possible (drafters next to their targets).
-    bundles = ([_bundle(args.drafter_cpus, args.drafter_gpus)] * args.drafters
-               + [_bundle(args.target_cpus, args.target_gpus)] * args.targets)
-    pg = placement_group(bundles, strategy="PACK")
+    shapes = _actor_shapes(args)
+    pg = placement_group([_bundle(cpus, gpus) for _, n, cpus, gpus in shapes for _ in range(n)], strategy="PACK")
     ray.get(pg.ready())
 
     def place(i: int) -> PlacementGroupSchedulingStrategy:
         return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
 
+    def threads(cpus: float) -> int:
+        return args.threads or max(1, int(cpus))
+
+    if layout == "colocated":
+        from actors.transcriber import TranscriberActor
+
+        _, n, cpus, gpus = shapes[0]
+        actors = [TranscriberActor.options(num_cpus=cpus, num_gpus=gpus, scheduling_strategy=place(i))
+                  .remote(dict(kwargs, device="cuda" if gpus else args.device), threads(cpus)) for i in range(n)]
+        return ActorPool([], actors, [], ray.get([a.node.remote() for a in actors]), pg)
+    from actors.drafter import DrafterActor
+    from actors.target import TargetActor
+
     # Two threads per drafter: the next batch's encoding overlaps the current batch's draft proposals.
     drafters = [DrafterActor.options(num_cpus=args.drafter_cpus, num_gpus=args.drafter_gpus, max_concurrency=2,
                                      scheduling_strategy=place(i))
-                .remote(drafter_kwargs, args.threads or max(1, int(args.drafter_cpus)))
+                .remote(kwargs, threads(args.drafter_cpus))
                 for i in range(args.drafters)]
     # With a remote draft, a target actor works on its in-flight batches concurrently (threads): while one batch
     # waits for draft proposals, another is verified. Otherwise it decodes one batch at a time (the next one waits
@@ -163,7 +215,7 @@ def start_actors(args) -> ActorPool:
     targets = [TargetActor.options(num_cpus=args.target_cpus, num_gpus=args.target_gpus, max_concurrency=concurrency,
                                    scheduling_strategy=place(args.drafters + i))
                .remote(args.target, options, "cuda" if args.target_gpus else args.device,
-                       args.threads or max(1, int(args.target_cpus)), dtype)
+                       threads(args.target_cpus), kwargs["dtype"])
                for i in range(args.targets)]
     nodes = ray.get([a.node.remote() for a in drafters + targets])
     return ActorPool(drafters, targets, nodes[: args.drafters], nodes[args.drafters :], pg)

@@ -3,8 +3,8 @@
     ray job submit --working-dir . -- python -m jobs.scaling ../shared/data/an4/test.jsonl \\
         --targets 1 2 --batch-tokens 2000 8000 --method draft -o bench/scaling
 
-Each point runs the full pipeline of :mod:`jobs.transcribe` (drafter and target actors, object refs, bounded
-in-flight batches) into a fresh output; a reference row per method and budget ("in-process", 0 actors) runs the same
+Each point runs the full pipeline of :mod:`jobs.transcribe` in its split layout (drafter and target actors, object
+refs, bounded in-flight batches) into a fresh output; a reference row per method and budget ("in-process", 0 actors) runs the same
 decoder without Ray in the driver, with ``--reference-threads`` torch threads (default: the cluster's CPUs, so the
 reference uses the same cores as the actors it is compared with). Throughput is timed from the first
 batch to the last row (actor start-up and model loading are reported apart); NFE per utterance comes from the rows.
@@ -105,7 +105,8 @@ def main(argv=None) -> int:
                     with tempfile.TemporaryDirectory() as tmp:
                         out = os.path.join(tmp, "r.parquet")
                         jargs = job_parser().parse_args([
-                            args.input, "-o", out, "--drafters", str(drafters), "--targets", str(targets),
+                            args.input, "-o", out, "--actors", "split", "--drafters", str(drafters),
+                            "--targets", str(targets),
                             "--batch-tokens", str(budget), "--method", method, *job_args])
                         rows.append(row(method, drafters, targets, budget, transcribe(jargs), out))
                     print(rows[-1], flush=True)

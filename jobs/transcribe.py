@@ -5,17 +5,20 @@
 Connects to the cluster in ``RAY_ADDRESS`` / ``--address`` (set by ``ray job submit``); with neither, starts an
 embedded local Ray on loopback (127.0.0.1 only).
 
-Two kinds of actors load their models once (see ``actors/``):
+Actors load their models once (see ``actors/``), in one of two layouts (``--actors``):
 
-- drafter actors (``--drafters``): audio, the target's encoder, and the CTC head or the draft model;
-- target actors (``--targets``): the target decoder.
+- colocated (the default on CPUs): ``--targets`` transcriber actors, each running audio, the target's encoder, the
+  drafter and the target decoder in one process with ``--drafter-cpus + --target-cpus`` CPUs;
+- split (the default when actors get GPUs): drafter actors (``--drafters``: audio, the target's encoder, and the CTC
+  head or the draft model) and target actors (``--targets``: the target decoder). Batches stream from a drafter to
+  a target through object refs (encoder states stay in the object store; the driver only sees result rows). With
+  draft-model speculation the target actor asks the batch's drafter for proposals each round.
 
-Length-sorted token-budget batches stream from a drafter to a target through object refs (encoder states stay in
-the object store; the driver only sees result rows), with at most ``--in-flight`` batches per target actor in
-flight (backpressure). With draft-model speculation the target actor asks the batch's drafter for proposals each
-round. Killed actors are restarted by Ray and their batches redone. A batch that raises is redone utterance by
-utterance, so only an utterance that fails alone becomes an error row. Each finished batch is written as an atomic
-Parquet shard and a re-run resumes. Prints a summary line and, when the manifest has references, the WER.
+Length-sorted token-budget batches go out with at most ``--in-flight`` batches per target (or transcriber) actor in
+flight (backpressure). Killed actors are restarted by Ray and their batches redone. A batch that raises is redone
+utterance by utterance, so only an utterance that fails alone becomes an error row. Each finished batch is written
+as an atomic Parquet shard and a re-run resumes. Prints a summary line and, when the manifest has references, the
+WER.
 
 Exit status: 0, 2 for usage, manifest or model errors (one line), 3 when some rows failed.
 """
@@ -51,17 +54,26 @@ def build_parser() -> argparse.ArgumentParser:
                    help="manifest or folder of audio (default: the bundled AN4 and LJSpeech sample clips)")
     p.add_argument("-o", "--output", default="results/samples.parquet", help="results .parquet file")
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else an embedded local Ray)")
-    p.add_argument("--drafters", type=int, default=1, help="drafter actors (audio, encoder, drafter); default 1")
-    p.add_argument("--targets", type=int, default=1, help="target actors (target decoder); default 1")
+    p.add_argument("--actors", choices=["auto", "colocated", "split"], default="auto",
+                   help="colocated: each actor runs encoder, drafter and target decoder in one process (one model "
+                        "copy, no object-store hop); split: drafter actors encode and draft, target actors decode "
+                        "(for models on separate GPUs). auto (default): split when --drafter-gpus/--target-gpus are "
+                        "given, else colocated")
+    p.add_argument("--drafters", type=int, default=1,
+                   help="drafter actors (audio, encoder, drafter; split layout only); default 1")
+    p.add_argument("--targets", type=int, default=1,
+                   help="target actors (target decoder), or transcriber actors when colocated; default 1")
     p.add_argument("--drafter-cpus", type=float, default=1.0,
-                   help="CPUs per drafter actor (also its torch threads unless --threads)")
+                   help="CPUs per drafter actor (also its torch threads unless --threads); a colocated actor gets "
+                        "--drafter-cpus + --target-cpus")
     p.add_argument("--target-cpus", type=float, default=1.0,
                    help="CPUs per target actor (also its torch threads unless --threads)")
     p.add_argument("--drafter-gpus", type=float, default=0.0, help="GPUs per drafter actor (fractions share a GPU)")
     p.add_argument("--target-gpus", type=float, default=0.0, help="GPUs per target actor (fractions share a GPU)")
     p.add_argument("--in-flight", type=int, default=2,
-                   help="batches in flight per target actor (backpressure; default 2: the drafter encodes the next "
-                        "one while the target decodes; they decode concurrently only with a remote draft)")
+                   help="batches in flight per target (or transcriber) actor (backpressure; default 2: the next "
+                        "batch is queued, or encoded by the drafter, while one decodes; split, they decode "
+                        "concurrently only with a remote draft)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the embedded local Ray")
     add_model_args(p)
     add_decode_args(p)
@@ -113,22 +125,20 @@ def _stream(args, pool: ActorPool, batches: list, writer: ResultWriter, summary:
     """
     run_id = uuid.uuid4().hex[:8]
     t0 = time.perf_counter()
-    pending: dict = {}  # rows ref -> (drafter index, target index, batch)
+    pending: dict = {}  # rows ref -> (route, batch)
     queue = list(batches)
     sent = finished = 0
     with tqdm(total=sum(len(b) for b in batches), desc="transcribe", unit="utt") as bar:
         while queue or pending:
             while queue and len(pending) < args.in_flight * len(pool.targets):
                 batch = queue.pop(0)
-                d, t = pool.route()
-                drafter = pool.drafters[d]
-                encoded = drafter.encode.remote(batch)
-                pending[pool.targets[t].decode.remote([encoded], drafter, f"{run_id}:{sent}")] = (d, t, batch)
+                ref, route = pool.submit(batch, f"{run_id}:{sent}")
+                pending[ref] = (route, batch)
                 sent += 1
             done, _ = ray.wait(list(pending), num_returns=1)
             for ref in done:
-                d, t, batch = pending.pop(ref)
-                pool.finished(d, t)
+                route, batch = pending.pop(ref)
+                pool.finished(*route)
                 rows = batch_rows(ref, batch, args.method)
                 if rows is None:  # the batch raised: redo it utterance by utterance, first in line
                     queue[:0] = [[u] for u in batch]

@@ -106,15 +106,21 @@ def test_ray_job_paths_resolve_against_the_submit_dir(tmp_path, monkeypatch):
 def test_ray_job_refuses_resources_the_cluster_lacks(monkeypatch):
     import ray
 
-    from actors.pool import check_resources
+    from actors.pool import actor_layout, check_resources
     from jobs.transcribe import build_parser
 
+    assert actor_layout(build_parser().parse_args([])) == "colocated"  # CPUs: one process per model copy
+    assert actor_layout(build_parser().parse_args(["--target-gpus", "1"])) == "split"
+    assert actor_layout(build_parser().parse_args(["--actors", "split"])) == "split"
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
-    check_resources(build_parser().parse_args([]))  # 1 + 1 CPUs fit
+    check_resources(build_parser().parse_args([]))  # one colocated actor of 1 + 1 CPUs fits
+    check_resources(build_parser().parse_args(["--actors", "split"]))  # 1 + 1 CPUs fit
     with pytest.raises(SystemExit, match="lower --drafter-gpus"):
-        check_resources(build_parser().parse_args(["--target-gpus", "0.5"]))
-    with pytest.raises(SystemExit, match="3 CPUs"):
+        check_resources(build_parser().parse_args(["--target-gpus", "0.5"]))  # GPUs: split by default
+    with pytest.raises(SystemExit, match=r"2 transcriber\(s\) x 2 = 4 CPUs"):
         check_resources(build_parser().parse_args(["--targets", "2"]))
+    with pytest.raises(SystemExit, match=r"1 drafter\(s\) x 1 \+ 2 target\(s\) x 1 = 3 CPUs"):
+        check_resources(build_parser().parse_args(["--actors", "split", "--targets", "2"]))
 
 
 def test_batches_go_to_the_least_loaded_target_and_a_drafter_on_its_node():
@@ -127,3 +133,7 @@ def test_batches_go_to_the_least_loaded_target_and_a_drafter_on_its_node():
     pool.finished(1, 0)
     assert pool.route() == (1, 0)
     assert pool.drafter_load == [2, 1] and pool.target_load == [1, 1, 1]
+    colocated = ActorPool([], ["a0", "a1"], [], ["nodeA", "nodeB"])  # transcriber actors: no drafter to pick
+    assert [colocated.route(), colocated.route(), colocated.route()] == [(None, 0), (None, 1), (None, 0)]
+    colocated.finished(None, 0)
+    assert colocated.target_load == [1, 1]

@@ -30,9 +30,9 @@ def ray_local():
 AN4_TEST = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "an4", "test.jsonl")
 
 
-@pytest.mark.parametrize("victim", ["targets", "drafters"])
+@pytest.mark.parametrize("layout, victim", [("split", "targets"), ("split", "drafters"), ("colocated", "targets")])
 def test_actor_killed_mid_job_still_writes_every_id_once(ray_local, tmp_path, samples_manifest, tiny_target,
-                                                          tiny_draft, victim):
+                                                          tiny_draft, layout, victim):
     """Kill an actor after the 3rd finished batch (of ~17 on AN4 test's 130 utterances, or of 5 on the bundled
     clips where ../shared is absent); Ray restarts it, its batches are redone, every id is written once."""
     import ray
@@ -50,7 +50,7 @@ def test_actor_killed_mid_job_still_writes_every_id_once(ray_local, tmp_path, sa
     out = str(tmp_path / "ft.parquet")
     args = build_parser().parse_args([manifest, "-o", out, "--target", tiny_target.model.name_or_path,
                                       "--draft", tiny_draft.model.name_or_path, "--method", "draft",
-                                      "--max-batch", "2" if manifest == samples_manifest else "8",
+                                      "--actors", layout, "--max-batch", "2" if manifest == samples_manifest else "8",
                                       "--drafter-cpus", "0.5", "--target-cpus", "0.5", "--in-flight", "2",
                                       "--max-tokens-per-second", "4"])
     code = run(args, on_batch=kill_once)
@@ -238,7 +238,9 @@ def test_a_dead_actor_stops_the_job_instead_of_writing_error_rows(ray_local, sam
         batch_rows(decode_via.remote(Doomed.remote()), read_manifest(samples_manifest)[:2], "ar")
 
 
-def test_hostile_corpus_through_the_ray_job_matches_the_cli(ray_local, tmp_path, samples_manifest, tiny_target):
+@pytest.mark.parametrize("layout", ["colocated", "split"])
+def test_hostile_corpus_through_the_ray_job_matches_the_cli(ray_local, tmp_path, samples_manifest, tiny_target,
+                                                            layout):
     from test_reliability import _hostile_corpus
 
     from jobs.transcribe import main as job_main
@@ -248,7 +250,7 @@ def test_hostile_corpus_through_the_ray_job_matches_the_cli(ray_local, tmp_path,
     args = ["--target", tiny_target.model.name_or_path, "--max-tokens-per-second", "4", "--max-batch", "4"]
     assert main(["transcribe", hostile, "-o", str(tmp_path / "cli.parquet"), "-q", *args]) == EXIT_SOME_FAILED
     assert job_main([hostile, "-o", str(tmp_path / "job.parquet"), "--drafter-cpus", "0.5", "--target-cpus", "0.5",
-                     *args]) == EXIT_SOME_FAILED
+                     "--actors", layout, *args]) == EXIT_SOME_FAILED
     cli = {r["id"]: (r["text"], r["error_code"]) for r in pq.read_table(tmp_path / "cli.parquet").to_pylist()}
     job = {r["id"]: (r["text"], r["error_code"]) for r in pq.read_table(tmp_path / "job.parquet").to_pylist()}
     assert cli == job and len(job) == 10
