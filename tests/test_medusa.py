@@ -46,6 +46,26 @@ def test_medusa_greedy_equals_ar(tiny_target, batch_size):
     assert all(h.stats.draft_forward_passes == 0 and h.route == "medusa" for h in got)
 
 
+def test_a_candidate_vocabulary_bounds_the_proposals_and_stays_exact(tiny_target, tmp_path):
+    caps = [24] * len(AUDIO)
+    with torch.inference_mode():
+        ar = [h.tokens for h in greedy_decode(tiny_target, _encode(tiny_target, AUDIO), caps)]
+    heads = _heads(tiny_target)
+    heads.set_vocab(list(range(30, 4, -1)) + [30])  # of the tiny target's 37 tokens; kept sorted, de-duplicated
+    heads.save_pretrained(str(tmp_path / "heads"))
+    loaded = MedusaHeads.from_pretrained(str(tmp_path / "heads"))
+    assert loaded.vocab.tolist() == list(range(5, 31))
+    proposer = MedusaProposer(tiny_target, loaded)
+    proposed = []
+    propose = proposer.propose
+    proposer.propose = lambda requests: [p for p in propose(requests) if not proposed.extend(p.tree.tokens)]
+    loop = VerifyLoop(tiny_target, proposer, AcceptanceRule(), max_nodes=len(DEFAULT_TREE), route="medusa")
+    with torch.inference_mode():
+        got = loop.decode(_encode(tiny_target, AUDIO), caps)
+    assert [h.tokens for h in got] == ar
+    assert proposed and all(5 <= t <= 30 for t in proposed)
+
+
 def test_eos_candidates_everywhere_stay_exact(tiny_target):
     caps = [40] * len(AUDIO)
     heads = _heads(tiny_target, eos_bias=50.0)  # every head's top candidate is EOS (rejected: the tiny target

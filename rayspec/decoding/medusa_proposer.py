@@ -6,7 +6,8 @@ After each verification the loop hands back the target's hidden state at the end
 predicted the row's newest token); head ``k`` turns it into candidates for the ``k``-th token after that one. The
 tree is Medusa's sparse tree: a fixed set of paths of candidate ranks, more children at shallow depths. The first
 round of a row has no hidden state yet and proposes nothing (a plain target step). No draft model, no draft KV
-cache, no extra pass: the heads run on the target's side.
+cache, no extra pass: the heads run on the target's side, read out over their candidate vocabulary when they carry
+one (:class:`~rayspec.models.medusa.MedusaHeads`).
 """
 
 from __future__ import annotations
@@ -90,6 +91,10 @@ class MedusaProposer:
         self.top = 1 + max(max(p) for p in self.tree)
         self.depth = max(len(p) for p in self.tree)
         self.hidden: dict[int, torch.Tensor] = {}
+        # the output projection's rows of the heads' candidate vocabulary, transposed ([D, S], the layout MKL reads
+        # fastest for a few rows; see WhisperASR.project); None: the whole vocabulary
+        w = target.model.proj_out.weight.detach()
+        self.readout = None if heads.vocab is None else w[heads.vocab].t().contiguous()
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
@@ -97,8 +102,12 @@ class MedusaProposer:
         out = {r.index: Proposal() for r in requests}
         if ready:
             h = torch.stack([self.hidden[r.index] for r in ready])  # [R, D]
-            logits = self.target.project(self.heads(h)[: self.depth])  # [K, R, V]
-            cand = self.target.suppress(logits).topk(self.top, dim=-1).indices  # [K, R, top]
+            states = self.heads(h)[: self.depth]  # [K, R, D]
+            if self.readout is None:
+                logits = self.target.suppress(self.target.project(states))  # [K, R, V]
+                cand = logits.topk(self.top, dim=-1).indices  # [K, R, top]
+            else:  # the candidate vocabulary holds only tokens the target emitted (none it suppresses)
+                cand = self.heads.vocab[(states @ self.readout).topk(self.top, dim=-1).indices]  # [K, R, top]
             cand = cand.permute(1, 0, 2).tolist()  # one device read: [R][K][top]
             for r, c in zip(ready, cand):
                 node: dict[tuple[int, ...], int] = {}

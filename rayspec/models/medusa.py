@@ -5,6 +5,11 @@ Head ``k`` (``k = 1 .. K``) is a residual block ``h + SiLU(W_k h + b_k)`` follow
 projection (shared and frozen, Medusa-1): from the hidden state that predicts token ``t + 1`` it predicts token
 ``t + 1 + k``. The heads are stored as ``model.safetensors`` + ``config.json`` in their own directory, next to the
 target they were trained for (``medusa_config.target`` records which).
+
+Heads may carry a candidate vocabulary (``vocab``: the token ids the target emitted in their training data): the
+proposer then reads them out over those rows of the output projection only. On a CPU the full 51,865-way product of
+the four heads took about as long as the verification's own (6.5 ms per round at batch 1, whisper-base, 2 threads),
+and a proposal outside what the target ever said is rarely accepted; exactness does not depend on the proposals.
 """
 
 from __future__ import annotations
@@ -19,14 +24,17 @@ class MedusaHeads(Pretrained, nn.Module):
     """``K`` residual heads of width ``d_model``.
 
     Args:
-        d_model: the target decoder's hidden size; num_heads: ``K``; target: name of the target (recorded).
+        d_model: the target decoder's hidden size; num_heads: ``K``; target: name of the target (recorded);
+        vocab_size: length of the candidate vocabulary (:meth:`set_vocab`), 0 for the target's whole vocabulary.
     """
 
     kind = "Medusa heads"
 
-    def __init__(self, d_model: int, num_heads: int, target: str = "") -> None:
+    def __init__(self, d_model: int, num_heads: int, target: str = "", vocab_size: int = 0) -> None:
         super().__init__()
         self.d_model, self.num_heads, self.target = d_model, num_heads, target
+        # [S] int64 token ids, or None (and not in the state dict): the whole vocabulary
+        self.register_buffer("vocab", torch.zeros(vocab_size, dtype=torch.long) if vocab_size else None)
         self.blocks = nn.ModuleList(nn.Linear(d_model, d_model) for _ in range(num_heads))
         for block in self.blocks:  # start as the identity: every head first predicts what the target would
             nn.init.zeros_(block.weight)
@@ -36,5 +44,11 @@ class MedusaHeads(Pretrained, nn.Module):
         """Head states ``[K, ..., D]`` from hidden states ``[..., D]`` (project with the target's ``proj_out``)."""
         return torch.stack([hidden + nn.functional.silu(block(hidden)) for block in self.blocks])
 
+    def set_vocab(self, ids) -> None:
+        """Restrict proposals to the token ids ``ids`` (sorted, de-duplicated; int64 ``[S]``)."""
+        self.vocab = torch.tensor(sorted(set(int(i) for i in ids)), dtype=torch.long,
+                                  device=self.blocks[0].weight.device)
+
     def config_dict(self) -> dict:
-        return {"d_model": self.d_model, "num_heads": self.num_heads, "target": self.target}
+        return {"d_model": self.d_model, "num_heads": self.num_heads, "target": self.target,
+                "vocab_size": 0 if self.vocab is None else len(self.vocab)}

@@ -9,6 +9,8 @@ what the target will say); Whisper-Medusa (../shared/seeds/whisper-medusa.txt) t
    runs the target again.
 2. Head ``k`` learns, from the state that predicts token ``i``, token ``i + k``. AdamW, cosine decay; every epoch
    writes a resumable checkpoint and a log line with each head's top-1 accuracy on the dev split.
+3. The saved heads carry their candidate vocabulary: every token of the training transcripts (the target's own, so
+   none it suppresses), over which the proposer reads them out.
 """
 
 from __future__ import annotations
@@ -152,9 +154,10 @@ def train_medusa(target_dir: str, manifests: list[str], out_dir: str, work_dir: 
         torch.save({"heads": heads.state_dict(), "optim": optim.state_dict(), "epoch": epoch,
                     "history": json.dumps(history)}, ckpt + ".tmp")
         os.replace(ckpt + ".tmp", ckpt)
+    heads.set_vocab(int(t) for _, y in train for t in y)
     heads.eval().save_pretrained(out_dir)
     summary = {"kind": "medusa", "target": target_dir, "heads": num_heads, "epochs": epoch,
-               "train_utterances": len(train), "dev_utterances": len(dev),
+               "train_utterances": len(train), "dev_utterances": len(dev), "candidate_vocabulary": len(heads.vocab),
                "dev_top1": history[-1]["dev_top1"] if history else None,
                "train_minutes_this_run": round((time.time() - t_start) / 60, 2),
                "parameters": sum(p.numel() for p in heads.parameters())}
