@@ -104,6 +104,8 @@ def test_train_medusa_heads_on_the_frozen_target(trained_target, samples_manifes
                  "--work-dir", str(work), "--epochs", "2", "--threads", "1", "--medusa-heads", "2"]) == 0
     heads = MedusaHeads.from_pretrained(str(tmp / "medusa"))
     assert heads.num_heads == 2
+    summary = json.load(open(work / "summary.json"))  # the candidate vocabulary: the training transcripts' tokens
+    assert heads.vocab is not None and len(heads.vocab) == summary["candidate_vocabulary"] > 0
     log = [json.loads(line) for line in open(work / "log.jsonl")]
     assert [r["epoch"] for r in log] == [1, 2] and len(log[-1]["dev_top1"]) == 2
     assert main(["train", "medusa", samples_manifest, "-o", str(tmp / "m2"), "--work-dir", str(work)]) == 2

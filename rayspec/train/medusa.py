@@ -155,7 +155,7 @@ def train_medusa(target_dir: str, manifests: list[str], out_dir: str, work_dir: 
                     "history": json.dumps(history)}, ckpt + ".tmp")
         os.replace(ckpt + ".tmp", ckpt)
     heads.set_vocab(int(t) for _, y in train for t in y)
-    heads.eval().save_pretrained(out_dir)
+    heads.eval().save_pretrained(out_dir, torch.float16)  # loaded back in the target's dtype
     summary = {"kind": "medusa", "target": target_dir, "heads": num_heads, "epochs": epoch,
                "train_utterances": len(train), "dev_utterances": len(dev), "candidate_vocabulary": len(heads.vocab),
                "dev_top1": history[-1]["dev_top1"] if history else None,
