@@ -37,7 +37,8 @@ class TranscriberActor:
 
     def transcribe(self, utterances: list) -> list[dict]:
         """Result rows (dicts of :class:`rayspec.results.ResultRow`) of one batch of ``rayspec.manifest.Utterance``;
-        a bad file or an utterance that fails alone is an error row (see :meth:`rayspec.pipeline.Transcriber.transcribe`)."""
+        a bad file or an utterance that fails alone is an error row
+        (see :meth:`rayspec.pipeline.Transcriber.transcribe`)."""
         return [asdict(r) for r in self.transcriber.transcribe(utterances)]
 
     def node(self) -> str:
