@@ -7,7 +7,8 @@ Each point runs the full pipeline of :mod:`jobs.transcribe` in its split layout 
 refs, bounded in-flight batches) into a fresh output; a reference row per method and budget ("in-process", 0
 actors) runs the same decoder without Ray in the driver, with ``--reference-threads`` torch threads (default: the
 cluster's CPUs, so the reference uses the same cores as the actors it is compared with). Throughput is timed from
-the first batch to the last row (actor start-up and model loading are reported apart); NFE per utterance comes from the rows.
+the first batch to the last row (actor start-up and model loading are reported apart); NFE per utterance comes
+from the rows.
 Arguments not listed below (model paths, decoder options, --max-batch, ...) are passed to every point's job.
 Writes ``scaling.md`` (with the cluster's resources and the machine), ``scaling.csv`` and ``scaling.png`` to the
 output folder.
