@@ -3,8 +3,9 @@
 
 The job's default on CPUs (``--actors colocated``): one process holds one copy of the model and runs both halves
 with all its threads, where the split layout (``actors/drafter.py`` + ``actors/target.py``) needs two processes,
-each with its own torch runtime, and an object-store hop for the encoder states. The split layout is for models on
-separate GPUs.
+each with its own torch runtime, and an object-store hop for the encoder states; the split in exchange overlaps one
+batch's encoder with another's decoder (whisper-base on all 286 LJSpeech clips, 2 CPUs: 2.1 against 2.9 GiB, 168
+against 155 s; README). The split layout is the default for models on GPUs.
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ rayspec's ASR target, Whisper base by default), MCD against the teacher's audio 
 teacher), acceptance rate, tokens per target pass, target passes per second of audio, RTFx and the wall-clock
 speed-up over target-only at each batch size, end to end and for generating the tokens alone (the Lyra vocoder, a
 fixed cost of every configuration, runs beside generation on a thread of its own; see ``Synthesizer.synthesize``).
-Floors, judged the same way: the teacher voice's own audio of the same sentences (the Piper voice the models learn from) and its Lyra 16-codebook resynthesis, and the real recordings and
-their resynthesis where the manifest has audio. A second table estimates acceptance offline from teacher-forced
+Floors, judged the same way: the teacher voice's own audio of the same sentences (the Piper voice the models learn
+from) and its Lyra 16-codebook resynthesis, and the real recordings and their resynthesis where the manifest has
+audio. A second table estimates acceptance offline from teacher-forced
 distributions on the teacher's token sequences (the real recordings' without a teacher). Sampling draws are per
 row, so the audio (and WER) of a configuration does not depend on the batch size or the run; only the time does.
 """

@@ -91,10 +91,7 @@ class MedusaProposer:
         self.top = 1 + max(max(p) for p in self.tree)
         self.depth = max(len(p) for p in self.tree)
         self.hidden: dict[int, torch.Tensor] = {}
-        # the output projection's rows of the heads' candidate vocabulary, transposed ([D, S], the layout MKL reads
-        # fastest for a few rows; see WhisperASR.project); None: the whole vocabulary
-        w = target.model.proj_out.weight.detach()
-        self.readout = None if heads.vocab is None else w[heads.vocab].t().contiguous()
+        self.readout = heads.readout(target.model.proj_out.weight)  # [D, S], None: the whole vocabulary
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest]) -> list[Proposal]:

@@ -128,8 +128,8 @@ class LyraDecoder:
     """LyraGAN decoding one utterance piece by piece: LyraGAN is stateful (a frame's audio depends on the frames
     before it), so the pieces of one utterance must go through one decoder, in order. Pieces decoded this way join
     into exactly the audio of decoding the utterance at once; a fresh decoder per piece would not (measured: up to
-    0.16 amplitude apart in the frames after a cut, still 0.03 twelve frames later, on random codes' audio of RMS
-0.12).
+    0.16 amplitude apart in the frames after a cut, still 0.03 twelve frames later, on random codes' audio of
+    RMS 0.12).
 
     Not thread-safe: one thread at a time (it may be a different thread for each call).
     """
