@@ -66,6 +66,11 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--compression-ratio-threshold", type=float, default=2.4,
                    help="flag rows whose text's zlib compression ratio exceeds this (column repetitive: text that "
                         "repeats itself, a likely hallucination; the text is kept). Default 2.4, as Whisper")
+    g.add_argument("--short-window", type=float, default=0.0, metavar="SECONDS",
+                   help="lossy speed-up for short clips: cut the encoder's 30 s window to each batch's longest clip "
+                        "+ 2 s, at least SECONDS (whisper.cpp's audio_ctx, chosen per batch; 10 kept whisper-base's "
+                        "LJSpeech WER, see the README for AN4). Turns the no-speech gate off. Default 0: the full "
+                        "window, the exact reference")
     d = SpeculationOptions()
     g.add_argument("--draft-max", type=int, default=d.max_draft,
                    help=f"longest draft per round (SpecASR IV.A; default {d.max_draft}; SpecASR used 24)")
@@ -148,7 +153,8 @@ def decode_options(args):
                          ssd if args.method == "ssd" else None, medusa if args.method == "medusa" else None,
                          vad=not args.no_vad, segments=args.segments, language=args.language, task=args.task,
                          no_speech_threshold=args.no_speech_threshold,
-                         compression_ratio_threshold=args.compression_ratio_threshold)
+                         compression_ratio_threshold=args.compression_ratio_threshold,
+                         short_window_s=args.short_window)
 
 
 def build_transcriber(args):

@@ -58,7 +58,7 @@ def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
         audios: ``B`` mono float32 waveforms at the target's sample rate; durations: their lengths in seconds.
     """
     feats, lengths = target.features(audios)
-    enc = target.encode(feats, lengths)
+    enc = target.encode(target.short_window(feats, lengths, options.short_window_s), lengths)
     enc.prompts = row_prompts(target, options, enc)
     limit = target.max_target_positions - len(target.prompt_ids) - 1
     out = Encoded(enc, [token_cap(d, options.max_tokens_per_second, limit) for d in durations])
@@ -356,7 +356,7 @@ class TargetDecoder:
         return rows
 
     def _no_speech(self, h: Hypothesis) -> bool:
-        threshold = self.options.no_speech_threshold
+        threshold = None if self.options.short_window_s else self.options.no_speech_threshold  # see DecodeOptions
         return threshold is not None and h.stats.no_speech_prob is not None and h.stats.no_speech_prob > threshold
 
     def _language(self, prompt: list[int]) -> Optional[str]:

@@ -242,6 +242,28 @@ def test_run_corpus_continuous_equals_static(tmp_path, samples_manifest, tiny_ta
         assert {k: r[key] for k, r in stream.items()} == {k: r[key] for k, r in static.items()}, key
 
 
+def test_run_corpus_short_windows_continuous_equals_static(tmp_path, samples_manifest, tiny_fixed, monkeypatch):
+    """--short-window: batches of different windows share the continuous stream's cache (a row's positions past
+    its own window masked), and every row decodes as in its static batch."""
+    from rayspec.manifest import read_manifest
+    from rayspec.pipeline import DecodeOptions, Transcriber
+
+    utts = read_manifest(samples_manifest)
+    transcriber = Transcriber(tiny_fixed.model.name_or_path,
+                              options=DecodeOptions("ar", max_tokens_per_second=4, short_window_s=1.0))
+    windows = []
+    encode = type(transcriber.target).encode
+    monkeypatch.setattr(type(transcriber.target), "encode",
+                        lambda self, f, n: windows.append(f.shape[-1]) or encode(self, f, n))
+    static = _run(tmp_path, "static", utts, transcriber, False)
+    assert len(set(windows)) > 1 and min(windows) < transcriber.target.max_frames
+    _static_path_fails(monkeypatch)
+    stream = _run(tmp_path, "stream", utts, transcriber, True)
+    assert set(stream) == set(static) and all(r["mode"] == "lossy" for r in stream.values())
+    for key in ("text", "target_forward_passes", "error"):
+        assert {k: r[key] for k, r in stream.items()} == {k: r[key] for k, r in static.items()}, key
+
+
 @pytest.mark.parametrize("method, ssd", [("ssd", dict(tau_ctc=1.0, tau_slm=0.01, exact=False)),
                                          ("ssd", dict(fallback="draft")), ("ctc-draft", {})])
 def test_run_corpus_ctc_methods_continuous_equal_static(tmp_path, samples_manifest, method, ssd, monkeypatch,

@@ -4,6 +4,7 @@ equal to AR. Short bundled clips keep the suite fast; drafters are built on the 
 drafter: these are untrained or random)."""
 
 import json
+import math
 import os
 import shutil
 
@@ -344,3 +345,28 @@ def test_ctc_labels_spell_tokens_outside_the_shortlist(tiny):
     assert text == " Hello world world" and missing is None
     spelled = [head.token_ids[c - 1] for c in classes.tolist()]
     assert tok.decode(spelled) == text and len(spelled) == len(" Hello") + 2
+
+
+def test_short_window_cuts_the_encoder_and_keeps_methods_exact_at_that_setting(tiny, clips, tiny_en_drafters):
+    """--short-window: the encoder window is the longest row + 2 s, at least the minimum, in whole seconds, never
+    over 30 s; the rows are marked lossy, and draft speculation stays identical to ar at the same window."""
+    audios = clips[:3]
+    feats, lengths = tiny.features(audios)
+    longest = float(lengths.max()) / tiny.frames_per_second
+    cut = tiny.short_window(feats, lengths, 1.0)
+    assert cut.shape[-1] == 100 * math.ceil(longest + 2.0) < feats.shape[-1]
+    assert tiny.short_window(feats, lengths, 12.0).shape[-1] == 1200
+    assert tiny.short_window(feats, lengths, 45.0).shape[-1] == feats.shape[-1]
+    assert tiny.short_window(feats, lengths, 0.0) is feats
+    options = DecodeOptions("ar", max_tokens_per_second=1000.0, short_window_s=10.0)
+    assert options.mode == "lossy" and DecodeOptions("ar").mode == "exact"
+    enc = encode_audio(tiny, options, audios, [len(a) / tiny.sample_rate for a in audios])
+    assert enc.target.states.shape[1] == 500  # 10 s of 20 ms encoder positions
+    d = [len(a) / tiny.sample_rate for a in audios]
+    ar = decode_batch(tiny, options, audios, d)
+    draft = WhisperASR.from_pretrained(tiny_en_drafters[0])
+    spec = decode_batch(tiny, DecodeOptions("draft", max_tokens_per_second=1000.0, short_window_s=10.0), audios, d,
+                        draft=draft)
+    assert [h.tokens for h in spec] == [h.tokens for h in ar] and all(h.tokens for h in ar)
+    with pytest.raises(ValueError, match="short_window_s"):
+        DecodeOptions("ar", short_window_s=-1.0)

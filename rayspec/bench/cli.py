@@ -75,8 +75,9 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--medusa", help="medusa: heads directory; default: the ones bundled for the target, if any")
     r = p.add_argument_group("whisper suite (manifests with references)")
     r.add_argument("--whisper-targets", default="whisper-base,whisper-tiny.en",
-                   help="targets, comma-separated, each optionally with @<encoder dtype> (e.g. whisper-base@bfloat16; "
-                        "default whisper-base,whisper-tiny.en)")
+                   help="targets, comma-separated, each optionally with @<encoder dtype> (e.g. whisper-base@bfloat16) "
+                        "and :short=<seconds> (a short encoder window, --short-window; e.g. whisper-base:short=10); "
+                        "default whisper-base,whisper-tiny.en")
     r.add_argument("--limits", type=int, nargs="*", default=[],
                    help="first N utterances of each manifest (one value for all, or one per manifest; 0 = all)")
     r.add_argument("--identity-limits", type=int, nargs="*", default=[130],

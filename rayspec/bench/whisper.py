@@ -10,7 +10,9 @@ For each target (default ``whisper-base`` and ``whisper-tiny.en``) and each mani
   first ``--identity-limits`` utterances of each manifest.
 
 ``--whisper-targets`` entries may name an encoder compute type after ``@`` (``whisper-base@bfloat16``: the encoder in
-bfloat16, the decoder in float32), so a lossy compute type's WER and speed sit beside float32's in the same run.
+bfloat16, the decoder in float32) and a short encoder window after ``:short=`` (``whisper-base:short=10``: the
+``--short-window 10`` of :class:`~rayspec.methods.DecodeOptions`), so a lossy setting's WER and speed sit beside the
+reference's in the same run.
 
 Writes ``bench-whisper.md`` / ``.csv`` into the output folder.
 """
@@ -94,9 +96,10 @@ def run_whisper_suite(targets: list[str], manifests: list[str], limits: list[int
     """One row per (target, manifest): WER, space-free CER, RTFx of the pipeline and identity counts."""
     rows = []
     for spec in targets:
-        name, _, encoder = spec.partition("@")  # "whisper-base@bfloat16": the encoder computes in bfloat16
+        name, _, window = spec.partition(":short=")  # "whisper-base:short=10": a short encoder window (>= 10 s)
+        name, _, encoder = name.partition("@")  # "whisper-base@bfloat16": the encoder computes in bfloat16
         t0 = time.perf_counter()
-        transcriber = Transcriber(name, options=DecodeOptions("ar"),
+        transcriber = Transcriber(name, options=DecodeOptions("ar", short_window_s=float(window or 0)),
                                   encoder_dtype=getattr(torch, encoder) if encoder else None)
         load_s = time.perf_counter() - t0
         model = transcriber.target
@@ -114,7 +117,8 @@ def run_whisper_suite(targets: list[str], manifests: list[str], limits: list[int
             k = min(identity_limit, len(utts))
             ident = _identity(name, model, ct2_model, audios[:k]) if k else {"n": 0, "hf_same": None, "ct2_same": None}
             rows.append(dict(
-                target=name + (f" (encoder {encoder})" if encoder else ""), corpus=utts[0].corpus if utts else "-", n=len(utts), wer=rates.wer, cer=rates.cer,
+                target=name + (f" (encoder {encoder})" if encoder else "") + (f" (window >= {window} s)" if window
+                                                                               else ""), corpus=utts[0].corpus if utts else "-", n=len(utts), wer=rates.wer, cer=rates.cer,
                 cer_nospace=rates.cer_nospace, rtfx=sum(len(a) for a in audios) / model.sample_rate / wall,
                 no_speech=sum(r.route == "no_speech" for r in results),
                 repetitive=sum(bool(r.repetitive) for r in results), load_s=load_s, threads=threads,

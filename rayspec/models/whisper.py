@@ -24,6 +24,7 @@ result does not depend on its batch-mates.
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -159,6 +160,7 @@ EMBEDDING_KEY = "model.decoder.embed_tokens.weight"
 """State-dict key of the decoder's token embedding (tied to the output projection) in
 ``WhisperForConditionalGeneration`` and ``WhisperForCausalLM`` alike."""
 CPU_ENCODER_POSITIONS = 1500  # encoder positions per call on a CPU (see WhisperASR.encode)
+SHORT_WINDOW_MARGIN_S = 2.0  # padding kept after a batch's longest row in a short encoder window (short_window)
 ONEDNN_MIN_WEIGHT = 1 << 20  # output-projection elements from which rows > 1 go through oneDNN (WhisperASR.project)
 # oneDNN's float32 linear (see WhisperASR.project); None in a torch build without oneDNN
 _ONEDNN_LINEAR = (torch.ops.mkldnn._linear_pointwise
@@ -484,13 +486,20 @@ class WhisperASR:
     def _encode(self, features: torch.Tensor, frame_lengths: torch.Tensor) -> EncoderOutput:
         enc = self._half("encoder")
         edt = enc.conv1.weight.dtype
+        t = features.shape[-1]
         if not self.encoder_masking:
-            states = enc(features.to(edt)).last_hidden_state.to(self.dtype)
+            if t == self.max_frames:
+                states = enc(features.to(edt)).last_hidden_state.to(self.dtype)
+            else:  # a short window (short_window): the same layers over its first positions, no mask either
+                x = F.gelu(enc.conv2(F.gelu(enc.conv1(features.to(edt))))).permute(0, 2, 1)
+                x = x + enc.embed_positions.weight[: x.shape[1]]
+                for layer in enc.layers:
+                    x = layer(x, None)
+                states = enc.layer_norm(x).to(self.dtype)
             # The decoder attends to the whole window (as the checkpoint was trained); ``lengths`` still counts the
             # real positions, so frame-level consumers (the CTC gate) skip the padding.
             real = ((frame_lengths + 1) // 2).clamp(max=states.shape[1])
             return EncoderOutput(states, real, masked=False)
-        t = features.shape[-1]
         frame_mask = (torch.arange(t, device=features.device)[None, :] < frame_lengths[:, None]).to(features.dtype)
         if self.feature_mean is not None:  # global per-mel-bin normalization (training statistics); padding -> 0
             features = (features - self.feature_mean) / self.feature_std * frame_mask[:, None, :]
@@ -507,6 +516,28 @@ class WhisperASR:
         for layer in enc.layers:
             x = layer(x, bias)
         return EncoderOutput(enc.layer_norm(x).to(self.dtype), lengths, masked=True)
+
+    def short_window(self, features: torch.Tensor, frame_lengths: torch.Tensor, min_seconds: float) -> torch.Tensor:
+        """Cut fixed-window features to a shorter encoder window (lossy; whisper.cpp's ``audio_ctx``, chosen per
+        batch): the batch's longest row plus :data:`SHORT_WINDOW_MARGIN_S` of its padding, at least ``min_seconds``,
+        rounded up to whole seconds, at most the model's window. The encoder's cost falls with the window (its
+        attention quadratically); the model, trained on 30 s windows, may transcribe differently: with less than
+        ~10 s of window Whisper base repeated a 1.9 s LJSpeech clip's text to the token cap (see the README).
+
+        Args:
+            features: ``[B, n_mels, T]`` from :meth:`features`; frame_lengths: int64 ``[B]``, real frames per row.
+            min_seconds: the shortest window in seconds; 0 leaves the features as they are.
+
+        Returns:
+            ``features[..., :T']`` (a view), or ``features`` for ``min_seconds <= 0`` or a masking model (whose
+            features are already cut to the longest row).
+        """
+        if min_seconds <= 0 or self.encoder_masking:
+            return features
+        fps = self.frames_per_second
+        longest = float(frame_lengths.max()) / fps if len(frame_lengths) else 0.0
+        seconds = math.ceil(max(min_seconds, longest + SHORT_WINDOW_MARGIN_S))
+        return features[..., : min(features.shape[-1], int(seconds * fps))]
 
     # ------------------------------------------------------------------ decoder
     def new_cache(self, encoder_output: EncoderOutput, capacity: int) -> DecoderCache:
