@@ -68,9 +68,9 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "repeats itself, a likely hallucination; the text is kept). Default 2.4, as Whisper")
     g.add_argument("--short-window", type=float, default=0.0, metavar="SECONDS",
                    help="lossy speed-up for short clips: cut the encoder's 30 s window to each batch's longest clip "
-                        "+ 2 s, at least SECONDS (whisper.cpp's audio_ctx, chosen per batch; 10 kept whisper-base's "
-                        "LJSpeech WER, see the README for AN4). Turns the no-speech gate off. Default 0: the full "
-                        "window, the exact reference")
+                        "+ 2 s, at least SECONDS (whisper.cpp's audio_ctx, chosen per batch). whisper-base: 10 kept "
+                        "LJSpeech's WER at 2.6x the speed but hurt 2-5 s clips; 20 gave 1.6x at a small cost (see "
+                        "the README). Turns the no-speech gate off. Default 0: the full window, the exact reference")
     d = SpeculationOptions()
     g.add_argument("--draft-max", type=int, default=d.max_draft,
                    help=f"longest draft per round (SpecASR IV.A; default {d.max_draft}; SpecASR used 24)")

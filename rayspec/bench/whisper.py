@@ -116,9 +116,9 @@ def run_whisper_suite(targets: list[str], manifests: list[str], limits: list[int
             rates = error_rates([u.text for u in utts], [r.text for r in results])
             k = min(identity_limit, len(utts))
             ident = _identity(name, model, ct2_model, audios[:k]) if k else {"n": 0, "hf_same": None, "ct2_same": None}
+            label = name + (f" (encoder {encoder})" if encoder else "") + (f" (window >= {window} s)" if window else "")
             rows.append(dict(
-                target=name + (f" (encoder {encoder})" if encoder else "") + (f" (window >= {window} s)" if window
-                                                                               else ""), corpus=utts[0].corpus if utts else "-", n=len(utts), wer=rates.wer, cer=rates.cer,
+                target=label, corpus=utts[0].corpus if utts else "-", n=len(utts), wer=rates.wer, cer=rates.cer,
                 cer_nospace=rates.cer_nospace, rtfx=sum(len(a) for a in audios) / model.sample_rate / wall,
                 no_speech=sum(r.route == "no_speech" for r in results),
                 repetitive=sum(bool(r.repetitive) for r in results), load_s=load_s, threads=threads,

@@ -469,7 +469,8 @@ class WhisperASR:
         0.65 s per window one at a time, 0.87 s as one batch of 16). The rows' results do not depend on the slicing.
 
         Args:
-            features: ``[B, n_mels, T]`` log-mel features (``T`` = :attr:`max_frames` for fixed-window models).
+            features: ``[B, n_mels, T]`` log-mel features (``T`` = :attr:`max_frames` for fixed-window models, or
+                fewer: :meth:`short_window`).
             frame_lengths: int64 ``[B]``, real frames per row.
 
         Returns:
@@ -521,8 +522,9 @@ class WhisperASR:
         """Cut fixed-window features to a shorter encoder window (lossy; whisper.cpp's ``audio_ctx``, chosen per
         batch): the batch's longest row plus :data:`SHORT_WINDOW_MARGIN_S` of its padding, at least ``min_seconds``,
         rounded up to whole seconds, at most the model's window. The encoder's cost falls with the window (its
-        attention quadratically); the model, trained on 30 s windows, may transcribe differently: with less than
-        ~10 s of window Whisper base repeated a 1.9 s LJSpeech clip's text to the token cap (see the README).
+        attention quadratically); the model, trained on 30 s windows, may transcribe differently: in a 3 s window
+        Whisper base repeated a 1.9 s LJSpeech clip's text to the token cap, and in 10 s windows it misheard
+        speechocean762's 2-5 s sentences far more often than in 30 s ones (the README's table).
 
         Args:
             features: ``[B, n_mels, T]`` from :meth:`features`; frame_lengths: int64 ``[B]``, real frames per row.
