@@ -56,8 +56,8 @@ class DecodeOptions:
         short_window_s: 0 (the default) runs a stock Whisper's encoder over its whole 30 s window, the exact
             reference; ``S > 0`` cuts each batch's window to its longest row + 2 s, at least ``S`` seconds
             (:meth:`~rayspec.models.whisper.WhisperASR.short_window`): lossy (``mode`` "lossy"), and the
-            no-speech gate is off (``<|nospeech|>``'s probability rises in a short window: AN4 words read in
-            3 s clips were dropped at 0.65-0.73; VAD still drops recordings without speech). Every method stays
+            no-speech gate is off (``<|nospeech|>``'s probability rises in a short window: four AN4 clips of
+            spelled words, 2.8-5 s, were dropped at 0.65-0.73; VAD still drops recordings without speech). Every method stays
             exact against ``ar`` at the same setting.
     """
 

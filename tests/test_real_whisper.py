@@ -360,9 +360,9 @@ def test_short_window_cuts_the_encoder_and_keeps_methods_exact_at_that_setting(t
     assert tiny.short_window(feats, lengths, 0.0) is feats
     options = DecodeOptions("ar", max_tokens_per_second=1000.0, short_window_s=10.0)
     assert options.mode == "lossy" and DecodeOptions("ar").mode == "exact"
-    enc = encode_audio(tiny, options, audios, [len(a) / tiny.sample_rate for a in audios])
-    assert enc.target.states.shape[1] == 500  # 10 s of 20 ms encoder positions
     d = [len(a) / tiny.sample_rate for a in audios]
+    enc = encode_audio(tiny, options, audios, d)
+    assert enc.target.states.shape[1] == 500  # 10 s of 20 ms encoder positions
     ar = decode_batch(tiny, options, audios, d)
     draft = WhisperASR.from_pretrained(tiny_en_drafters[0])
     spec = decode_batch(tiny, DecodeOptions("draft", max_tokens_per_second=1000.0, short_window_s=10.0), audios, d,

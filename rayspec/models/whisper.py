@@ -491,12 +491,8 @@ class WhisperASR:
         if not self.encoder_masking:
             if t == self.max_frames:
                 states = enc(features.to(edt)).last_hidden_state.to(self.dtype)
-            else:  # a short window (short_window): the same layers over its first positions, no mask either
-                x = F.gelu(enc.conv2(F.gelu(enc.conv1(features.to(edt))))).permute(0, 2, 1)
-                x = x + enc.embed_positions.weight[: x.shape[1]]
-                for layer in enc.layers:
-                    x = layer(x, None)
-                states = enc.layer_norm(x).to(self.dtype)
+            else:  # a short window (short_window): no mask either, as in the full window
+                states = self._encoder_layers(enc, features.to(edt))
             # The decoder attends to the whole window (as the checkpoint was trained); ``lengths`` still counts the
             # real positions, so frame-level consumers (the CTC gate) skip the padding.
             real = ((frame_lengths + 1) // 2).clamp(max=states.shape[1])
@@ -504,19 +500,30 @@ class WhisperASR:
         frame_mask = (torch.arange(t, device=features.device)[None, :] < frame_lengths[:, None]).to(features.dtype)
         if self.feature_mean is not None:  # global per-mel-bin normalization (training statistics); padding -> 0
             features = (features - self.feature_mean) / self.feature_std * frame_mask[:, None, :]
-        features, frame_mask = features.to(edt), frame_mask.to(edt)
-        x = F.gelu(enc.conv1(features)) * frame_mask[:, None, :]
+        lengths = (frame_lengths + 1) // 2
+        return EncoderOutput(self._encoder_layers(enc, features.to(edt), frame_mask.to(edt), lengths), lengths,
+                             masked=True)
+
+    def _encoder_layers(self, enc, features: torch.Tensor, frame_mask: Optional[torch.Tensor] = None,
+                        lengths: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The encoder run layer by layer: features ``[B, n_mels, T]`` in the encoder's dtype -> states
+        ``[B, ceil(T / 2), D]`` in the model dtype. With ``frame_mask`` ``[B, T]`` and ``lengths`` int64 ``[B]`` (masked
+        models) padded frames are zeroed after the first convolution and padded positions masked in attention;
+        without them every position is seen (a stock Whisper's short window)."""
+        x = F.gelu(enc.conv1(features))
+        if frame_mask is not None:
+            x = x * frame_mask[:, None, :]
         x = F.gelu(enc.conv2(x)).permute(0, 2, 1)
         s = x.shape[1]
-        lengths = (frame_lengths + 1) // 2
-        x = x + enc.embed_positions.weight[:s]
-        x = F.dropout(x, p=enc.dropout, training=enc.training)
-        keep = torch.arange(s, device=x.device)[None, :] < lengths[:, None]
-        bias = torch.zeros(keep.shape, dtype=x.dtype, device=x.device).masked_fill(~keep, torch.finfo(x.dtype).min)
-        bias = bias[:, None, None, :]
+        x = F.dropout(x + enc.embed_positions.weight[:s], p=enc.dropout, training=enc.training)
+        bias = None
+        if lengths is not None:
+            keep = torch.arange(s, device=x.device)[None, :] < lengths[:, None]
+            bias = torch.zeros(keep.shape, dtype=x.dtype, device=x.device).masked_fill(~keep, torch.finfo(x.dtype).min)
+            bias = bias[:, None, None, :]
         for layer in enc.layers:
             x = layer(x, bias)
-        return EncoderOutput(enc.layer_norm(x).to(self.dtype), lengths, masked=True)
+        return enc.layer_norm(x).to(self.dtype)
 
     def short_window(self, features: torch.Tensor, frame_lengths: torch.Tensor, min_seconds: float) -> torch.Tensor:
         """Cut fixed-window features to a shorter encoder window (lossy; whisper.cpp's ``audio_ctx``, chosen per
@@ -537,7 +544,7 @@ class WhisperASR:
         if min_seconds <= 0 or self.encoder_masking:
             return features
         fps = self.frames_per_second
-        longest = float(frame_lengths.max()) / fps if len(frame_lengths) else 0.0
+        longest = float(frame_lengths.max()) / fps
         seconds = math.ceil(max(min_seconds, longest + SHORT_WINDOW_MARGIN_S))
         return features[..., : min(features.shape[-1], int(seconds * fps))]
 
