@@ -158,7 +158,7 @@ def cmd_train(args) -> int:
 
         summary = train_medusa(args.target, args.manifests, args.output, args.work_dir, args.medusa_heads,
                                args.epochs, seed=args.seed, threads=args.threads,
-                               max_utterances=args.max_utterances)
+                               max_utterances=args.max_utterances, block=args.medusa_block)
         print(json.dumps({"dev_top1": summary["dev_top1"]}))
         return 0
 
@@ -346,6 +346,8 @@ def _train_parser(sub) -> None:
                       --batch-frames (2 per encoder position), --encoder-dtype bfloat16 (a 3x faster teacher pass
                       on AVX-512 BF16)
               medusa  Medusa heads over the frozen decoder of --target, on its own greedy transcripts
+                      (--medusa-heads, --medusa-block: a cross-attention block under the heads, the default
+                      heads' form)
               draft-decoder  a shallow decoder (WhisperForCausalLM, --decoder-layers, default 2) over the frozen
                       encoder of --target, distilled from its output distributions (distil-whisper's assistant),
                       sharing the target's embedding (not shipped); reads --epochs, --lr, --batch-frames (2 per
@@ -395,6 +397,9 @@ def _train_parser(sub) -> None:
     p.add_argument("--init-ctc", help="warm start: initialise the CTC head from this directory")
     p.add_argument("--codec", help="tts kinds: Lyra v2 codec directory (default: the bundled one)")
     p.add_argument("--medusa-heads", type=int, default=4, help="medusa: number of heads K (default 4)")
+    p.add_argument("--medusa-block", action="store_true",
+                   help="medusa: Medusa-Block (Whisper-Medusa): the heads read a block that attends to the audio "
+                        "through the target's last-layer cross-attention keys/values, started from that layer")
     for name in ("d-model", "encoder-layers", "decoder-layers", "heads", "ffn", "frame-stack"):
         p.add_argument(f"--{name}", type=int, default=None, help="architecture override")
     p.add_argument("--position-scale", type=float, default=None,

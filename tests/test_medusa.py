@@ -18,9 +18,11 @@ def _encode(model, audios):
     return model.encode(f, l)
 
 
-def _heads(model, seed=0, eos_bias=0.0):
+def _heads(model, seed=0, eos_bias=0.0, block=False):
     torch.manual_seed(seed)
-    heads = MedusaHeads(model.config.d_model, 4)
+    cfg = model.config
+    heads = MedusaHeads(cfg.d_model, 4, block_heads=cfg.decoder_attention_heads if block else 0,
+                        block_ffn=cfg.decoder_ffn_dim if block else 0)
     with torch.no_grad():
         for block in heads.blocks:
             block.weight.normal_(0, 0.3)
@@ -34,14 +36,16 @@ def _medusa(model, heads, audios, caps, rule=AcceptanceRule()):
         return loop.decode(_encode(model, audios), caps)
 
 
+@pytest.mark.parametrize("block", [False, True])
 @pytest.mark.parametrize("batch_size", [1, 4, 8])
-def test_medusa_greedy_equals_ar(tiny_target, batch_size):
+def test_medusa_greedy_equals_ar(tiny_target, batch_size, block):
     caps = [24] * len(AUDIO)
     with torch.inference_mode():
         ar = [h.tokens for h in greedy_decode(tiny_target, _encode(tiny_target, AUDIO), caps)]
     got = []
+    heads = _heads(tiny_target, block=block)
     for s in range(0, len(AUDIO), batch_size):
-        got += _medusa(tiny_target, _heads(tiny_target), AUDIO[s : s + batch_size], caps[s : s + batch_size])
+        got += _medusa(tiny_target, heads, AUDIO[s : s + batch_size], caps[s : s + batch_size])
     assert [h.tokens for h in got] == ar
     assert all(h.stats.draft_forward_passes == 0 and h.route == "medusa" for h in got)
 
@@ -98,12 +102,14 @@ def test_head_accuracy_curve_is_one_fraction_per_head(tiny_target, samples_manif
     assert len(acc) == 4 and all(0.0 <= a <= 1.0 for a in acc)
 
 
-def test_medusa_continuous_batching_equals_static(tiny_target):
-    """Rows that join mid-batch get no proposal until their first target pass returns a hidden state."""
+@pytest.mark.parametrize("block", [False, True])
+def test_medusa_continuous_batching_equals_static(tiny_target, block):
+    """Rows that join mid-batch get no proposal until their first target pass returns a hidden state; a block's
+    proposals for a row do not depend on the other rows in the batch (it reads the loop's cache rows in order)."""
     from rayspec.spec.loop import Admission
 
     caps = [24, 5, 24, 9, 24, 2, 24, 13]
-    heads = _heads(tiny_target)
+    heads = _heads(tiny_target, block=block)
     static = {i: h for i in range(len(AUDIO)) for h in _medusa(tiny_target, heads, [AUDIO[i]], [caps[i]])}
     rows = (Admission(list(range(s, s + 2)), _encode(tiny_target, AUDIO[s : s + 2]), caps[s : s + 2])
             for s in range(0, len(AUDIO), 2))
@@ -113,3 +119,20 @@ def test_medusa_continuous_batching_equals_static(tiny_target):
     assert {k: h.tokens for k, h in got.items()} == {k: h.tokens for k, h in static.items()}
     assert {k: h.stats.target_forward_passes for k, h in got.items()} == \
         {k: h.stats.target_forward_passes for k, h in static.items()}
+
+
+def test_block_heads_read_the_audio_and_need_the_cross_attention(tiny_target, tmp_path):
+    heads = _heads(tiny_target, block=True)
+    heads.save_pretrained(str(tmp_path / "heads"))
+    loaded = MedusaHeads.from_pretrained(str(tmp_path / "heads"))
+    assert loaded.cross_block is not None and MedusaProposer(tiny_target, loaded).needs_cross
+    with torch.inference_mode():
+        cache = tiny_target.new_cache(_encode(tiny_target, AUDIO[:2]), 4)
+        ks, vs, mask = cache.cross()
+        h = torch.randn(2, 1, tiny_target.config.d_model)
+        same = loaded(h, (ks[-1], vs[-1], mask))
+        swapped = loaded(h, (ks[-1].flip(0), vs[-1].flip(0), mask))
+    assert same.shape == (4, 2, 1, tiny_target.config.d_model)
+    assert not torch.allclose(same, swapped)  # other audio, other proposals
+    with pytest.raises(ValueError, match="cross-attention"):
+        loaded(h)

@@ -134,12 +134,17 @@ def _drafters(tiny):
     return new_draft_decoder(tiny, layers=1, dropout=0.0), ctc
 
 
-@pytest.mark.parametrize("method", ["draft", "ssd", "ctc-draft", "medusa"])
+@pytest.mark.parametrize("method", ["draft", "ssd", "ctc-draft", "medusa", "medusa-block"])
 @pytest.mark.parametrize("batch_size", [1, 4])
 def test_every_method_equals_ar_on_real_whisper(tiny, clips, reference, method, batch_size, tmp_path):
     draft, ctc = _drafters(tiny)
     heads = tmp_path / "heads"
-    MedusaHeads(tiny.config.d_model, 3).save_pretrained(str(heads))
+    block = method == "medusa-block"
+    method = "medusa" if block else method
+    cfg = tiny.config
+    torch.manual_seed(0)
+    MedusaHeads(cfg.d_model, 3, block_heads=cfg.decoder_attention_heads if block else 0,
+                block_ffn=cfg.decoder_ffn_dim if block else 0).save_pretrained(str(heads))
     from rayspec.options import decode_options_from
 
     options = decode_options_from({"method": method, "max_tokens_per_second": 1000.0, "tau_ctc": 0.0,

@@ -109,6 +109,12 @@ def test_train_medusa_heads_on_the_frozen_target(trained_target, samples_manifes
     log = [json.loads(line) for line in open(work / "log.jsonl")]
     assert [r["epoch"] for r in log] == [1, 2] and len(log[-1]["dev_top1"]) == 2
     assert main(["train", "medusa", samples_manifest, "-o", str(tmp / "m2"), "--work-dir", str(work)]) == 2
+    # Medusa-Block from the same cached states: they lack the encoder states, which are computed and cached then
+    assert main(["train", "medusa", samples_manifest, "-o", str(tmp / "mb"), "--target", str(out),
+                 "--work-dir", str(work / "block"), "--epochs", "1", "--threads", "1", "--medusa-heads", "2",
+                 "--medusa-block"]) == 0
+    block = MedusaHeads.from_pretrained(str(tmp / "mb"))
+    assert block.cross_block is not None and json.load(open(work / "block" / "summary.json"))["block"]
 
 
 def test_spec_augment_frequency_mask_covers_the_same_mel_bins_in_every_stacked_frame():

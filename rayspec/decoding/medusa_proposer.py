@@ -86,20 +86,36 @@ class MedusaProposer:
     def __init__(self, target: WhisperASR, heads: MedusaHeads,
                  tree: Sequence[Sequence[int]] = DEFAULT_TREE) -> None:
         self.target, self.heads = target, heads
+        self.needs_cross = heads.cross_block is not None  # the loop hands its cross-attention over (Medusa-Block)
         self.tree = sorted({tuple(p) for p in tree if len(p) <= heads.num_heads}, key=lambda p: (len(p), p))
         check_tree(self.tree, heads.num_heads)
         self.top = 1 + max(max(p) for p in self.tree)
         self.depth = max(len(p) for p in self.tree)
         self.hidden: dict[int, torch.Tensor] = {}
+        self._zero: Optional[torch.Tensor] = None  # [D], the block's input for a row without a hidden state yet
         self.readout = heads.readout(target.model.proj_out.weight)  # [D, S], None: the whole vocabulary
 
     @torch.inference_mode()
-    def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
+    def propose(self, requests: list[DraftRequest], cross: Optional[tuple] = None) -> list[Proposal]:
+        """One token tree per row that has a hidden state (the others: an empty proposal).
+
+        Args:
+            cross: for heads with a block (``needs_cross``), the loop cache's ``cross()``: per decoder layer the
+                target's keys/values ``[B, H, S, Dh]`` of the requested rows, in request order, and their mask.
+        """
         ready = [r for r in requests if r.index in self.hidden]
         out = {r.index: Proposal() for r in requests}
         if ready:
-            h = torch.stack([self.hidden[r.index] for r in ready])  # [R, D]
-            states = self.heads(h)[: self.depth]  # [K, R, D]
+            if self.needs_cross:  # every row goes through the block (zeros where not ready): no copy of the cache
+                h = torch.stack([self.hidden.get(r.index, self._zero) for r in requests])  # [B, D]
+                ks, vs, mask = cross
+                states = self.heads(h[:, None], (ks[-1], vs[-1], mask))[: self.depth, :, 0]  # [K, B, D]
+                pick = [k for k, r in enumerate(requests) if r.index in self.hidden]
+                if len(pick) < len(requests):
+                    states = states[:, pick]  # [K, R, D]
+            else:
+                h = torch.stack([self.hidden[r.index] for r in ready])  # [R, D]
+                states = self.heads(h)[: self.depth]  # [K, R, D]
             if self.readout is None:
                 logits = self.target.suppress(self.target.project(states))  # [K, R, V]
                 cand = logits.topk(self.top, dim=-1).indices  # [K, R, top]
@@ -124,3 +140,5 @@ class MedusaProposer:
 
     def update(self, feedback: list[Feedback]) -> None:
         self.hidden = {f.index: f.hidden for f in feedback}
+        if feedback and self._zero is None:
+            self._zero = torch.zeros_like(feedback[0].hidden)

@@ -560,12 +560,10 @@ class WhisperASR:
         states = encoder_output.states
         b, s, _ = states.shape
         cross_k, cross_v, self_k, self_v = [], [], [], []
-        for layer in dec.layers:
-            attn = layer.encoder_attn
-            # contiguous [B, H, S, Dh]: attention of a few new tokens over S positions reads the keys/values of
-            # one head as one block (tiny.en, batch 8, 1,500 positions: 0.93 vs 1.94 ms per layer as a strided view)
-            cross_k.append(self._heads(attn.k_proj(states)).contiguous())
-            cross_v.append(self._heads(attn.v_proj(states)).contiguous())
+        for i in range(len(dec.layers)):
+            k, v = self.cross_attention_kv(states, i)
+            cross_k.append(k)
+            cross_v.append(v)
             self_k.append(states.new_zeros((b, self.num_heads, capacity, self.head_dim)))
             self_v.append(states.new_zeros((b, self.num_heads, capacity, self.head_dim)))
         cross_mask, real = None, None
@@ -576,6 +574,14 @@ class WhisperASR:
                     :, None, None, :
                 ]
         return DecoderCache.empty(self_k, self_v, cross_k, cross_v, cross_mask, states.device, real)
+
+    def cross_attention_kv(self, states: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Decoder layer ``layer``'s cross-attention keys and values of encoder states ``[B, S, D]``: two contiguous
+        ``[B, H, S, Dh]`` tensors in the decoder's dtype (what :meth:`new_cache` holds per layer)."""
+        attn = self._half("decoder").layers[layer].encoder_attn
+        # contiguous [B, H, S, Dh]: attention of a few new tokens over S positions reads the keys/values of
+        # one head as one block (tiny.en, batch 8, 1,500 positions: 0.93 vs 1.94 ms per layer as a strided view)
+        return self._heads(attn.k_proj(states)).contiguous(), self._heads(attn.v_proj(states)).contiguous()
 
     def decode(
         self,

@@ -121,7 +121,9 @@ class Admission:
 class Proposer(Protocol):
     """A drafting strategy (propose vs update, as transformers' ``CandidateGenerator``): in this process or behind a
     Ray actor (``actors.drafter.RemoteProposers``). A proposer with a true ``needs_hidden`` attribute gets the
-    target's hidden states in its feedback."""
+    target's hidden states in its feedback; one with a true ``needs_cross`` also gets the cache's cross-attention
+    keys/values (:meth:`~rayspec.models.cache.DecoderCache.cross`, rows in request order) as ``propose``'s second
+    argument."""
 
     def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
         """One proposal per request (the live rows, in batch order; rows not requested any more are finished)."""
@@ -316,7 +318,9 @@ class VerifyLoop:
         if self.proposer is None:
             proposals = [Proposal() for _ in live]
         else:
-            proposals = self.proposer.propose([DraftRequest(r.index, list(r.seq), r.room) for r in live])
+            requests = [DraftRequest(r.index, list(r.seq), r.room) for r in live]
+            proposals = (self.proposer.propose(requests, cache.cross()) if getattr(self.proposer, "needs_cross", False)
+                         else self.proposer.propose(requests))
         feedback = self._round(live, proposals, cache)
         done = [k for k, r in enumerate(live) if r.hyp.finished or r.room <= 0]
         if self.proposer is not None:
