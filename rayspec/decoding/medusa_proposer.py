@@ -7,7 +7,8 @@ predicted the row's newest token); head ``k`` turns it into candidates for the `
 tree is Medusa's sparse tree: a fixed set of paths of candidate ranks, more children at shallow depths. The first
 round of a row has no hidden state yet and proposes nothing (a plain target step). No draft model, no draft KV
 cache, no extra pass: the heads run on the target's side, read out over their candidate vocabulary when they carry
-one (:class:`~rayspec.models.medusa.MedusaHeads`).
+one (:class:`~rayspec.models.medusa.MedusaHeads`). Heads with a cross-attention block (Medusa-Block) also read the
+target's keys/values of its last decoder layer, which the loop hands over from its own KV cache (``needs_cross``).
 """
 
 from __future__ import annotations

@@ -6,10 +6,10 @@ projection (shared and frozen, Medusa-1): from the hidden state that predicts to
 ``t + 1 + k``. The heads are stored as ``model.safetensors`` + ``config.json`` in their own directory, next to the
 target they were trained for (``medusa_config.target`` records which).
 
-With ``block`` set, the heads read the output of :class:`CrossBlock` instead of the hidden state itself: Whisper-Medusa's
-Medusa-Block (section 2, Fig. 1 right), a decoder block shared by all heads whose cross-attention looks at the audio
-(the target's own keys/values of its last decoder layer). A residual block on the hidden state alone cannot tell which
-word comes two tokens later; the audio can.
+With a block (``block_heads`` > 0) the heads read the output of :class:`CrossBlock`, not the hidden state itself:
+Whisper-Medusa's Medusa-Block (section 2, Fig. 1 right), a decoder block shared by all heads whose cross-attention
+looks at the audio (the target's own keys/values of its last decoder layer). A residual block on the hidden state
+alone cannot tell which word comes two tokens later; the audio can.
 
 Heads may carry a candidate vocabulary (``vocab``: the token ids the target emitted in their training data): the
 proposer then reads them out over those rows of the output projection only. On a CPU the full 51,865-way product of
