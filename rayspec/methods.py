@@ -57,8 +57,8 @@ class DecodeOptions:
             reference; ``S > 0`` cuts each batch's window to its longest row + 2 s, at least ``S`` seconds
             (:meth:`~rayspec.models.whisper.WhisperASR.short_window`): lossy (``mode`` "lossy"), and the
             no-speech gate is off (``<|nospeech|>``'s probability rises in a short window: four AN4 clips of
-            spelled words, 2.8-5 s, were dropped at 0.65-0.73; VAD still drops recordings without speech). Every method stays
-            exact against ``ar`` at the same setting.
+            spelled words, 2.8-5 s, were dropped at 0.65-0.73; VAD still drops recordings without speech). Every
+            method stays exact against ``ar`` at the same setting.
     """
 
     method: str = "ar"

@@ -109,7 +109,7 @@ def test_train_medusa_heads_on_the_frozen_target(trained_target, samples_manifes
     log = [json.loads(line) for line in open(work / "log.jsonl")]
     assert [r["epoch"] for r in log] == [1, 2] and len(log[-1]["dev_top1"]) == 2
     assert main(["train", "medusa", samples_manifest, "-o", str(tmp / "m2"), "--work-dir", str(work)]) == 2
-    # Medusa-Block from the same cached states: they lack the encoder states, which are computed and cached then
+    # Medusa-Block, in its own work directory (its cache also holds the encoder states)
     assert main(["train", "medusa", samples_manifest, "-o", str(tmp / "mb"), "--target", str(out),
                  "--work-dir", str(work / "block"), "--epochs", "1", "--threads", "1", "--medusa-heads", "2",
                  "--medusa-block"]) == 0

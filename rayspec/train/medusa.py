@@ -43,7 +43,7 @@ def _target_states(target: WhisperASR, utterances, cap: int = 200, encoder: bool
     predicts a transcript token or EOS, that token (its own greedy output), and with ``encoder`` its encoder states
     (float16 ``[S, D]``; else None)."""
     order = sorted(range(len(utterances)), key=lambda i: utterances[i].duration_s or 0.0)
-    out: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    out: dict[int, tuple] = {}
     p = len(target.prompt_ids)
     for s in tqdm(range(0, len(order), 16), desc="target states"):
         idx = order[s : s + 16]
@@ -109,15 +109,14 @@ def _head_loss(heads, target, batch, lam: float):
 
 
 @torch.no_grad()
-def _dev_counts(heads, target, dev, lam: float, batch_utterances: int):
-    """:func:`_head_loss` over ``dev`` in batches (a block's keys/values for every dev utterance at once would not
-    fit): (mean loss, per-head (correct, total))."""
-    losses, counts = [], [(0, 0)] * heads.num_heads
+def _dev_counts(heads, target, dev, batch_utterances: int) -> list[tuple[int, int]]:
+    """Per head (correct, total) top-1 counts over ``dev``, in batches (a block's keys/values for every dev utterance
+    at once would not fit)."""
+    counts = [(0, 0)] * heads.num_heads
     for s in range(0, len(dev), batch_utterances):
-        loss, c = _head_loss(heads, target, dev[s : s + batch_utterances], lam)
-        losses.append(float(loss))
+        _, c = _head_loss(heads, target, dev[s : s + batch_utterances], 1.0)
         counts = [(a + x, b + y) for (a, b), (x, y) in zip(counts, c)]
-    return sum(losses) / max(1, len(losses)), counts
+    return counts
 
 
 @torch.no_grad()
@@ -125,7 +124,7 @@ def head_accuracy(target: WhisperASR, heads: MedusaHeads, utterances) -> list[fl
     """Per head, top-1 agreement with the target's own greedy token ``k`` positions ahead on ``utterances``
     (fractions in head order; the heads' accuracy curve)."""
     states = _target_states(target, utterances, encoder=heads.cross_block is not None)
-    _, counts = _dev_counts(heads, target, states, 1.0, 32)
+    counts = _dev_counts(heads, target, states, 32)
     return [c / n if n else 0.0 for c, n in counts]
 
 
@@ -194,8 +193,7 @@ def train_medusa(target_dir: str, manifests: list[str], out_dir: str, work_dir: 
             total_loss += loss.item()
         epoch += 1
         heads.eval()
-        with torch.no_grad():
-            _, counts = _dev_counts(heads, target, dev, lam, batch_utterances)
+        counts = _dev_counts(heads, target, dev, batch_utterances)
         acc = [round(c / n, 4) if n else None for c, n in counts]
         rec = {"epoch": epoch, "loss": round(total_loss / steps_per_epoch, 4), "dev_top1": acc,
                "epoch_s": round(time.time() - t0, 1)}
