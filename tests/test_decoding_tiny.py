@@ -71,25 +71,47 @@ def test_speculative_equals_ar(tiny_target, tiny_draft, name, batch_size):
     assert sum(s.target_forward_passes for s in stats) < sum(len(t) + 1 for t in expected)
 
 
-def test_projection_kernels_agree(tiny_target, tiny_draft, monkeypatch):
-    """Several rows take oneDNN's product on a large vocabulary (forced here on the tiny one), one row MKL's against
-    the transposed weight: the logits agree to float32 rounding and speculation stays exact."""
-    import rayspec.models.whisper as whisper
+@pytest.mark.parametrize("mixed", [True, False])
+def test_linear_kernels_agree(tiny_target, tiny_draft, monkeypatch, mixed):
+    """Products go through oneDNN's packed weights (forced here on the tiny model's small ones): everywhere, or
+    (``mixed``) only the output projection's products of several rows while one row takes F.linear. The logits
+    agree with F.linear to float32 rounding and speculation stays exact across the kernels."""
+    import rayspec.models.linear as lin
 
-    if whisper._ONEDNN_LINEAR is None:
+    if not lin._AVAILABLE:
         pytest.skip("torch built without oneDNN")
-    monkeypatch.setattr(whisper, "ONEDNN_MIN_WEIGHT", 0)
-    hidden = torch.randn(3, 5, tiny_target.model.proj_out.weight.shape[1])
+    weight = tiny_target.model.proj_out.weight
+    monkeypatch.setattr(lin, "MIN_ELEMENTS", weight.numel() if mixed else 0)
+    monkeypatch.setattr(lin, "MIN_WORK", 2 * weight.numel() if mixed else 0)
+    hidden = torch.randn(3, 5, weight.shape[1])
     with torch.inference_mode():
         rows = tiny_target.project(hidden)
         single = torch.stack([tiny_target.project(hidden[b, i][None, None])[0, 0] for b in range(3) for i in range(5)])
-    want = torch.nn.functional.linear(hidden, tiny_target.model.proj_out.weight)
+    want = torch.nn.functional.linear(hidden, weight)
     assert torch.allclose(rows, want, atol=1e-5) and torch.allclose(single.view(3, 5, -1), want, atol=1e-5)
     expected = _ar_single(tiny_target, AUDIO[:6])
     with torch.inference_mode():
         hyps = speculative_decode(tiny_target, _encode(tiny_target, AUDIO[:6]), tiny_draft,
                                   _encode(tiny_draft, AUDIO[:6]), [CAP] * 6, CONFIGS["tree"])
     assert [h.tokens for h in hyps] == expected
+
+
+def test_packed_weight_follows_its_weight():
+    """The packed copy is remade when the weight changes in place, and a product that needs gradients takes
+    F.linear."""
+    import rayspec.models.linear as lin
+
+    if not lin._AVAILABLE:
+        pytest.skip("torch built without oneDNN")
+    w = torch.randn(1024, 512)
+    x = torch.randn(4, 512)
+    with torch.no_grad():
+        before = lin.linear(x, w)
+        w.mul_(2)
+        assert torch.allclose(lin.linear(x, w), 2 * before, atol=1e-4)
+    w.requires_grad_(True)
+    lin.linear(x, w).sum().backward()
+    assert w.grad is not None
 
 
 def test_length_cap_inside_a_draft(tiny_target, tiny_draft):

@@ -94,7 +94,7 @@ class MedusaProposer:
         self.depth = max(len(p) for p in self.tree)
         self.hidden: dict[int, torch.Tensor] = {}
         self._zero: Optional[torch.Tensor] = None  # [D], the block's input for a row without a hidden state yet
-        self.readout = heads.readout(target.model.proj_out.weight)  # [D, S], None: the whole vocabulary
+        self.readout = heads.readout(target.model.proj_out.weight)  # [S, D], None: the whole vocabulary
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest], cross: Optional[tuple] = None) -> list[Proposal]:
@@ -121,7 +121,8 @@ class MedusaProposer:
                 logits = self.target.suppress(self.target.project(states))  # [K, R, V]
                 cand = logits.topk(self.top, dim=-1).indices  # [K, R, top]
             else:  # the candidate vocabulary holds only tokens the target emitted (none it suppresses)
-                cand = self.heads.vocab[(states @ self.readout).topk(self.top, dim=-1).indices]  # [K, R, top]
+                top = self.heads.logits(states, self.readout).topk(self.top, dim=-1).indices  # [K, R, top]
+                cand = self.heads.vocab[top]
             cand = cand.permute(1, 0, 2).tolist()  # one device read: [R][K][top]
             for r, c in zip(ready, cand):
                 node: dict[tuple[int, ...], int] = {}

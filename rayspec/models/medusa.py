@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .linear import linear, linear_layer
 from .pretrained import Pretrained
 
 
@@ -51,10 +52,10 @@ class CrossBlock(nn.Module):
         """Block states ``[B, Q, D]`` from hidden states ``x`` ``[B, Q, D]``, keys/values ``[B, H, S, Dh]`` and an
         optional bool mask ``[B, 1, 1, S]`` (True: a real encoder position)."""
         b, q, d = x.shape
-        qh = self.q_proj(self.attn_norm(x)).view(b, q, self.attention_heads, -1).transpose(1, 2)  # [B, H, Q, Dh]
+        qh = linear_layer(self.q_proj, self.attn_norm(x)).view(b, q, self.attention_heads, -1).transpose(1, 2)  # [B, H, Q, Dh]
         att = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask)  # scale 1/sqrt(Dh), as Whisper's
-        x = x + self.out_proj(att.transpose(1, 2).reshape(b, q, d))
-        x = x + self.fc2(F.gelu(self.fc1(self.mlp_norm(x))))
+        x = x + linear_layer(self.out_proj, att.transpose(1, 2).reshape(b, q, d))
+        x = x + linear_layer(self.fc2, F.gelu(linear_layer(self.fc1, self.mlp_norm(x))))
         return self.norm(x)
 
     @torch.no_grad()
@@ -107,18 +108,24 @@ class MedusaHeads(Pretrained, nn.Module):
             if cross is None:
                 raise ValueError("Medusa-Block heads need the target's cross-attention keys/values")
             hidden = self.cross_block(hidden, *cross)
-        return torch.stack([hidden + F.silu(head(hidden)) for head in self.blocks])
+        return torch.stack([hidden + F.silu(linear_layer(head, hidden)) for head in self.blocks])
 
     def readout(self, proj_weight: torch.Tensor) -> torch.Tensor | None:
-        """The target's output projection ``[V, D]`` cut to the candidate vocabulary and transposed (``[D, S]``, the
-        layout MKL reads fastest for a few rows; see ``WhisperASR.project``), or None without a vocabulary. Made
-        once per weight (about 12 ms for 7,326 rows of whisper-base's projection), not per batch."""
+        """The target's output projection ``[V, D]`` cut to the candidate vocabulary (``[S, D]``, contiguous), or
+        None without a vocabulary. Made once per weight (a gather of 7,326 of whisper-base's 51,865 rows), not per
+        batch; :meth:`logits` multiplies by it."""
         if self.vocab is None:
             return None
         key = (proj_weight.data_ptr(), proj_weight._version, proj_weight.dtype, self.vocab.data_ptr())
         if self._readout[0] != key:
-            self._readout = (key, proj_weight.detach()[self.vocab].t().contiguous())
+            self._readout = (key, proj_weight.detach()[self.vocab].contiguous())
         return self._readout[1]
+
+    @staticmethod
+    def logits(states: torch.Tensor, readout: torch.Tensor) -> torch.Tensor:
+        """Logits over the candidate vocabulary ``[..., S]`` of head states ``[..., D]`` and :meth:`readout`'s
+        rows (through :func:`~rayspec.models.linear.linear`: a packed weight on a CPU without autograd)."""
+        return linear(states, readout)
 
     def set_vocab(self, ids) -> None:
         """Restrict proposals to the token ids ``ids`` (sorted, de-duplicated; int64 ``[S]``)."""

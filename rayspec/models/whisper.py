@@ -35,6 +35,7 @@ import torch.nn.functional as F
 
 from .cache import DecoderCache
 from .errors import ModelLoadError
+from .linear import linear, linear_layer
 from .registry import resolve_model
 
 
@@ -91,11 +92,6 @@ class EncoderOutput:
                 raise ValueError("cat needs per-row prompts on every part or on none")
             prompts = [q for p in parts for q in p.prompts]
         return EncoderOutput(states, torch.cat([p.lengths for p in parts]), parts[0].masked, prompts)
-
-
-def _linear(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)`` without the module call (what ``nn.Linear.forward`` computes)."""
-    return F.linear(x, layer.weight, layer.bias)
 
 
 def _layer_norm(layer: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
@@ -161,10 +157,6 @@ EMBEDDING_KEY = "model.decoder.embed_tokens.weight"
 ``WhisperForConditionalGeneration`` and ``WhisperForCausalLM`` alike."""
 CPU_ENCODER_POSITIONS = 1500  # encoder positions per call on a CPU (see WhisperASR.encode)
 SHORT_WINDOW_MARGIN_S = 2.0  # padding kept after a batch's longest row in a short encoder window (short_window)
-ONEDNN_MIN_WEIGHT = 1 << 20  # output-projection elements from which rows > 1 go through oneDNN (WhisperASR.project)
-# oneDNN's float32 linear (see WhisperASR.project); None in a torch build without oneDNN
-_ONEDNN_LINEAR = (torch.ops.mkldnn._linear_pointwise
-                  if torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise") else None)
 
 
 class WhisperASR:
@@ -205,7 +197,6 @@ class WhisperASR:
         self.begin_suppress_tokens = [t for t in (gc.begin_suppress_tokens or []) if t < self.vocab_size]
         self._suppress = self._suppress_bias(self.suppress_tokens)
         self._begin_suppress = self._suppress_bias(self.begin_suppress_tokens)
-        self._proj_t, self._proj_key = None, None  # see project()
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -581,7 +572,8 @@ class WhisperASR:
         attn = self._half("decoder").layers[layer].encoder_attn
         # contiguous [B, H, S, Dh]: attention of a few new tokens over S positions reads the keys/values of
         # one head as one block (tiny.en, batch 8, 1,500 positions: 0.93 vs 1.94 ms per layer as a strided view)
-        return self._heads(attn.k_proj(states)).contiguous(), self._heads(attn.v_proj(states)).contiguous()
+        k, v = linear_layer(attn.k_proj, states), linear_layer(attn.v_proj, states)
+        return self._heads(k).contiguous(), self._heads(v).contiguous()
 
     def decode(
         self,
@@ -625,27 +617,28 @@ class WhisperASR:
         x = _dropout(x, dec.dropout, dec.training)
         write = slots[:, None, :, None].expand(b, self.num_heads, q, self.head_dim)
         cross_k, cross_v, cross_mask = cache.cross()
-        # Layers are run through their weights (F.linear / F.layer_norm), not their modules' __call__: the same
-        # arithmetic, without the module-call overhead that dominates a CPU decoder step of a small model at batch 1.
+        # Layers are run through their weights (linear_layer / F.layer_norm), not their modules' __call__: the same
+        # arithmetic, without the module-call overhead that dominates a CPU decoder step of a small model at batch 1,
+        # and with the products through packed weights on a CPU (rayspec.models.linear).
         for i, layer in enumerate(dec.layers):
             attn = layer.self_attn
             h = _layer_norm(layer.self_attn_layer_norm, x)
-            qh = self._heads(_linear(attn.q_proj, h) * attn.scaling)
-            cache.self_k[i].scatter_(2, write, self._heads(_linear(attn.k_proj, h)))
-            cache.self_v[i].scatter_(2, write, self._heads(_linear(attn.v_proj, h)))
+            qh = self._heads(linear_layer(attn.q_proj, h) * attn.scaling)
+            cache.self_k[i].scatter_(2, write, self._heads(linear_layer(attn.k_proj, h)))
+            cache.self_v[i].scatter_(2, write, self._heads(linear_layer(attn.v_proj, h)))
             k = cache.self_k[i][:, :, :top]
             v = cache.self_v[i][:, :, :top]
             x = x + _dropout(self._attend(attn, qh, k, v, visible), layer.dropout, layer.training)
 
             cross = layer.encoder_attn
             h = _layer_norm(layer.encoder_attn_layer_norm, x)
-            qh = self._heads(_linear(cross.q_proj, h) * cross.scaling)
+            qh = self._heads(linear_layer(cross.q_proj, h) * cross.scaling)
             out = self._attend(cross, qh, cross_k[i], cross_v[i], cross_mask)
             x = x + _dropout(out, layer.dropout, layer.training)
 
-            h = layer.activation_fn(_linear(layer.fc1, _layer_norm(layer.final_layer_norm, x)))
+            h = layer.activation_fn(linear_layer(layer.fc1, _layer_norm(layer.final_layer_norm, x)))
             h = _dropout(h, layer.activation_dropout, layer.training)
-            x = x + _dropout(_linear(layer.fc2, h), layer.dropout, layer.training)
+            x = x + _dropout(linear_layer(layer.fc2, h), layer.dropout, layer.training)
         x = _layer_norm(dec.layer_norm, x[:, logits_from:])
         cache.pending = q
         logits = self.project(x)
@@ -659,38 +652,17 @@ class WhisperASR:
         p = attn.dropout if attn.training else 0.0
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)
         b, _, n, _ = out.shape
-        return _linear(attn.out_proj, out.transpose(1, 2).reshape(b, n, -1))
+        return linear_layer(attn.out_proj, out.transpose(1, 2).reshape(b, n, -1))
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Output projection: decoder hidden states ``[..., D]`` -> float logits ``[..., V]``.
+        """Output projection: decoder hidden states ``[..., D]`` -> logits ``[..., V]`` in the model's dtype.
 
-        On a CPU without autograd the product is a few rows against a ``[V, D]`` weight, bound by reading the weight,
-        and the kernel is picked by row count (whisper-tiny.en, ``V`` = 51,864, 2 threads):
-
-        - one row (a decoder step at batch 1) multiplies against a transposed contiguous copy of the weight
-          (``[D, V]``, made once and remade when the weight changes), which MKL reads about three times as fast as
-          the stored layout (2.9 vs 8.4 ms);
-        - more rows against a large weight (at least :data:`ONEDNN_MIN_WEIGHT` elements, float32) go through
-          oneDNN's linear on the weight as stored (``torch.ops.mkldnn._linear_pointwise``): MKL's product with 8
-          rows runs at ~30 GFLOPS here (10.0 ms against oneDNN's 5.6 ms; 16 rows: 11.4 vs 7.2 ms). A small
-          weight stays with MKL, where oneDNN's fixed cost per call dominates (the zoo target, ``V`` = 37, 16 rows,
-          1 thread: 6.9 vs 19.8 us).
-
-        The two kernels may round differently in the last bits; tests/test_decoding_tiny.py checks that speculation
-        (several rows per verification) stays equal to AR (one row per step) across them.
+        Through :func:`~rayspec.models.linear.linear`: on a CPU without autograd the ``[V, D]`` weight is read in
+        oneDNN's packed layout, at about the same cost for 1 to 16 rows (whisper-base, 51,865 x 512, 2 threads:
+        4.3 ms for one row, 4.5 ms for 10; MKL on the stored weight: 9.8 and 21.7 ms).
         """
         proj = self.model.proj_out
-        if hidden.device.type != "cpu" or torch.is_grad_enabled():
-            return proj(hidden)
-        w = proj.weight
-        if (hidden.numel() > hidden.shape[-1] and w.numel() >= ONEDNN_MIN_WEIGHT and w.dtype == torch.float32
-                and _ONEDNN_LINEAR is not None):
-            return _ONEDNN_LINEAR(hidden, w, proj.bias, "none", [], "")
-        key = (w.data_ptr(), w._version, w.dtype)
-        if self._proj_key != key:
-            self._proj_t, self._proj_key = w.detach().t().contiguous(), key
-        out = hidden @ self._proj_t
-        return out if proj.bias is None else out + proj.bias
+        return linear(hidden, proj.weight, proj.bias)
 
     def suppress(self, logits: torch.Tensor, first: torch.Tensor | np.ndarray | bool = False) -> torch.Tensor:
         """Apply Whisper's suppress lists to logits ``[..., V]`` (returns a new tensor).
@@ -730,7 +702,6 @@ class WhisperASR:
         elif part == "decoder":
             self.model.model.decoder = None
             self.model.proj_out = None  # tied to the decoder's token embedding
-            self._proj_t = self._proj_key = None
         else:
             raise ValueError(f"part must be 'encoder' or 'decoder', not {part!r}")
 
