@@ -104,6 +104,32 @@ def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return F.dropout(x, p=p, training=True) if training and p else x
 
 
+def _encoder_layer(layer, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """A transformers ``WhisperEncoderLayer`` over ``x`` ``[B, S, D]`` (``bias``: additive attention mask
+    ``[B, 1, 1, S]`` or None): the same operations in the same order as its ``forward`` with SDPA attention, with the
+    products through :func:`~rayspec.models.linear.linear_layer` (packed weights on a CPU without autograd:
+    whisper-base's encoder layers, 1,500 positions, 2 threads: 6-13% faster products than MKL's)."""
+    attn = layer.self_attn
+    b, s, d = x.shape
+
+    def heads(t: torch.Tensor) -> torch.Tensor:  # [B, S, D] -> contiguous [B, H, S, Dh]
+        return t.view(b, s, attn.num_heads, -1).transpose(1, 2).contiguous()
+
+    h = _layer_norm(layer.self_attn_layer_norm, x)
+    q = heads(linear_layer(attn.q_proj, h) * attn.scaling)
+    k, v = heads(linear_layer(attn.k_proj, h)), heads(linear_layer(attn.v_proj, h))
+    p = attn.dropout if attn.training else 0.0
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=1.0)
+    x = x + _dropout(linear_layer(attn.out_proj, out.transpose(1, 2).reshape(b, s, d)), layer.dropout, layer.training)
+    h = layer.activation_fn(linear_layer(layer.fc1, _layer_norm(layer.final_layer_norm, x)))
+    h = _dropout(h, layer.activation_dropout, layer.training)
+    x = x + _dropout(linear_layer(layer.fc2, h), layer.dropout, layer.training)
+    if x.dtype == torch.float16:  # as transformers: keep float16 activations finite
+        big = torch.finfo(x.dtype).max - 1000
+        x = x.clamp(min=-big, max=big)
+    return x
+
+
 def stack_frames(features: torch.Tensor | np.ndarray, k: int):
     """Stack ``k`` consecutive log-mel frames into one: ``[..., M, T]`` -> ``[..., k * M, T // k]``.
 
@@ -480,10 +506,8 @@ class WhisperASR:
         edt = enc.conv1.weight.dtype
         t = features.shape[-1]
         if not self.encoder_masking:
-            if t == self.max_frames:
-                states = enc(features.to(edt)).last_hidden_state.to(self.dtype)
-            else:  # a short window (short_window): no mask either, as in the full window
-                states = self._encoder_layers(enc, features.to(edt))
+            # the whole window, or a short one (short_window): no mask either way
+            states = self._encoder_layers(enc, features.to(edt))
             # The decoder attends to the whole window (as the checkpoint was trained); ``lengths`` still counts the
             # real positions, so frame-level consumers (the CTC gate) skip the padding.
             real = ((frame_lengths + 1) // 2).clamp(max=states.shape[1])
@@ -500,7 +524,7 @@ class WhisperASR:
         """The encoder run layer by layer: features ``[B, n_mels, T]`` in the encoder's dtype -> states
         ``[B, ceil(T / 2), D]`` in the model dtype. With ``frame_mask`` ``[B, T]`` and ``lengths`` int64 ``[B]`` (masked
         models) padded frames are zeroed after the first convolution and padded positions masked in attention;
-        without them every position is seen (a stock Whisper's short window)."""
+        without them every position is seen (a stock Whisper, its whole window or a short one)."""
         x = F.gelu(enc.conv1(features))
         if frame_mask is not None:
             x = x * frame_mask[:, None, :]
@@ -513,8 +537,8 @@ class WhisperASR:
             bias = torch.zeros(keep.shape, dtype=x.dtype, device=x.device).masked_fill(~keep, torch.finfo(x.dtype).min)
             bias = bias[:, None, None, :]
         for layer in enc.layers:
-            x = layer(x, bias)
-        return enc.layer_norm(x).to(self.dtype)
+            x = _encoder_layer(layer, x, bias)
+        return _layer_norm(enc.layer_norm, x).to(self.dtype)
 
     def short_window(self, features: torch.Tensor, frame_lengths: torch.Tensor, min_seconds: float) -> torch.Tensor:
         """Cut fixed-window features to a shorter encoder window (lossy; whisper.cpp's ``audio_ctx``, chosen per
