@@ -37,6 +37,7 @@ class TargetActor:
             torch.set_num_threads(threads)
         model = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, dtype or torch.float32)
         model.release("encoder")  # the encoder runs on the drafter actors
+        model.pack_for_inference()
         self.decoder = TargetDecoder(model, options)
 
     def decode(self, batch_ref: list, drafter, key: str) -> list[dict]:

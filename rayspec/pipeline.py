@@ -240,7 +240,7 @@ class Drafter:
                  dtype: torch.dtype = torch.float32, limits: Optional[AudioLimits] = None,
                  encoder_dtype: Optional[torch.dtype] = None) -> None:
         self.options = options
-        self.target = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, dtype, encoder_dtype)
+        self.target = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, dtype, encoder_dtype).pack_for_inference()
         self.target.prompt_for(None if options.language == "auto" else options.language, options.task)  # checked
         self.draft = self.ctc = None
         if METHODS[options.method].needs_ctc:
@@ -249,7 +249,7 @@ class Drafter:
             default_drafter(self.target.name, "medusa")
         if needs_draft(options):
             self.draft = WhisperASR.from_pretrained(draft or default_drafter(self.target.name, "draft"), device, dtype,
-                                                    encoder_dtype)
+                                                    encoder_dtype).pack_for_inference()
             check_compatible(self.target, self.draft)
         self.limits = limits or AudioLimits()
 

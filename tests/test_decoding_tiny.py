@@ -5,7 +5,7 @@ import torch
 
 from rayspec.decoding.ar import greedy_decode
 from rayspec.decoding.speculative import SpeculationOptions, speculative_decode
-from tiny import hf_greedy, random_audio
+from tiny import hf_greedy, make_noisy_copy, random_audio
 
 AUDIO = random_audio(16, seed=3)
 CAP = 40
@@ -112,6 +112,38 @@ def test_packed_weight_follows_its_weight():
     w.requires_grad_(True)
     lin.linear(x, w).sum().backward()
     assert w.grad is not None
+
+
+def test_packed_layers_stay_exact(tiny_target, tmp_path, monkeypatch):
+    """pack_for_inference (forced on the tiny model's small weights) replaces the encoder's and decoder's linear
+    layers, keeps the parameter count and the logits (to float32 rounding), and speculation on the packed models
+    equals AR on the packed target."""
+    import rayspec.models.linear as lin
+    from rayspec.models.whisper import WhisperASR
+
+    if not lin._AVAILABLE:
+        pytest.skip("torch built without oneDNN")
+    monkeypatch.setattr(lin, "MIN_ELEMENTS", 0)
+    monkeypatch.setattr(lin, "MIN_WORK", 0)
+    target = WhisperASR.from_pretrained(tiny_target.model.name_or_path)
+    draft = make_noisy_copy(target, tmp_path / "draft", noise=0.15)
+    count = target.count_parameters()
+    for model in (target, draft):
+        model.pack_for_inference()
+    assert target.count_parameters() == count
+    assert sum(isinstance(m, lin.PackedLinear) for m in target.model.modules()) == 2 * 6 + 2 * 10
+    # 2 encoder layers: q/k/v/out, fc1/fc2; 2 decoder layers: self- and cross-attention q/k/v/out, fc1/fc2
+    with torch.inference_mode():
+        enc, ref = _encode(target, AUDIO[:3]), _encode(tiny_target, AUDIO[:3])
+        assert torch.allclose(enc.states, ref.states, atol=1e-4)
+        cache, ref_cache = target.new_cache(enc, 8), tiny_target.new_cache(ref, 8)
+        prompt = torch.tensor([target.prompt_ids] * 3)
+        assert torch.allclose(target.decode(cache, prompt), tiny_target.decode(ref_cache, prompt), atol=1e-4)
+    expected = _ar_single(target, AUDIO[:6])
+    with torch.inference_mode():
+        hyps = speculative_decode(target, _encode(target, AUDIO[:6]), draft, _encode(draft, AUDIO[:6]), [CAP] * 6,
+                                  CONFIGS["tree"])
+    assert [h.tokens for h in hyps] == expected
 
 
 def test_length_cap_inside_a_draft(tiny_target, tiny_draft):

@@ -373,10 +373,11 @@ def cmd_bench_asr(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = WhisperASR.from_pretrained(args.target, args.device)
+    target = WhisperASR.from_pretrained(args.target, args.device).pack_for_inference()
     draft = None
     if args.draft or args.suite != "medusa" or target.name in DRAFTERS and "draft" in DRAFTERS[target.name]:
-        draft = WhisperASR.from_pretrained(args.draft or default_drafter(target.name, "draft"), args.device)
+        draft = WhisperASR.from_pretrained(args.draft or default_drafter(target.name, "draft"),
+                                           args.device).pack_for_inference()
     ctc = (CTCHead.from_pretrained(args.ctc or default_drafter(target.name, "ctc"), args.device)
            if args.suite == "ssd" else None)
     utts = [u for m in args.manifests for u in read_manifest(m)]

@@ -64,6 +64,47 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor] =
     return F.linear(x, weight, bias)
 
 
-def linear_layer(layer: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)`` through :func:`linear`, without the module call (what ``nn.Linear.forward`` computes)."""
+class PackedLinear(torch.nn.Module):
+    """An inference-only ``nn.Linear`` that holds only oneDNN's packed copy of its weight (no float32 original, so
+    packing costs no memory): ``forward`` maps ``[..., in]`` -> ``[..., out]``; no gradients flow through it.
+
+    Args:
+        layer: the ``nn.Linear`` to replace (CPU, float32 or bfloat16); its weight is copied, its bias shared.
+    """
+
+    def __init__(self, layer: torch.nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        self.packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach())  # [out, in], oneDNN layout
+        self.bias = layer.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+
+
+def pack_linears(module: torch.nn.Module) -> int:
+    """Replace, in place, every ``nn.Linear`` under ``module`` whose weight :func:`linear` would pack (CPU, float32
+    with at least :data:`MIN_ELEMENTS` elements, or bfloat16 with :data:`MIN_ELEMENTS_BF16`) by a
+    :class:`PackedLinear`, freeing the dense weights: for models that only run inference (rayspec's engine), never
+    for training. A no-op without oneDNN. Returns how many layers were replaced."""
+    if not _AVAILABLE:
+        return 0
+    swaps = []
+    for parent in module.modules():
+        for name, child in parent.named_children():
+            w = getattr(child, "weight", None)
+            if type(child) is torch.nn.Linear and w.device.type == "cpu" and (
+                    (w.dtype == torch.float32 and w.numel() >= MIN_ELEMENTS)
+                    or (w.dtype == torch.bfloat16 and w.numel() >= MIN_ELEMENTS_BF16)):
+                swaps.append((parent, name))
+    for parent, name in swaps:  # one at a time, so that each dense weight can go before the next is packed
+        setattr(parent, name, PackedLinear(getattr(parent, name)))
+    return len(swaps)
+
+
+def linear_layer(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``layer(x)`` for an ``nn.Linear`` (through :func:`linear`, without the module call: what its ``forward``
+    computes) or a :class:`PackedLinear`."""
+    if type(layer) is PackedLinear:
+        return layer(x)
     return linear(x, layer.weight, layer.bias)

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from .cache import DecoderCache
 from .errors import ModelLoadError
-from .linear import linear, linear_layer
+from .linear import PackedLinear, linear, linear_layer, pack_linears
 from .registry import resolve_model
 
 
@@ -742,4 +742,20 @@ class WhisperASR:
         return self.tokenizer.decode(list(ids), skip_special_tokens=True).strip()
 
     def count_parameters(self) -> int:
-        return sum(p.numel() for p in self.model.parameters())
+        packed = sum(m.in_features * m.out_features for m in self.model.modules() if isinstance(m, PackedLinear))
+        return packed + sum(p.numel() for p in self.model.parameters())
+
+    def pack_for_inference(self) -> "WhisperASR":
+        """Hold the encoder's and decoder layers' linear weights only in oneDNN's packed layout
+        (:func:`~rayspec.models.linear.pack_linears`): the products a decoder step runs on a few rows go at memory
+        speed, and the packed copies replace the float32 originals instead of doubling them (whisper-base: ~180 MB).
+        The output projection stays a dense weight (tied to the token embedding; it is packed on first use). For
+        inference only (rayspec's engine): no gradients flow through packed layers, and their ``state_dict`` lacks
+        the weights. A no-op off the CPU. Returns ``self``."""
+        if self.device.type == "cpu" and pack_linears(self.model.model):
+            # The weights left (embeddings, norms, biases, convolutions) may still be views into the checkpoint file's
+            # memory map, which then stays mapped with the replaced weights' pages: copy them out so it is released.
+            with torch.no_grad():
+                for t in (*self.model.parameters(), *self.model.buffers()):
+                    t.data = t.data.clone()
+        return self

@@ -46,7 +46,7 @@ def run_rayspec(model_dir: str, audios, batch_sizes, tokens: int, max_tokens: in
     from ..decoding.ar import greedy_decode
     from ..models.whisper import WhisperASR
 
-    model = WhisperASR.from_pretrained(model_dir)
+    model = WhisperASR.from_pretrained(model_dir).pack_for_inference()
     model.set_ignore_eos(bool(tokens))
     startup = time.perf_counter() - T_START
     cap = tokens or max_tokens
