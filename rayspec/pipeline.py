@@ -240,7 +240,8 @@ class Drafter:
                  dtype: torch.dtype = torch.float32, limits: Optional[AudioLimits] = None,
                  encoder_dtype: Optional[torch.dtype] = None) -> None:
         self.options = options
-        self.target = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, dtype, encoder_dtype).pack_for_inference()
+        self.target = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, dtype, encoder_dtype)
+        self.target.pack_for_inference()
         self.target.prompt_for(None if options.language == "auto" else options.language, options.task)  # checked
         self.draft = self.ctc = None
         if METHODS[options.method].needs_ctc:

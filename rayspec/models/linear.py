@@ -6,7 +6,9 @@ pass over a speculative draft cost ~1.75x a one-token step (whisper-base, batch 
 vs 1 new tokens). oneDNN's linear over a weight reordered once into its blocked layout
 (``torch.ops.mkldnn._reorder_linear_weight``, the layout ``torch.compile`` packs CPU linears into) reads it at memory
 speed for any row count: the same passes cost 16.1 vs 12.7 ms. The reordered copy is made on first use and kept
-beside the weight (weakly keyed: it goes when the weight goes) until the weight changes.
+beside the weight (weakly keyed: it goes when the weight goes) until the weight changes. Models that only run
+inference (rayspec's engine) replace their layers by :class:`PackedLinear` instead (:func:`pack_linears`), which
+keeps the packed copy alone, so packing costs no memory.
 
 oneDNN's call costs a fixed ~15-20 us, so small products stay with ``F.linear``: float32 weights of fewer than
 :data:`MIN_ELEMENTS` elements, or products of fewer than :data:`MIN_WORK` weight elements x rows (one row against

@@ -52,7 +52,8 @@ class CrossBlock(nn.Module):
         """Block states ``[B, Q, D]`` from hidden states ``x`` ``[B, Q, D]``, keys/values ``[B, H, S, Dh]`` and an
         optional bool mask ``[B, 1, 1, S]`` (True: a real encoder position)."""
         b, q, d = x.shape
-        qh = linear_layer(self.q_proj, self.attn_norm(x)).view(b, q, self.attention_heads, -1).transpose(1, 2)  # [B, H, Q, Dh]
+        qh = linear_layer(self.q_proj, self.attn_norm(x))
+        qh = qh.view(b, q, self.attention_heads, -1).transpose(1, 2)  # [B, H, Q, Dh]
         att = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask)  # scale 1/sqrt(Dh), as Whisper's
         x = x + linear_layer(self.out_proj, att.transpose(1, 2).reshape(b, q, d))
         x = x + linear_layer(self.fc2, F.gelu(linear_layer(self.fc1, self.mlp_norm(x))))
