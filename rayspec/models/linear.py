@@ -37,13 +37,18 @@ _AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, 
 _PACKED = WeakTensorKeyDictionary()  # weight -> (its (data_ptr, version) when packed, the packed copy)
 
 
-def _uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    if not _AVAILABLE or x.device.type != "cpu" or torch.is_grad_enabled() or x.dtype != weight.dtype:
-        return False
+def _packable(weight: torch.Tensor) -> bool:
+    """A CPU weight large enough for oneDNN: float32 from MIN_ELEMENTS elements, bfloat16 from MIN_ELEMENTS_BF16."""
     n = weight.numel()
-    if weight.dtype == torch.bfloat16:
-        return n >= MIN_ELEMENTS_BF16
-    return weight.dtype == torch.float32 and n >= MIN_ELEMENTS and n * (x.numel() // x.shape[-1]) >= MIN_WORK
+    fp32, bf16 = weight.dtype == torch.float32, weight.dtype == torch.bfloat16
+    return _AVAILABLE and weight.device.type == "cpu" and (
+        (fp32 and n >= MIN_ELEMENTS) or (bf16 and n >= MIN_ELEMENTS_BF16))
+
+
+def _uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    if torch.is_grad_enabled() or x.dtype != weight.dtype or x.device.type != "cpu" or not _packable(weight):
+        return False
+    return weight.dtype == torch.bfloat16 or weight.numel() * (x.numel() // x.shape[-1]) >= MIN_WORK
 
 
 def _packed(weight: torch.Tensor) -> torch.Tensor:
@@ -89,16 +94,8 @@ def pack_linears(module: torch.nn.Module) -> int:
     with at least :data:`MIN_ELEMENTS` elements, or bfloat16 with :data:`MIN_ELEMENTS_BF16`) by a
     :class:`PackedLinear`, freeing the dense weights: for models that only run inference (rayspec's engine), never
     for training. A no-op without oneDNN. Returns how many layers were replaced."""
-    if not _AVAILABLE:
-        return 0
-    swaps = []
-    for parent in module.modules():
-        for name, child in parent.named_children():
-            w = getattr(child, "weight", None)
-            if type(child) is torch.nn.Linear and w.device.type == "cpu" and (
-                    (w.dtype == torch.float32 and w.numel() >= MIN_ELEMENTS)
-                    or (w.dtype == torch.bfloat16 and w.numel() >= MIN_ELEMENTS_BF16)):
-                swaps.append((parent, name))
+    swaps = [(parent, name) for parent in module.modules() for name, child in parent.named_children()
+             if type(child) is torch.nn.Linear and _packable(child.weight)]
     for parent, name in swaps:  # one at a time, so that each dense weight can go before the next is packed
         setattr(parent, name, PackedLinear(getattr(parent, name)))
     return len(swaps)
