@@ -2,6 +2,7 @@
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -112,11 +113,12 @@ def test_generate_is_batch_invariant_and_counts_passes(method):
     for i in (0, 3):
         solo = generate(target, draft, phones[i:i + 1], durs[i:i + 1], [11 + i], opts)[0]
         assert np.array_equal(solo.codes, batch[i].codes)
-    streamed = [[] for _ in phones]  # streaming: chunks of >= half a chunk (but a row's last) add up to the codes
-    generate(target, draft, phones, durs, [11, 12, 13, 14], opts, on_chunk=lambda row, c: streamed[row].append(c),
-             chunk_frames=4)
-    for pieces, out in zip(streamed, batch):
-        assert np.array_equal(np.concatenate(pieces), out.codes) and all(len(c) >= 2 for c in pieces[:-1])
+    for executor in (None, ThreadPoolExecutor(1)):  # streaming, the depth head here or on a worker thread:
+        streamed = [[] for _ in phones]  # chunks of >= half a chunk (but a row's last) add up to the codes
+        generate(target, draft, phones, durs, [11, 12, 13, 14], opts, on_chunk=lambda row, c: streamed[row].append(c),
+                 chunk_frames=4, depth_executor=executor)
+        for pieces, out in zip(streamed, batch):
+            assert np.array_equal(np.concatenate(pieces), out.codes) and all(len(c) >= 2 for c in pieces[:-1])
     for out, d in zip(batch, durs):
         assert out.codes.shape == (d.sum(), 16) and out.codes.max() < 16
         if method == "target":

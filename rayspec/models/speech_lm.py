@@ -8,7 +8,9 @@ Conditioning: a phone encoder (bidirectional transformer) reads the phone sequen
 the phone it lies in (from durations: forced alignment in training, the duration predictor at synthesis), plus how
 far it is from the phone's start and end (FastSpeech-style length regulation, Ren et al. 2019, arXiv:1905.09263,
 section 3.2). The frame decoder is a causal transformer over frames with rayspec's ragged KV cache
-(:class:`~rayspec.models.cache.DecoderCache`), so the speculative core verifies drafts in one pass.
+(:class:`~rayspec.models.cache.DecoderCache`), so the speculative core verifies drafts in one pass; its linear layers
+run through :func:`~rayspec.models.linear.linear` (oneDNN-packed weights for products of several rows: a verify pass
+and every batched step).
 
 The draft (:class:`SpeechDraft`) has no attention and no cache: an MLP over the last ``context`` coarse tokens and the
 frame's phone window, distilled from the target. It costs a small fraction of a target step.
@@ -24,6 +26,7 @@ from torch.nn import functional as F
 from ..tts.codec import CODES_PER_BOOK
 from ..tts.phones import PHONES
 from .cache import DecoderCache
+from .linear import linear_layer
 from .pretrained import Pretrained
 
 MAX_RUN = 16  # frames-from-phone-start/end embeddings are clipped here
@@ -65,7 +68,7 @@ class _Block(nn.Module):
     def forward(self, x: torch.Tensor, cache: tuple | None = None) -> torch.Tensor:
         """``x`` float ``[B, Q, D]``. ``cache``: None (training, causal over ``Q``) or ``(k_cache, v_cache, write,
         top, visible)`` from :meth:`DecoderCache.attention_layout`."""
-        q, k, v = (self._split(t) for t in self.qkv(self.ln1(x)).chunk(3, dim=-1))
+        q, k, v = (self._split(t) for t in linear_layer(self.qkv, self.ln1(x)).chunk(3, dim=-1))
         p = self.dropout if self.training else 0.0
         if cache is None:
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
@@ -75,8 +78,8 @@ class _Block(nn.Module):
             v_cache.scatter_(2, write, v)
             a = F.scaled_dot_product_attention(q, k_cache[:, :, :top], v_cache[:, :, :top], attn_mask=visible)
         b, _, n, _ = a.shape
-        x = x + F.dropout(self.out(a.transpose(1, 2).reshape(b, n, -1)), p, self.training)
-        return x + F.dropout(self.fc2(F.gelu(self.fc1(self.ln2(x)))), p, self.training)
+        x = x + F.dropout(linear_layer(self.out, a.transpose(1, 2).reshape(b, n, -1)), p, self.training)
+        return x + F.dropout(linear_layer(self.fc2, F.gelu(linear_layer(self.fc1, self.ln2(x)))), p, self.training)
 
 
 class SpeechLM(Pretrained, nn.Module):

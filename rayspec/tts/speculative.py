@@ -12,7 +12,8 @@ One round for a batch of ragged rows (each row is one sentence with its own numb
 
 When every row is done the depth head turns each frame's hidden state and coarse token into its 14 fine codes, for
 the whole batch at once (fine codes never feed back into the coarse stream); when streaming, it runs once per round
-on the frames of every row with a chunk ready.
+on the frames of every row with a chunk ready, on the caller's worker thread if it gives one (beside the vocoder:
+off the critical path of generation).
 
 With no draft (``method="target"``) every round is one frame sampled from the target: the baseline every speed-up is
 measured against. Draws are counter-based per (row seed, frame), so a row's audio does not depend on its batch.
@@ -20,6 +21,7 @@ measured against. Draws are counter-based per (row seed, frame), so a row's audi
 
 from __future__ import annotations
 
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -130,10 +132,21 @@ def _frame_codes(target: SpeechLM, coarse: torch.Tensor, hidden: torch.Tensor) -
                      -1).cpu().numpy()
 
 
+def _emit_chunks(target: SpeechLM, coarse: torch.Tensor, hidden: torch.Tensor, ready: list[tuple[int, int, int]],
+                 chunks: list[list[np.ndarray]], on_chunk: Callable[[int, np.ndarray], None]) -> None:
+    """The depth head over the frames ``[a, b)`` of each ``(row, a, b)`` in ``ready`` (their coarse tokens ``[N]``
+    and hidden states ``[N, D]`` concatenated in that order), each row's codes stored and handed to ``on_chunk``."""
+    codes = _frame_codes(target, coarse, hidden)
+    for (row, a, b), piece in zip(ready, np.split(codes, np.cumsum([b - a for _, a, b in ready])[:-1])):
+        chunks[row].append(piece)
+        on_chunk(row, piece)
+
+
+@torch.no_grad()
 def generate(target: SpeechLM, draft: Optional[SpeechDraft], phones: Sequence[np.ndarray],
              durations: Sequence[np.ndarray], seeds: Sequence[int], opts: SamplingOptions,
              ratio: Optional[AcceptanceRatio] = None, on_chunk: Optional[Callable[[int, np.ndarray], None]] = None,
-             chunk_frames: int = 10) -> list[SpeechTokens]:
+             chunk_frames: int = 10, depth_executor: Optional[Executor] = None) -> list[SpeechTokens]:
     """Sample the speech tokens of a batch of sentences.
 
     Args:
@@ -146,6 +159,9 @@ def generate(target: SpeechLM, draft: Optional[SpeechDraft], phones: Sequence[np
             as ``chunk_frames`` (20 ms each) of them are accepted (or half as many, when another row's chunk is due
             in the same round), and with the rest when the row ends; a row's chunks come in order and add up to its
             returned codes.
+        depth_executor: streaming only: a one-worker executor that runs the depth head and ``on_chunk`` (in
+            submission order, so a row's chunks still come in order) while this thread generates the next frames;
+            ``generate`` waits for it before returning. Default: both run on this thread.
 
     Returns:
         One :class:`SpeechTokens` per row, in order.
@@ -182,6 +198,7 @@ def generate(target: SpeechLM, draft: Optional[SpeechDraft], phones: Sequence[np
     window_offsets = torch.arange(context, device=dev)
     streamed = np.zeros(bsz, dtype=np.int64)  # frames of each row already given to on_chunk
     chunks: list[list[np.ndarray]] = [[] for _ in range(bsz)]  # the codes given to on_chunk, per row
+    depth_jobs: list[Future] = []  # the depth head's calls on depth_executor
     while len(st.rows):
         k = np.minimum(look, st.frames - st.done - 1)  # [L] draft tokens per live row
         kmax = int(k.max())
@@ -226,11 +243,14 @@ def generate(target: SpeechLM, draft: Optional[SpeechDraft], phones: Sequence[np
             if due.any():
                 ride = due | (pending >= (chunk_frames + 1) // 2)
                 ready = [(int(row), int(streamed[row]), int(done)) for row, done in zip(st.rows[ride], st.done[ride])]
-                codes = _frame_codes(target, torch.cat([seq[row, context + a:context + b] for row, a, b in ready]),
-                                     torch.cat([hidden_all[row, a:b] for row, a, b in ready]))
-                for (row, a, b), piece in zip(ready, np.split(codes, np.cumsum([b - a for _, a, b in ready])[:-1])):
-                    chunks[row].append(piece)
-                    on_chunk(row, piece)
+                coarse = torch.cat([seq[row, context + a:context + b] for row, a, b in ready])  # copies: the job
+                states = torch.cat([hidden_all[row, a:b] for row, a, b in ready])  # may run after they change
+                if depth_executor is None:
+                    _emit_chunks(target, coarse, states, ready, chunks, on_chunk)
+                else:
+                    depth_jobs.append(depth_executor.submit(_emit_chunks, target, coarse, states, ready, chunks,
+                                                            on_chunk))
+                for row, _, b in ready:
                     streamed[row] = b
         finished = np.flatnonzero(st.done >= st.frames)
         if len(finished):  # swap-remove in place: only the rows that fill the finished rows' slots move
@@ -238,6 +258,8 @@ def generate(target: SpeechLM, draft: Optional[SpeechDraft], phones: Sequence[np
             idx = torch.from_numpy(live).to(dev)
             st = _Live(st.rows[live], st.rows_dev[idx], st.seeds[idx], st.frames[live], st.done[live])
     if on_chunk is not None:  # every frame went through the depth head chunk by chunk
+        for job in depth_jobs:
+            job.result()
         per_row = [np.concatenate(c) for c in chunks]
     else:  # 5. fine codebooks of every frame at once (they do not feed back into the coarse stream)
         mask = torch.arange(tmax, device=dev)[None] < torch.from_numpy(frames).to(dev)[:, None]  # [B, Tmax]

@@ -224,7 +224,7 @@ class Synthesizer:
                 t0 = time.perf_counter()
                 tokens = generate(self.target, self.draft, [s.phones for s in batch], [s.durations for s in batch],
                                   [s.seed for s in batch], opts, ratio, on_chunk=to_vocoder,
-                                  chunk_frames=VOCODER_CHUNK_FRAMES)
+                                  chunk_frames=VOCODER_CHUNK_FRAMES, depth_executor=vocoder)
                 wall = time.perf_counter() - t0
                 total = sum(len(t.codes) for t in tokens)
                 for s, t, parts in zip(batch, tokens, pieces):
