@@ -104,6 +104,13 @@ def _rows(n=3, seed=0):
     return phones, [rng.integers(0, 6, size=len(p)) + 1 for p in phones]
 
 
+def test_sampling_options_default_lookahead_per_method():
+    assert [SamplingOptions(m).lookahead for m in ("target", "sd", "ssd", "pcg")] == [0, 3, 3, 5]
+    assert SamplingOptions("pcg", lookahead=2).lookahead == 2 and SamplingOptions().method == "pcg"
+    with pytest.raises(ValueError, match="lookahead"):
+        SamplingOptions("sd", lookahead=0)
+
+
 @pytest.mark.parametrize("method", ["target", "sd", "ssd", "pcg"])
 def test_generate_is_batch_invariant_and_counts_passes(method):
     target, draft = _tiny()

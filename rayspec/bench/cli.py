@@ -93,7 +93,8 @@ def add_bench_parser(sub) -> None:
     t.add_argument("--thetas", type=float, nargs="+", default=[0.98, 0.95, 0.9], help="pcg thetas")
     t.add_argument("--groups", choices=["codec", "target"], default="codec", help="pcg group vectors")
     t.add_argument("--temperature", type=float, help="sampling temperature (default: rayspec synthesize's)")
-    t.add_argument("--lookahead", type=int, default=3)
+    t.add_argument("--lookahead", type=int, default=None,
+                   help="draft tokens per round for every method (default: each method's, as rayspec synthesize)")
     t.add_argument("--seed", type=int, default=0)
     t.add_argument("--no-asr", action="store_true", help="skip the rayspec-ASR (--target) WER column")
     t.add_argument("--teacher-voice", default="en_US-joe-medium",

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from .tables import write_table
 from ..metrics import error_rates
-from ..tts.speculative import SamplingOptions
+from ..tts.speculative import DEFAULT_LOOKAHEAD, SamplingOptions
 
 
 @dataclass
@@ -49,9 +49,9 @@ class TTSBenchRow:
     token_speedup: dict = field(default_factory=dict)  # the same for token generation only (no Lyra decoder)
 
 
-def configs(betas=(0.1, 0.3, 0.5), thetas=(0.98, 0.95, 0.9), temperature=SamplingOptions.temperature, lookahead=3,
+def configs(betas=(0.1, 0.3, 0.5), thetas=(0.98, 0.95, 0.9), temperature=SamplingOptions.temperature, lookahead=None,
             groups="codec"):
-    """``(name, SamplingOptions)`` of the suite, target-only first."""
+    """``(name, SamplingOptions)`` of the suite, target-only first; ``lookahead`` None: each method's default."""
     out = [("target-only", SamplingOptions("target", temperature, lookahead)),
            ("sd", SamplingOptions("sd", temperature, lookahead))]
     out += [(f"ssd beta={b:g}", SamplingOptions("ssd", temperature, lookahead, beta=b)) for b in betas]
@@ -72,7 +72,8 @@ def _judge(judge, asr, audios, texts):
     return rates.wer, rates.cer, asr_wer
 
 
-def offline_acceptance(synth, examples, thetas, temperature: float, lookahead: int, groups="codec") -> list[dict]:
+def offline_acceptance(synth, examples, thetas, temperature: float, lookahead: int | None = None, groups="codec"
+                       ) -> list[dict]:
     """Teacher-forced acceptance estimates on real token sequences (see :mod:`rayspec.tts.evaluate`)."""
     from ..spec.sampling import GroupRatio, similarity_groups
     from ..train.tts import collate
@@ -92,13 +93,14 @@ def offline_acceptance(synth, examples, thetas, temperature: float, lookahead: i
     for name, ratio in [("sd", None)] + [(f"pcg theta={t:g}", GroupRatio(similarity_groups(emb, t))) for t in thetas]:
         a = float(acceptance_rates(p, q, ratio).mean())
         groups = "" if ratio is None else int(ratio.groups.shape[0])
-        rows.append({"rule": name, "groups": groups, "acceptance": a,
-                     "tokens_per_pass": expected_tokens_per_pass(a, lookahead)})
+        method = "sd" if ratio is None else "pcg"
+        rows.append({"rule": name, "groups": groups, "acceptance": a, "tokens_per_pass": expected_tokens_per_pass(
+            a, lookahead or DEFAULT_LOOKAHEAD[method])})
     return rows
 
 
 def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16), betas=(0.1, 0.3, 0.5),
-                  thetas=(0.98, 0.95, 0.9), temperature=SamplingOptions.temperature, lookahead=3, seed=0, asr=None,
+                  thetas=(0.98, 0.95, 0.9), temperature=SamplingOptions.temperature, lookahead=None, seed=0, asr=None,
                   groups="codec", teacher_audio: list | None = None, repeats: int = 1):
     """Rows for the floors and every configuration (see the module docstring); ``teacher_audio``: the teacher
     voice's 16 kHz audio of ``texts``, the MCD reference when given (else the real recordings). Each configuration
@@ -265,9 +267,10 @@ def cmd_bench_tts(args) -> int:
     audio_s = sum(len(e.codes) for e in examples) / 50
     source = "the teacher's" if teacher else "real"
     threads = torch.get_num_threads()
+    lookahead = args.lookahead or ", ".join(f"{m} {n}" for m, n in DEFAULT_LOOKAHEAD.items() if n)
     title = (f"tts: {os.path.basename(synth.target_dir)} + {os.path.basename(synth.draft_dir)}, {len(texts)} "
              f"held-out sentences ({audio_s:.0f} s of {source} speech), temperature {args.temperature:g}, lookahead "
-             f"{args.lookahead}, pcg groups from {args.groups} vectors, {threads} torch thread{'s' * (threads != 1)} + "
+             f"{lookahead}, pcg groups from {args.groups} vectors, {threads} torch thread{'s' * (threads != 1)} + "
              f"the vocoder's thread, "
              f"seed {args.seed}, fastest of {args.repeats} round-robin runs, MCD against {source} audio")
     print(write_tts_outputs(rows, offline, args.output, title, tuple(args.batch_sizes)))

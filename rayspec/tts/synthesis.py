@@ -283,7 +283,8 @@ def add_synthesis_args(p) -> None:
                         "similarity groups at --theta (exact per group; default)")
     s.add_argument("--temperature", type=float, default=SamplingOptions.temperature,
                    help=f"sampling temperature (default {SamplingOptions.temperature:g})")
-    s.add_argument("--lookahead", type=int, default=3, help="draft tokens per round (default 3)")
+    s.add_argument("--lookahead", type=int, default=None,
+                   help="draft tokens per round (default: 5 for pcg, 3 for sd and ssd)")
     s.add_argument("--beta", type=float, default=0.3, help="ssd: acceptance relaxation (default 0.3)")
     s.add_argument("--theta", type=float, default=SamplingOptions.theta,
                    help=f"pcg: cosine threshold of the groups (default {SamplingOptions.theta})")
