@@ -96,6 +96,66 @@ def test_linear_kernels_agree(tiny_target, tiny_draft, monkeypatch, mixed):
     assert [h.tokens for h in hyps] == expected
 
 
+def test_lazy_greedy_scores_match_full_projection(tiny_target, monkeypatch):
+    """Greedy verdicts from the lazy projection equal those of the full logits wherever the accepted path and the
+    emitted token are read from, on random trees whose draft tokens are often the target's argmax, with a shortlist
+    small enough that the bound rules out only some nodes; the lazy path projects fewer nodes."""
+    import numpy as np
+
+    import rayspec.models.whisper as whisper
+    from rayspec.spec.acceptance import GREEDY, accept_tree, score_greedy_lazily, score_tree
+    from rayspec.spec.tree import DraftTree, TokenTrees
+
+    vocab = tiny_target.vocab_size
+    monkeypatch.setattr(whisper, "SHORTLIST_TOKENS", vocab // 3)
+    monkeypatch.setattr(tiny_target, "_shortlist", None)
+    rng = np.random.default_rng(0)
+    contexts = [list(tiny_target.prompt_ids), [11, 12, 13], [7]]
+    trees = []
+    for c in contexts:
+        parents = [-1] + [int(rng.integers(0, i)) for i in range(1, 12)]  # 12 draft nodes, random branching
+        trees.append(DraftTree(tuple(int(t) for t in rng.integers(0, vocab, size=12)), tuple(parents)))
+    built = TokenTrees.build(contexts, trees)
+    first = np.where(np.arange(3) == 0, built.roots, -1)
+    dev = built.to_device(tiny_target.eos_token_id, first, "cpu")
+    hidden = torch.randn(3, dev.tokens.shape[1], tiny_target.model.proj_out.weight.shape[1]) * 3
+    with torch.inference_mode():
+        full = tiny_target.suppress(tiny_target.project(hidden), first=dev.host["first"])
+        best = full.argmax(-1).numpy()
+        tokens = dev.host["tokens"].copy()  # make most draft tokens the argmax at their parent, so paths get deep
+        for b in range(3):
+            for j in range(built.roots[b] + 1, built.sizes[b]):
+                if rng.random() < 0.8:
+                    tokens[b, j] = best[b, dev.host["parents"][b, j]]
+        dev.host["tokens"] = tokens
+        dev.tokens = torch.from_numpy(tokens)
+        projected = []
+        real_project = tiny_target.project
+        monkeypatch.setattr(tiny_target, "project", lambda h: projected.append(h.shape[0]) or real_project(h))
+        lazy = score_greedy_lazily(hidden, dev, tiny_target)
+        want = accept_tree(dev.host, score_tree(full, dev, GREEDY))
+    got = accept_tree(dev.host, lazy)
+    assert got.paths == want.paths and list(got.next_tokens) == list(want.next_tokens)
+    assert max(len(p) for p in want.paths) >= 2  # deep paths were kept
+    assert projected[0] < int(built.sizes.sum() - built.roots.sum())  # fewer nodes than the draft nodes + roots
+
+
+def test_lazy_verification_stays_exact(tiny_target, tiny_draft, monkeypatch):
+    """Speculation with the lazy projection on every pass (and a small shortlist) equals AR."""
+    import rayspec.models.whisper as whisper
+    import rayspec.spec.loop as loop
+
+    monkeypatch.setattr(loop, "LAZY_MIN_NODES", 0)
+    monkeypatch.setattr(whisper, "SHORTLIST_TOKENS", tiny_target.vocab_size // 3)
+    monkeypatch.setattr(tiny_target, "_shortlist", None)
+    expected = _ar_single(tiny_target, AUDIO[:6])
+    for cfg in ("tree", "fixed-8"):
+        with torch.inference_mode():
+            hyps = speculative_decode(tiny_target, _encode(tiny_target, AUDIO[:6]), tiny_draft,
+                                      _encode(tiny_draft, AUDIO[:6]), [CAP] * 6, CONFIGS[cfg])
+        assert [h.tokens for h in hyps] == expected
+
+
 def test_packed_weight_follows_its_weight():
     """The packed copy is remade when the weight changes in place, and a product that needs gradients takes
     F.linear."""

@@ -183,6 +183,7 @@ EMBEDDING_KEY = "model.decoder.embed_tokens.weight"
 ``WhisperForConditionalGeneration`` and ``WhisperForCausalLM`` alike."""
 CPU_ENCODER_POSITIONS = 1500  # encoder positions per call on a CPU (see WhisperASR.encode)
 SHORT_WINDOW_MARGIN_S = 2.0  # padding kept after a batch's longest row in a short encoder window (short_window)
+SHORTLIST_TOKENS = 4096  # token ids whose logits bound a row's largest one in lazy greedy verification
 
 
 class WhisperASR:
@@ -223,6 +224,7 @@ class WhisperASR:
         self.begin_suppress_tokens = [t for t in (gc.begin_suppress_tokens or []) if t < self.vocab_size]
         self._suppress = self._suppress_bias(self.suppress_tokens)
         self._begin_suppress = self._suppress_bias(self.begin_suppress_tokens)
+        self._shortlist = None  # (what it was made from, weight [S, D], bias [S] or None): see shortlist_bound
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -608,6 +610,22 @@ class WhisperASR:
         logits_from: int = 0,
         return_hidden: bool = False,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`decode_hidden`, then the output projection: float logits ``[B, Q - logits_from, V]`` (suppress
+        lists not applied; see :meth:`suppress`), and with ``return_hidden`` a tuple ``(logits, hidden)`` with hidden
+        ``[B, Q - logits_from, D]`` (what the projection reads; Medusa heads read it too). ``logits_from`` skips the
+        first new tokens (e.g. the prompt). Arguments and errors as :meth:`decode_hidden`."""
+        x = self.decode_hidden(cache, tokens, ancestors, depths, logits_from)
+        logits = self.project(x)
+        return (logits, x) if return_hidden else logits
+
+    def decode_hidden(
+        self,
+        cache: DecoderCache,
+        tokens: torch.Tensor,
+        ancestors: Optional[torch.Tensor] = None,
+        depths: Optional[torch.Tensor] = None,
+        hidden_from: int = 0,
+    ) -> torch.Tensor:
         """Run the decoder over ``Q`` new tokens per row; their keys/values become pending in ``cache``.
 
         New token ``i`` of row ``b`` sits at decoder position ``cache.lengths[b] + depths[i]`` and attends to the
@@ -621,13 +639,11 @@ class WhisperASR:
             tokens: int64 ``[B, Q]``.
             ancestors: bool ``[Q, Q]`` or ``[B, Q, Q]``; default causal.
             depths: int64 ``[Q]`` or ``[B, Q]``; default ``arange(Q)``.
-            logits_from: project only new tokens ``logits_from ..`` to the vocabulary (e.g. skip the prompt).
-            return_hidden: also return the last decoder hidden states (after the final layer norm, what the output
-                projection reads; Medusa heads read them too).
+            hidden_from: return the states of new tokens ``hidden_from ..`` only.
 
         Returns:
-            Float logits ``[B, Q - logits_from, V]`` (suppress lists not applied; see :meth:`suppress`), and with
-            ``return_hidden`` a tuple ``(logits, hidden)`` with hidden ``[B, Q - logits_from, D]``.
+            Float ``[B, Q - hidden_from, D]``: the last decoder layer's states after the final layer norm, what the
+            output projection (:meth:`project`) reads.
 
         Raises:
             ValueError: the cache has pending positions, or positions beyond its capacity.
@@ -663,10 +679,8 @@ class WhisperASR:
             h = layer.activation_fn(linear_layer(layer.fc1, _layer_norm(layer.final_layer_norm, x)))
             h = _dropout(h, layer.activation_dropout, layer.training)
             x = x + _dropout(linear_layer(layer.fc2, h), layer.dropout, layer.training)
-        x = _layer_norm(dec.layer_norm, x[:, logits_from:])
         cache.pending = q
-        logits = self.project(x)
-        return (logits, x) if return_hidden else logits
+        return _layer_norm(dec.layer_norm, x[:, hidden_from:])
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, q, _ = x.shape
@@ -687,6 +701,40 @@ class WhisperASR:
         """
         proj = self.model.proj_out
         return linear(hidden, proj.weight, proj.bias)
+
+    def token_logits(self, hidden: torch.Tensor, tokens: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
+        """The logits of given tokens alone, suppression applied (what ``suppress(project(hidden), first)`` holds at
+        ``tokens``, up to the rounding of another order of summation): hidden ``[..., D]``, tokens int64 ``[...]``,
+        first bool ``[...]`` (``begin_suppress_tokens`` apply) -> float ``[...]``."""
+        proj = self.model.proj_out
+        out = (hidden * proj.weight[tokens]).sum(-1)
+        if proj.bias is not None:
+            out = out + proj.bias[tokens]
+        if self._suppress is not None:
+            out = out + self._suppress[tokens]
+        if self._begin_suppress is not None:
+            out = torch.where(first, out + self._begin_suppress[tokens], out)
+        return out
+
+    def shortlist_bound(self, hidden: torch.Tensor) -> torch.Tensor:
+        """A lower bound of each row's largest suppressed logit, from a fraction of the projection: the largest
+        logit over the first :data:`SHORTLIST_TOKENS` token ids (BPE ids are in merge order, so the common tokens
+        come first) that neither suppress list bans. hidden ``[..., D]`` -> float ``[...]``. Greedy verification uses
+        it to skip the full projection where a draft token cannot be the argmax
+        (:func:`rayspec.spec.acceptance.score_greedy_lazily`)."""
+        proj = self.model.proj_out
+        key = (proj.weight, self._suppress, self._begin_suppress)
+        if self._shortlist is None or any(a is not b for a, b in zip(self._shortlist[0], key)):
+            banned = torch.zeros(self.vocab_size, dtype=torch.bool, device=proj.weight.device)
+            for bias in key[1:]:
+                if bias is not None:
+                    banned |= torch.isinf(bias)
+            ids = torch.arange(min(SHORTLIST_TOKENS, self.vocab_size), device=banned.device)
+            ids = ids[~banned[ids]]
+            self._shortlist = (key, proj.weight[ids].contiguous(),
+                               None if proj.bias is None else proj.bias[ids].contiguous())
+        _, weight, bias = self._shortlist
+        return linear(hidden, weight, bias).amax(-1)
 
     def suppress(self, logits: torch.Tensor, first: torch.Tensor | np.ndarray | bool = False) -> torch.Tensor:
         """Apply Whisper's suppress lists to logits ``[..., V]`` (returns a new tensor).

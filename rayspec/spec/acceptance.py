@@ -36,6 +36,7 @@ import torch
 from .tree import DeviceTrees
 
 RULES = ("greedy", "threshold", "typical", "topk")
+LAZY_MARGIN = 1e-3  # relative: a token logit this close below the bound still counts as a possible argmax
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,55 @@ def score_tree(logits: torch.Tensor, trees: DeviceTrees, rule: AcceptanceRule) -
             floor = torch.minimum(torch.full_like(entropy, rule.epsilon), rule.delta * torch.exp(-entropy))
             ok = (tok_lp.exp() > floor) | (trees.tokens == at_parent)
     return torch.stack([ok.long(), best]).cpu().numpy()
+
+
+def score_greedy_lazily(hidden: torch.Tensor, trees: DeviceTrees, head) -> np.ndarray:
+    """:func:`score_tree` for the ``greedy`` rule, projecting to the vocabulary only at the nodes that can matter.
+
+    A node matters if it is a row's root or if its parent matters and its token may be the argmax there. A token
+    cannot be the argmax where some other token's logit is larger, so a cheap lower bound of the largest logit (the
+    head's ``shortlist_bound``: the largest over the few thousand most common tokens) rules most rejected draft
+    nodes out, and everything below them, without their ``V``-way projection. Every node the accepted path or the
+    emitted token is read from matters, so the result equals :func:`score_tree` on the full logits wherever
+    :func:`accept_tree` reads it: exact, as long as the bound and the token logits (computed apart from the full
+    projection, so rounded differently) are compared with a margin (:data:`LAZY_MARGIN`, relative). Where a batch
+    drafts many nodes per row and most are rejected (a Medusa tree, a long chain), this saves most of the output
+    projection, the largest product of a Whisper decoder pass.
+
+    Args:
+        hidden: float32 ``[B, Q, D]``, the target's final hidden states at every padded tree node.
+        trees: the same trees on the device (with ``host``).
+        head: the target's output head: ``token_logits(hidden, tokens, first)``, ``shortlist_bound(hidden)``,
+            ``project(hidden)`` and ``suppress(logits, first)`` (:class:`~rayspec.models.whisper.WhisperASR`).
+
+    Returns:
+        int64 ``[2, B, Q]`` as :func:`score_tree`, with argmax ``-1`` at the nodes that do not matter (and verdict 0
+        below them).
+    """
+    lay = trees.host
+    b, q = lay["tokens"].shape
+    first = torch.from_numpy(lay["first"]).to(hidden.device)  # [B, Q]
+    at_parent = trees.parents[..., None].expand(-1, -1, hidden.shape[-1])
+    parent_first = first.gather(1, trees.parents)  # [B, Q] begin-suppression applies at the parent
+    token = head.token_logits(hidden.gather(1, at_parent), trees.tokens, parent_first)  # [B, Q] at the parent
+    bound = head.shortlist_bound(hidden).gather(1, trees.parents)  # [B, Q] at the parent
+    maybe = (token >= bound - LAZY_MARGIN * (bound.abs() + 1)).cpu().numpy()
+    parents, roots, sizes = lay["parents"], lay["roots"], lay["sizes"]
+    rows = np.arange(b)
+    node = np.arange(q)[None, :]
+    draft = (node > roots[:, None]) & (node < sizes[:, None])  # [B, Q] real draft nodes
+    matters = np.zeros((b, q), dtype=bool)
+    matters[rows, roots] = True
+    for j in range(q):  # parents come first: one pass in node order
+        p = parents[:, j]
+        matters[:, j] |= draft[:, j] & maybe[:, j] & matters[rows, np.maximum(p, 0)] & (p >= 0)
+    flat = torch.from_numpy(np.flatnonzero(matters)).to(hidden.device)
+    logits = head.suppress(head.project(hidden.reshape(b * q, -1)[flat]), first.reshape(-1)[flat])
+    best = np.full(b * q, -1, dtype=np.int64)
+    best[flat.cpu().numpy()] = logits.argmax(-1).cpu().numpy()
+    best = best.reshape(b, q)
+    ok = draft & (parents >= 0) & (lay["tokens"] == best[rows[:, None], np.maximum(parents, 0)])
+    return np.stack([ok.astype(np.int64), best])
 
 
 @dataclass

@@ -55,7 +55,7 @@ def _target_states(target: WhisperASR, utterances, cap: int = 200, encoder: bool
         eos = target.eos_token_id
         tokens = torch.tensor([target.prompt_ids + q[:-1] + [eos] * (width - len(q)) for q in seqs])
         cache = target.new_cache(enc, p + width)
-        _, hidden = target.decode(cache, tokens.to(target.device), logits_from=p - 1, return_hidden=True)
+        hidden = target.decode_hidden(cache, tokens.to(target.device), hidden_from=p - 1)
         for k, (i, q) in enumerate(zip(idx, seqs)):
             out[i] = (hidden[k, : len(q)].float().cpu(), torch.tensor(q),
                       enc.states[k].half().cpu().clone() if encoder else None)
