@@ -33,9 +33,9 @@ from ..spec.rng import DRAFT, CounterRNG, sample
 from ..spec.sampling import AcceptanceRatio, GroupRatio, RelaxedRatio, TokenRatio, rejection_sample, similarity_groups
 
 METHODS = ("target", "sd", "ssd", "pcg")
-# draft tokens per round when not given: chosen on 30 dev sentences of the teacher data (not the benchmark's): pcg at
-# theta 0.8 keeps ~73% of its draft tokens, so 5 emitted 4.1 frames per pass against 3.2 for 3 (batch 1: 1.82x
-# against 1.57x target-only); sd keeps ~55%, where more tokens mostly add verify cost
+# draft tokens per round when not given, chosen on 30 dev sentences of the teacher data (scripts/tts_dev_defaults.py):
+# pcg at theta 0.8 emitted 4.1 frames per target pass with 5 against 3.2 with 3 (batch 1: 1.82x against 1.57x
+# target-only); sd, which rejects more, keeps the PCG paper's 3
 DEFAULT_LOOKAHEAD = {"target": 0, "sd": 3, "ssd": 3, "pcg": 5}
 
 
