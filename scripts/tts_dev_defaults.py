@@ -4,7 +4,7 @@ Dev sentences are LJSpeech text-only ids whose CRC-32 is 0 mod 50 (the TTS data 
 on) and that have no recording in ``clips.jsonl`` (so none of the tts benchmark's held-out sentences), 30 of them
 spread over the file. Each configuration synthesises them at each batch size, round-robin over the configurations,
 ``--repeats`` times, the fastest run counting (1 torch thread + the vocoder's, as the tts benchmark); Whisper base
-(rayspec's engine) transcribes the audio. Writes ``defaults.md`` into ``-o``.
+(rayspec's engine) transcribes the audio. Writes ``defaults.md`` and ``defaults.csv`` into ``-o``.
 
     python scripts/tts_dev_defaults.py ../shared/data/ljspeech -o bench/tts-dev
 """
@@ -37,11 +37,12 @@ def main() -> None:
     p.add_argument("--lookaheads", type=int, nargs="+", default=[3, 4, 5])
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[16, 1])
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("-o", "--output", required=True, help="folder for defaults.md")
+    p.add_argument("-o", "--output", required=True, help="folder for defaults.md / .csv")
     args = p.parse_args()
 
     import torch
 
+    from rayspec.bench.tables import write_table
     from rayspec.manifest import Utterance
     from rayspec.metrics import error_rates
     from rayspec.pipeline import Transcriber
@@ -66,21 +67,20 @@ def main() -> None:
                 walls.setdefault((name, bs), []).append(time.perf_counter() - t0)
                 print(f"{name} batch {bs}: {walls[name, bs][-1]:.2f} s", flush=True)
     asr = Transcriber("whisper-base")
-    lines = [f"### pcg defaults on {len(texts)} dev sentences of the teacher data ({rows[0][0]} .. {rows[-1][0]}), "
-             f"1 torch thread + the vocoder's, fastest of {args.repeats} round-robin runs, WER by Whisper base", "",
-             "| config | frames / target pass | WER % | " + " | ".join(f"speed-up bs{b}" for b in args.batch_sizes)
-             + " |", "|---" * (3 + len(args.batch_sizes)) + "|"]
+    cells = []
     for name, _ in cfgs:
         res = outputs[name]
         hyps = [r.text for r in asr.transcribe([Utterance(f"u{i}", "") for i in range(len(res))],
                                                 [r.audio for r in res])]
-        speed = [min(walls["target-only", b]) / min(walls[name, b]) for b in args.batch_sizes]
-        lines.append(f"| {name} | {sum(r.frames for r in res) / sum(r.target_passes for r in res):.2f} | "
-                     f"{100 * error_rates(texts, hyps).wer:.1f} | " + " | ".join(f"{s:.2f}x" for s in speed) + " |")
+        cells.append([name, f"{sum(r.frames for r in res) / sum(r.target_passes for r in res):.2f}",
+                      f"{100 * error_rates(texts, hyps).wer:.1f}"]
+                     + [f"{min(walls['target-only', b]) / min(walls[name, b]):.2f}x" for b in args.batch_sizes])
     os.makedirs(args.output, exist_ok=True)
-    with open(os.path.join(args.output, "defaults.md"), "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    title = (f"pcg defaults on {len(texts)} dev sentences of the teacher data ({rows[0][0]} .. {rows[-1][0]}), "
+             f"1 torch thread + the vocoder's, fastest of {args.repeats} round-robin runs, WER by Whisper base")
+    print(write_table(os.path.join(args.output, "defaults"), title,
+                      ["config", "frames / target pass", "WER %"] + [f"speed-up bs{b}" for b in args.batch_sizes],
+                      cells))
 
 
 if __name__ == "__main__":
