@@ -607,16 +607,10 @@ class WhisperASR:
         tokens: torch.Tensor,
         ancestors: Optional[torch.Tensor] = None,
         depths: Optional[torch.Tensor] = None,
-        logits_from: int = 0,
-        return_hidden: bool = False,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """:meth:`decode_hidden`, then the output projection: float logits ``[B, Q - logits_from, V]`` (suppress
-        lists not applied; see :meth:`suppress`), and with ``return_hidden`` a tuple ``(logits, hidden)`` with hidden
-        ``[B, Q - logits_from, D]`` (what the projection reads; Medusa heads read it too). ``logits_from`` skips the
-        first new tokens (e.g. the prompt). Arguments and errors as :meth:`decode_hidden`."""
-        x = self.decode_hidden(cache, tokens, ancestors, depths, logits_from)
-        logits = self.project(x)
-        return (logits, x) if return_hidden else logits
+    ) -> torch.Tensor:
+        """:meth:`decode_hidden`, then the output projection: float logits ``[B, Q, V]`` (suppress lists not
+        applied; see :meth:`suppress`). Arguments and errors as :meth:`decode_hidden`."""
+        return self.project(self.decode_hidden(cache, tokens, ancestors, depths))
 
     def decode_hidden(
         self,

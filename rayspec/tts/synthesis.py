@@ -185,11 +185,12 @@ class Synthesizer:
                    keys: Optional[list[str]] = None, speed: float = 1.0, batch_size: int = 16) -> list[Synthesis]:
         """Synthesise texts (batched across all their sentences).
 
-        The vocoder runs beside the target: every ``VOCODER_CHUNK_FRAMES`` accepted frames of a sentence go to
-        LyraGAN on a worker thread (LyraGAN releases the GIL) while the target generates the next ones. The audio is
-        the same as decoding each sentence at once. Measured on 2 cores with 1 torch thread (30 sentences): batch 16
-        took 5.97 -> 5.13 s target-only and 4.79 -> 4.13 s with pcg; batch 1 gained nothing, because generation
-        itself runs slower beside the vocoder thread (batch 1 target-only: 20.18 -> 21.46 s).
+        The vocoder runs beside the target: every ``VOCODER_CHUNK_FRAMES`` accepted frames of a sentence go through
+        the depth head and LyraGAN on a worker thread (both release the GIL in their kernels) while the target
+        generates the next ones. The audio is the same as decoding each sentence at once. Measured on 2 cores with 1
+        torch thread (30 sentences, batch 16): the vocoder there took target-only from 5.97 to 5.13 s and pcg from
+        4.79 to 4.13 s; the depth head there, on another day's host, target-only from 7.61 to 6.10 s and pcg from
+        5.07 to 3.85 s. Batch 1 gained nothing from either: generation itself runs slower beside the worker.
 
         Args:
             texts: input texts (each <= 4096 characters).
