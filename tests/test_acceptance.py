@@ -147,7 +147,12 @@ def _encode(model, audios):
     return model.encode(feats, lengths)
 
 
-def test_host_syncs_one_per_ar_step_and_one_per_verification(tiny_target, tiny_draft):
+def test_host_syncs_one_per_ar_step_and_one_per_verification(tiny_target, tiny_draft, monkeypatch):
+    import rayspec.spec.loop as loop
+
+    # the device path: the lazy projection runs on a CPU only, where it reads twice per round (which nodes matter,
+    # then their argmaxes)
+    monkeypatch.setattr(loop, "LAZY_MIN_NODES", 1 << 30)
     audios = random_audio(4, seed=5)
     enc = _encode(tiny_target, audios)
     with _count_device_reads() as reads:
@@ -160,20 +165,17 @@ def test_host_syncs_one_per_ar_step_and_one_per_verification(tiny_target, tiny_d
     denc = _encode(tiny_draft, audios)
     calls = {"target": 0, "draft": 0}
 
-    def counted(model, name):
-        orig = model.decode
-
-        def decode(*a, **k):
+    def counted(method, name):
+        def call(*a, **k):
             calls[name] += 1
-            return orig(*a, **k)
-        return decode
+            return method(*a, **k)
+        return call
 
-    tiny_target.decode, tiny_draft.decode = counted(tiny_target, "target"), counted(tiny_draft, "draft")
-    try:
-        with _count_device_reads() as reads:
-            hyps = speculative_decode(tiny_target, enc, tiny_draft, denc, [12] * 4)
-    finally:
-        del tiny_target.decode, tiny_draft.decode
+    # the loop runs the target through decode_hidden (then projects), the draft proposer through decode
+    monkeypatch.setattr(tiny_target, "decode_hidden", counted(tiny_target.decode_hidden, "target"))
+    monkeypatch.setattr(tiny_draft, "decode", counted(tiny_draft.decode, "draft"))
+    with _count_device_reads() as reads:
+        hyps = speculative_decode(tiny_target, enc, tiny_draft, denc, [12] * 4)
     assert calls["target"] == max(h.stats.rounds for h in hyps)
     # per round: 1 read of the target's verdicts; per batched draft pass: 1 read of the draft's top-2 (adaptive
     # drafting decides on the host); + 1 per batch and model: the cross-attention mask; + 1 in the first round: the
