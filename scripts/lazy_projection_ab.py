@@ -35,6 +35,7 @@ def main() -> None:
     utts = read_manifest(args.manifest)[: args.limit]
     audios = [load_audio(u.audio, 16000) for u in utts]
     bs = args.batch_size
+    lazy_from = loop.LAZY_MIN_NODES
     for method in args.methods.split(","):
         tr = Transcriber("whisper-base", options=DecodeOptions(method=method, vad=False))
         batches = [audios[i:i + bs] for i in range(0, len(audios), bs)]
@@ -44,7 +45,7 @@ def main() -> None:
         tokens: dict = {}
         for _ in range(2):
             for lazy in (False, True):
-                loop.LAZY_MIN_NODES = 16 if lazy else 1 << 30
+                loop.LAZY_MIN_NODES = lazy_from if lazy else 1 << 30
                 t0, out = time.perf_counter(), []
                 for enc in encoded:
                     proposers = (local_proposers(tr.draft, enc, speculation_options(tr.options))

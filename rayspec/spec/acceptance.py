@@ -131,22 +131,31 @@ def score_greedy_lazily(hidden: torch.Tensor, trees: DeviceTrees, head) -> np.nd
     token = head.token_logits(hidden.gather(1, at_parent), trees.tokens, parent_first)  # [B, Q] at the parent
     bound = head.shortlist_bound(hidden).gather(1, trees.parents)  # [B, Q] at the parent
     maybe = (token >= bound - LAZY_MARGIN * (bound.abs() + 1)).cpu().numpy()
-    parents, roots, sizes = lay["parents"], lay["roots"], lay["sizes"]
+    parents, roots = lay["parents"], lay["roots"]
     rows = np.arange(b)
-    node = np.arange(q)[None, :]
-    draft = (node > roots[:, None]) & (node < sizes[:, None])  # [B, Q] real draft nodes
-    matters = np.zeros((b, q), dtype=bool)
+    matters = _reachable(lay, maybe)
     matters[rows, roots] = True
-    for j in range(q):  # parents come first: one pass in node order
-        p = parents[:, j]
-        matters[:, j] |= draft[:, j] & maybe[:, j] & matters[rows, np.maximum(p, 0)] & (p >= 0)
     flat = torch.from_numpy(np.flatnonzero(matters)).to(hidden.device)
     logits = head.suppress(head.project(hidden.reshape(b * q, -1)[flat]), first.reshape(-1)[flat])
     best = np.full(b * q, -1, dtype=np.int64)
     best[flat.cpu().numpy()] = logits.argmax(-1).cpu().numpy()
     best = best.reshape(b, q)
-    ok = draft & (parents >= 0) & (lay["tokens"] == best[rows[:, None], np.maximum(parents, 0)])
+    ok = (parents >= 0) & (lay["tokens"] == best[rows[:, None], np.maximum(parents, 0)])
     return np.stack([ok.astype(np.int64), best])
+
+
+def _reachable(layout: dict, passes: np.ndarray) -> np.ndarray:
+    """bool ``[B, Q]``: the draft nodes whose whole path from their row's root (root excluded) passes, given bool
+    ``[B, Q]`` per-node verdicts and the trees' padded host layout."""
+    parents, roots, sizes = layout["parents"], layout["roots"], layout["sizes"]
+    b, q = passes.shape
+    node = np.arange(q)[None, :]
+    good = passes & (node > roots[:, None]) & (node < sizes[:, None])  # [B, Q] passing real draft nodes
+    rows = np.arange(b)
+    for j in range(q):  # parents come first: one pass in node order
+        p = parents[:, j]
+        good[:, j] &= np.where(p >= 0, good[rows, np.maximum(p, 0)], False) | (p == roots)
+    return good
 
 
 @dataclass
@@ -174,17 +183,11 @@ def accept_tree(layout: dict, scores: np.ndarray) -> AcceptedPaths:
         layout: the trees' padded host layout (:meth:`TokenTrees.padded`, e.g. ``DeviceTrees.host``);
         scores: int64 ``[2, B, Q]`` from :func:`score_tree`.
     """
-    ok, best = scores[0].astype(bool), scores[1]
-    parents, depths, roots, sizes = layout["parents"], layout["depths"], layout["roots"], layout["sizes"]
-    b, q = ok.shape
-    node = np.arange(q)[None, :]
-    draft = (node > roots[:, None]) & (node < sizes[:, None])  # [B, Q] real draft nodes
-    good = np.zeros((b, q), dtype=bool)
+    best = scores[1]
+    parents, depths, roots = layout["parents"], layout["depths"], layout["roots"]
+    b = len(roots)
     rows = np.arange(b)
-    for j in range(q):  # parents come first: one pass in node order
-        p = parents[:, j]
-        parent_good = np.where(p >= 0, good[rows, np.maximum(p, 0)], False) | (p == roots)
-        good[:, j] = draft[:, j] & ok[:, j] & parent_good
+    good = _reachable(layout, scores[0].astype(bool))
     score = np.where(good, depths, -1)
     end = np.where(score.max(1) >= 0, score.argmax(1), roots)  # [B] last node of each kept path
     paths = []

@@ -348,14 +348,17 @@ class VerifyLoop:
         dev = trees.to_device(self.eos, first, cache.device)
         hidden = t.decode_hidden(cache, dev.tokens, dev.ancestors, dev.depths)  # [B, Q, D]
         fresh = [k for k, r in enumerate(live) if r.target_len == 0]  # first pass: node 0 is <|startoftranscript|>
-        no_speech = None
-        if fresh and t.no_speech_token_id is not None:  # one more read, in a row's first round only
-            sot = t.project(hidden[torch.tensor(fresh, device=cache.device), 0])
-            no_speech = t.no_speech_probability(sot).tolist()
+        logits = None  # [B, Q, V] unless the lazy projection skips most of it
         if self.rule.kind == "greedy" and _lazy_projection(hidden):
             scores = score_greedy_lazily(hidden, dev, t)
         else:
-            scores = score_tree(t.suppress(t.project(hidden), first=dev.host["first"]), dev, self.rule)
+            logits = t.project(hidden)
+            scores = score_tree(t.suppress(logits, first=dev.host["first"]), dev, self.rule)
+        no_speech = None
+        if fresh and t.no_speech_token_id is not None:  # one more read, in a row's first round only
+            at = torch.tensor(fresh, device=cache.device)
+            sot = t.project(hidden[at, 0]) if logits is None else logits[at, 0]
+            no_speech = t.no_speech_probability(sot).tolist()
         result = accept_tree(dev.host, scores)
         for k, p in zip(fresh, no_speech or []):
             live[k].hyp.stats.no_speech_prob = p
