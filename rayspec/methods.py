@@ -53,6 +53,10 @@ class DecodeOptions:
             condition); None keeps every segment.
         compression_ratio_threshold: rows whose text's zlib compression ratio exceeds this are flagged
             ``repetitive`` (openai/whisper's hallucination statistic; the text is kept).
+        speculate_max_rows: speculative methods verify drafts only in rounds with at most this many live rows; in
+            larger rounds they take plain target steps (vLLM's ``disable_by_batch_size``; the tokens are the same
+            either way). 0: no limit; None: the device's default (:func:`~rayspec.spec.loop.speculate_max_rows`:
+            2 on a CPU, where a wide verification pass over many rows costs more than the steps it saves).
         short_window_s: 0 (the default) runs a stock Whisper's encoder over its whole 30 s window, the exact
             reference; ``S > 0`` cuts each batch's window to its longest row + 2 s, at least ``S`` seconds
             (:meth:`~rayspec.models.whisper.WhisperASR.short_window`): lossy (``mode`` "lossy"), and the
@@ -73,8 +77,11 @@ class DecodeOptions:
     no_speech_threshold: Optional[float] = 0.6
     compression_ratio_threshold: float = 2.4
     short_window_s: float = 0.0
+    speculate_max_rows: Optional[int] = None
 
     def __post_init__(self):
+        if self.speculate_max_rows is not None and self.speculate_max_rows < 0:
+            raise ValueError(f"speculate_max_rows must be >= 0 (0: no limit), got {self.speculate_max_rows}")
         if self.short_window_s < 0:
             raise ValueError(f"short_window_s must be >= 0 (0: the full window), got {self.short_window_s}")
         if self.method not in METHODS:
@@ -156,21 +163,23 @@ def _ar(target, options, encoded, proposers):
 
 def _draft(target, options, encoded, proposers):
     caps = encoded.caps
-    return draft_loop(target, proposers(list(range(len(caps))), caps), options.speculation).decode(encoded.target, caps)
+    loop = draft_loop(target, proposers(list(range(len(caps))), caps), options.speculation, options.speculate_max_rows)
+    return loop.decode(encoded.target, caps)
 
 
 def _draft_stream(target, options, draft, max_cap):
-    return draft_loop(target, DraftProposer(draft, None, [max_cap], options.speculation), options.speculation)
+    return draft_loop(target, DraftProposer(draft, None, [max_cap], options.speculation), options.speculation,
+                      options.speculate_max_rows)
 
 
-def _ctc_draft_loop(target, hypotheses):
+def _ctc_draft_loop(target, hypotheses, max_rows=None):
     proposer = CTCProposer(hypotheses, target.eos_token_id, len(target.prompt_ids), CTC_MAX_DRAFT,
                            punctuation_tokens(target.tokenizer))
-    return VerifyLoop(target, proposer, max_nodes=CTC_MAX_DRAFT, route="ctc-draft")
+    return VerifyLoop(target, proposer, max_nodes=CTC_MAX_DRAFT, route="ctc-draft", max_rows=max_rows)
 
 
 def _ctc_draft(target, options, encoded, proposers):
-    return _ctc_draft_loop(target, encoded.ctc.tokens).decode(encoded.target, encoded.caps)
+    return _ctc_draft_loop(target, encoded.ctc.tokens, options.speculate_max_rows).decode(encoded.target, encoded.caps)
 
 
 def _medusa_loop(target, options, draft=None, max_cap=0):
@@ -178,7 +187,8 @@ def _medusa_loop(target, options, draft=None, max_cap=0):
     heads = load_heads(opt.heads or default_drafter(target.name, "medusa"), str(target.device), target.dtype)
     rule = (AcceptanceRule("typical", epsilon=opt.epsilon, delta=opt.delta) if opt.acceptance == "typical"
             else GREEDY)
-    return VerifyLoop(target, MedusaProposer(target, heads, opt.tree), rule, max_nodes=opt.max_nodes, route="medusa")
+    return VerifyLoop(target, MedusaProposer(target, heads, opt.tree), rule, max_nodes=opt.max_nodes, route="medusa",
+                      max_rows=options.speculate_max_rows)
 
 
 def _medusa(target, options, encoded, proposers):
@@ -187,7 +197,7 @@ def _medusa(target, options, encoded, proposers):
 
 def _ssd(target, options, encoded, proposers):
     # Gate + verify the batch; the rejected rows then form their own length-sorted batch (SSD 3.2).
-    decoder = SSDDecoder(target, options.ssd)
+    decoder = SSDDecoder(target, options.ssd, options.speculate_max_rows)
     hyps, parked = decoder.first_pass(encoded.target, encoded.caps, encoded.ctc)
     if parked:
         parked.sort(key=lambda x: x.length)
@@ -203,7 +213,7 @@ def _ssd_stream(target, options, draft, max_cap):
     # One fallback stream for the corpus: each batch's parked rows fill the slots other rows free (SSD 3.2).
     ssd = options.ssd
     proposer = DraftProposer(draft, None, [max_cap], ssd.speculation) if ssd.fallback == "draft" else None
-    return SSDDecoder(target, ssd).loop(proposer)
+    return SSDDecoder(target, ssd, options.speculate_max_rows).loop(proposer)
 
 
 def _ssd_admission(target, options, ids, encoded):
@@ -222,7 +232,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
            admission=_ssd_admission),
     Method("ctc-draft", "the CTC head's hypothesis is the draft of every round, re-aligned after each correction "
                         "of the target; output identical to ar, no draft model", _ctc_draft, needs_ctc=True,
-           stream=lambda target, options, draft, max_cap: _ctc_draft_loop(target, []),
+           stream=lambda target, options, draft, max_cap: _ctc_draft_loop(target, [], options.speculate_max_rows),
            admission=lambda target, options, ids, encoded: Admission(ids, encoded.target, encoded.caps,
                                                                       encoded.ctc.tokens),
            # Measured slower in a corpus stream (bench-ssd.md, AN4 test, batch 16: 0.92x vs 1.11x of AR); probably

@@ -47,10 +47,17 @@ def add_model_args(p: argparse.ArgumentParser, target: str | None = None) -> Non
 def add_decode_args(p: argparse.ArgumentParser) -> None:
     from .decoding.speculative import SpeculationOptions
     from .methods import METHODS
+    from .spec.loop import CPU_SPECULATE_MAX_ROWS
 
     g = p.add_argument_group("decoding")
     g.add_argument("--method", choices=sorted(METHODS), default="ar",
                    help=" ".join(f"{m.name}: {m.summary}." for m in METHODS.values()) + " default: ar")
+    g.add_argument("--speculate-max-rows", type=_max_rows, default="auto", metavar="ROWS",
+                   help="speculative methods verify drafts only in decoder rounds with at most ROWS live rows; larger "
+                        "rounds are plain target steps (as vLLM's disable_by_batch_size; the transcripts are the same "
+                        f"either way). 'all': speculate at any batch size. Default auto: {CPU_SPECULATE_MAX_ROWS} on a CPU, where verifying "
+                        "many rows' drafts costs more than the steps it saves (see the README's medusa benchmark), "
+                        "all on a GPU")
     g.add_argument("--max-tokens-per-second", type=float, default=30.0,
                    help="cap on generated tokens per second of audio, against runaway repetition (default 30)")
     g.add_argument("--language", default="en",
@@ -130,6 +137,27 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="fill the 'segments' column: start_s, end_s and text of each decoded segment")
 
 
+def _max_rows(value: str) -> str:
+    """``--speculate-max-rows``: "auto", "all" or a positive row count (kept as text; see :func:`max_rows_value`)."""
+    if value not in ("auto", "all") and not (value.isdigit() and int(value) > 0):
+        raise argparse.ArgumentTypeError(f"expected auto, all or a positive number of rows, got {value!r}")
+    return value
+
+
+def max_rows_value(value: str):
+    """``--speculate-max-rows`` as :attr:`~rayspec.methods.DecodeOptions.speculate_max_rows`: None (auto), 0 (all)
+    or the row count.
+
+    Raises:
+        ValueError: anything else.
+    """
+    try:
+        value = _max_rows(str(value).strip().lower())
+    except argparse.ArgumentTypeError as exc:
+        raise ValueError(f"speculate_max_rows: {exc}") from None
+    return None if value == "auto" else 0 if value == "all" else int(value)
+
+
 def speculation_options(args):
     from .decoding.speculative import SpeculationOptions
 
@@ -154,7 +182,7 @@ def decode_options(args):
                          vad=not args.no_vad, segments=args.segments, language=args.language, task=args.task,
                          no_speech_threshold=args.no_speech_threshold,
                          compression_ratio_threshold=args.compression_ratio_threshold,
-                         short_window_s=args.short_window)
+                         short_window_s=args.short_window, speculate_max_rows=max_rows_value(args.speculate_max_rows))
 
 
 def build_transcriber(args):

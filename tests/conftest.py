@@ -14,6 +14,15 @@ torch.set_num_threads(2)
 from tiny import make_noisy_copy, make_tiny  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def speculate_at_any_batch_size(monkeypatch):
+    """In-process decoding speculates at every batch size, as on an accelerator, so the tests exercise batched
+    verification (the CPU default turns speculation off above a few rows; test_continuous tests that cap)."""
+    import rayspec.spec.loop
+
+    monkeypatch.setattr(rayspec.spec.loop, "CPU_SPECULATE_MAX_ROWS", 0)
+
+
 @pytest.fixture(scope="session")
 def tiny_target(tmp_path_factory):
     return make_tiny(tmp_path_factory.mktemp("tiny_target"), d_model=64, layers=2, seed=0)

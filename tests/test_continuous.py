@@ -64,6 +64,54 @@ def test_stream_draft_equals_static(tiny_target, tiny_draft, slots):
             {k: getattr(h.stats, key) for k, h in expected.items()}, key
 
 
+class _Recorder:
+    """A proposer wrapper that records each round: live rows, their ``speculate`` flags, and per row the proposed
+    nodes + draft passes."""
+
+    def __init__(self, inner):
+        self.inner, self.rounds = inner, []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def propose(self, requests, *cross):
+        out = self.inner.propose(requests, *cross)
+        self.rounds.append((len(requests), [r.speculate for r in requests], [len(p.tree) + p.passes for p in out]))
+        return out
+
+
+@pytest.mark.parametrize("method", ["draft", "ctc-draft"])
+def test_speculation_only_in_rounds_of_few_rows(tiny_target, tiny_draft, method, max_rows=2, slots=5):
+    """With ``max_rows`` a round of more live rows verifies no draft and runs no draft pass (a plain target step);
+    the proposers keep their state in step, so the tokens still equal the uncapped static decode."""
+    from rayspec.methods import _ctc_draft_loop
+
+    opt = SpeculationOptions(tree=True)
+    with torch.inference_mode():
+        if method == "draft":
+            expected = _static(lambda a, c: speculative_decode(tiny_target, _encode(tiny_target, a), tiny_draft,
+                                                               _encode(tiny_draft, a), c, opt))
+            proposer = _Recorder(DraftProposer(tiny_draft, None, [max(CAPS)], opt))
+            loop = VerifyLoop(tiny_target, proposer, max_nodes=opt.nodes_per_round, max_rows=max_rows)
+            admissions = _admissions(tiny_target, tiny_draft)
+        else:
+            chunks = list(_ssd_chunks(tiny_target, tiny_draft))
+            expected = {}
+            for ids, enc, caps, drafts, _ in chunks:
+                expected.update(zip(ids, greedy_decode(tiny_target, enc, caps)))
+            loop = _ctc_draft_loop(tiny_target, [], max_rows)
+            loop.proposer = proposer = _Recorder(loop.proposer)
+            admissions = (Admission(ids, enc, caps, drafts.tokens) for ids, enc, caps, drafts, _ in chunks)
+        got = dict(loop.decode_stream(admissions, slots, max_cap=max(CAPS)))
+    assert {k: h.tokens for k, h in got.items()} == {k: h.tokens for k, h in expected.items()}
+    for rows, speculate, work in proposer.rounds:
+        assert speculate == [rows <= max_rows] * rows
+        if rows > max_rows:
+            assert not any(work)
+    assert {rows <= max_rows for rows, _, _ in proposer.rounds} == {True, False}
+    assert any(any(work) for rows, _, work in proposer.rounds if rows <= max_rows)
+
+
 def _ssd_chunks(target, draft):
     """Per chunk of 4 rows: encoder outputs, CTC drafts (the AR output, a corrupted one, a truncated one, garbage;
     entropies on both sides of the gate) and the draft's encoder output."""

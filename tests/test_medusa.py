@@ -30,8 +30,9 @@ def _heads(model, seed=0, eos_bias=0.0, block=False):
     return heads.eval()
 
 
-def _medusa(model, heads, audios, caps, rule=AcceptanceRule()):
-    loop = VerifyLoop(model, MedusaProposer(model, heads), rule, max_nodes=len(DEFAULT_TREE), route="medusa")
+def _medusa(model, heads, audios, caps, rule=AcceptanceRule(), max_rows=None):
+    loop = VerifyLoop(model, MedusaProposer(model, heads), rule, max_nodes=len(DEFAULT_TREE), route="medusa",
+                      max_rows=max_rows)
     with torch.inference_mode():
         return loop.decode(_encode(model, audios), caps)
 
@@ -48,6 +49,21 @@ def test_medusa_greedy_equals_ar(tiny_target, batch_size, block):
         got += _medusa(tiny_target, heads, AUDIO[s : s + batch_size], caps[s : s + batch_size])
     assert [h.tokens for h in got] == ar
     assert all(h.stats.draft_forward_passes == 0 and h.route == "medusa" for h in got)
+
+
+@pytest.mark.parametrize("block", [False, True])
+def test_medusa_speculates_only_in_rounds_of_few_rows(tiny_target, block):
+    """``max_rows=2`` over rows with ragged caps: rounds with more live rows propose nothing (the rows' first
+    rounds); once rows finish, the last two speculate; the tokens equal AR's either way."""
+    caps = [2, 4, 8, 24, 24]
+    audios = AUDIO[: len(caps)]
+    with torch.inference_mode():
+        ar = greedy_decode(tiny_target, _encode(tiny_target, audios), caps)
+    heads = _heads(tiny_target, block=block)
+    got = _medusa(tiny_target, heads, audios, caps, max_rows=2)
+    assert [h.tokens for h in got] == [h.tokens for h in ar]
+    assert [h.stats.draft_tokens_proposed for h in got][:3] == [0, 0, 0]
+    assert all(h.stats.draft_tokens_proposed > 0 for h in got[3:])
 
 
 def test_a_candidate_vocabulary_bounds_the_proposals_and_stays_exact(tiny_target, tmp_path):

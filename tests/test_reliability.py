@@ -231,6 +231,11 @@ def test_a_method_means_the_same_in_the_cli_the_job_and_serve():
     spec = decode_options(build_parser().parse_args(flags + ["--tree", "--no-recycle"])).speculation
     assert spec.tree and not spec.recycle
     assert decode_options_from({"method": "draft", "tree": "1", "recycle": "0"}).speculation == spec
+    rows = lambda *f: decode_options(build_parser().parse_args(flags + list(f))).speculate_max_rows  # noqa: E731
+    assert (rows(), rows("--speculate-max-rows", "all"), rows("--speculate-max-rows", "4")) == (None, 0, 4)
+    assert decode_options_from({"speculate_max_rows": "4"}).speculate_max_rows == 4
+    with pytest.raises(ValueError, match="speculate_max_rows"):
+        decode_options_from({"speculate_max_rows": "-1"})
 
 
 def test_bfloat16_models_decode(samples_manifest, tiny_target):

@@ -10,6 +10,11 @@ Suites:
   tau_SLM, each single stage as an ablation (gate only + AR; verification only), the exact mode, and the CTC
   hypothesis as the draft of every round (``ctc-draft``).
 
+Speculative configurations speculate at every batch size (``--speculate-max-rows all``), so a table shows what
+batched verification costs and saves; the configurations marked ``+row cap`` run at the default instead (speculation
+only in decoder rounds of few live rows, :func:`~rayspec.spec.loop.speculate_max_rows`), as ``rayspec transcribe``
+does.
+
 Every configuration decodes the same preloaded audio with the same models through
 :func:`rayspec.pipeline.decode_batch` (features, encoders and decoding timed; audio decoding excluded), after one
 warm-up batch. Output in the folder: ``bench-<suite>.md`` (Markdown table), ``.csv`` and ``.png``.
@@ -36,21 +41,34 @@ from ..pipeline import DecodeOptions, decode_batch, encode_audio, stream_decode
 from .tables import write_table
 
 CONTINUOUS = " +continuous"
-"""Suffix of a configuration run with continuous batching (rows refilled from the next batch; batch sizes > 1)."""
+"""In a configuration's name: run with continuous batching (rows refilled from the next batch; batch sizes > 1)."""
+ROW_CAP = " +row cap"
+"""Suffix of a configuration run at the default ``--speculate-max-rows`` (batch sizes > 1; at batch 1 the same)."""
+
+
+def _draft(speculation: Optional[SpeculationOptions] = None) -> DecodeOptions:
+    return DecodeOptions("draft", speculation=speculation, speculate_max_rows=0)
+
+
+def _row_cap(configs: list[tuple[str, DecodeOptions]], names: tuple[str, ...]) -> list[tuple[str, DecodeOptions]]:
+    """The configurations ``names`` again, at the default ``--speculate-max-rows`` (suffix :data:`ROW_CAP`)."""
+    return [(name + ROW_CAP, replace(o, speculate_max_rows=None)) for name, o in configs if name in names]
+
 
 SPEC_ABLATION = [
     ("ar", DecodeOptions("ar")),
-    ("fixed-4", DecodeOptions("draft", speculation=SpeculationOptions(4, 0.0, recycle=False))),
-    ("fixed-8", DecodeOptions("draft", speculation=SpeculationOptions(8, 0.0, recycle=False))),
-    ("fixed-16", DecodeOptions("draft", speculation=SpeculationOptions(16, 0.0, recycle=False))),
-    ("+adaptive", DecodeOptions("draft", speculation=SpeculationOptions(recycle=False))),
-    ("+recycle (default)", DecodeOptions("draft")),
-    ("+tree", DecodeOptions("draft", speculation=SpeculationOptions(tree=True))),
+    ("fixed-4", _draft(SpeculationOptions(4, 0.0, recycle=False))),
+    ("fixed-8", _draft(SpeculationOptions(8, 0.0, recycle=False))),
+    ("fixed-16", _draft(SpeculationOptions(16, 0.0, recycle=False))),
+    ("+adaptive", _draft(SpeculationOptions(recycle=False))),
+    ("+recycle (default)", _draft()),
+    ("+tree", _draft(SpeculationOptions(tree=True))),
     ("ar" + CONTINUOUS, DecodeOptions("ar")),
-    ("fixed-4" + CONTINUOUS, DecodeOptions("draft", speculation=SpeculationOptions(4, 0.0, recycle=False))),
-    ("+recycle (default)" + CONTINUOUS, DecodeOptions("draft")),
-    ("+tree" + CONTINUOUS, DecodeOptions("draft", speculation=SpeculationOptions(tree=True))),
+    ("fixed-4" + CONTINUOUS, _draft(SpeculationOptions(4, 0.0, recycle=False))),
+    ("+recycle (default)" + CONTINUOUS, _draft()),
+    ("+tree" + CONTINUOUS, _draft(SpeculationOptions(tree=True))),
 ]
+SPEC_ABLATION += _row_cap(SPEC_ABLATION, ("+recycle (default)", "+recycle (default)" + CONTINUOUS))
 
 
 CHAIN_TREE = ((0,), (0, 0), (0, 0, 0), (0, 0, 0, 0))
@@ -60,31 +78,36 @@ WIDE_TREE = ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2,
 
 def medusa_ablation(heads: Optional[str] = None, with_draft: bool = True) -> list[tuple[str, DecodeOptions]]:
     """AR, draft speculation (``with_draft``), Medusa by heads in use (the default tree cut to that depth), by tree
-    shape (a chain of top-1 candidates, the default sparse tree, a wide tree) and with typical acceptance."""
-    m = lambda **k: DecodeOptions("medusa", medusa=MedusaOptions(heads=heads, **k))  # noqa: E731
-    out = [("ar", DecodeOptions("ar"))] + ([("draft (default)", DecodeOptions("draft"))] if with_draft else [])
+    shape (a chain of top-1 candidates, the default sparse tree, a wide tree) and with typical acceptance; then
+    continuous batching and the default row cap (:data:`ROW_CAP`) for AR, the draft method and default Medusa."""
+    m = lambda **k: DecodeOptions("medusa", medusa=MedusaOptions(heads=heads, **k), speculate_max_rows=0)  # noqa: E731
+    out = [("ar", DecodeOptions("ar"))] + ([("draft (default)", _draft())] if with_draft else [])
     out += [(f"medusa {k} head{'s' if k > 1 else ''}", m(tree=tuple(p for p in DEFAULT_TREE if len(p) <= k)))
             for k in (1, 2, 3)]
     out += [("medusa 4 heads (default tree)", m()), ("medusa chain tree", m(tree=CHAIN_TREE)),
             ("medusa wide tree", m(tree=WIDE_TREE)), ("medusa typical", m(acceptance="typical"))]
-    return out
+    base = ("ar", "draft (default)", "medusa 4 heads (default tree)")
+    out += [(name + CONTINUOUS, o) for name, o in list(out) if name in base]
+    return out + _row_cap(out, base[1:] + tuple(name + CONTINUOUS for name in base[1:]))
 
 
 def ssd_grid(tau_ctc=(0.3, 0.7, 1.5, 3.0), tau_slm=(0.01, 0.1, 0.2)) -> list[tuple[str, DecodeOptions]]:
     """AR, the (tau_CTC, tau_SLM) grid in the paper's relaxed mode, the single-stage ablations, exact mode, and
     continuous batching for AR, the default point, the exact modes and ctc-draft (batch sizes > 1)."""
-    ssd = lambda **k: DecodeOptions("ssd", ssd=SSDOptions(**k))  # noqa: E731
+    ssd = lambda **k: DecodeOptions("ssd", ssd=SSDOptions(**k), speculate_max_rows=0)  # noqa: E731
     out = [("ar", DecodeOptions("ar"))]
     out += [(f"ssd c={c} l={s}", ssd(tau_ctc=c, tau_slm=s, exact=False)) for c in tau_ctc for s in tau_slm]
     out += [(f"gate only c={c} + AR", ssd(tau_ctc=c, verify=False)) for c in tau_ctc]
     out += [(f"verify only l={s}", ssd(tau_ctc=0.0, tau_slm=s, exact=False)) for s in tau_slm]
     out += [("ssd exact (c=0)", ssd(tau_ctc=0.0, exact=True)), ("ssd exact + draft fallback",
-            ssd(tau_ctc=0.0, exact=True, fallback="draft")), ("ctc-draft (exact)", DecodeOptions("ctc-draft"))]
+            ssd(tau_ctc=0.0, exact=True, fallback="draft")),
+            ("ctc-draft (exact)", DecodeOptions("ctc-draft", speculate_max_rows=0))]
     # Section 3.2 across the corpus (rows that fail verification pooled into one fallback stream), for the CLI's
     # default point and the exact modes, beside AR and ctc-draft with the same continuous batching.
     out += [(name + CONTINUOUS, o) for name, o in list(out) if name in (
         "ar", "ssd c=0.7 l=0.01", "ssd exact (c=0)", "ssd exact + draft fallback", "ctc-draft (exact)")]
-    return out
+    return out + _row_cap(out, ("ssd exact + draft fallback", "ctc-draft (exact)",
+                                "ssd exact + draft fallback" + CONTINUOUS, "ctc-draft (exact)" + CONTINUOUS))
 
 
 @dataclass
@@ -149,7 +172,7 @@ def _hf_assisted(target, draft, audio, cap) -> Hypothesis:
 def _run(name, options, models, audios, durations, batches) -> list[Hypothesis]:
     target, draft, ctc = models
     out: dict[int, Hypothesis] = {}
-    if name.endswith(CONTINUOUS):  # the same batches, longest first, as one continuous batch (run_corpus's order)
+    if CONTINUOUS in name:  # the same batches, longest first, as one continuous batch (run_corpus's order)
         order = batches[::-1]
         encoded = ((k, encode_audio(target, options, [audios[i] for i in b], [durations[i] for i in b], draft, ctc))
                    for k, b in enumerate(order))
@@ -187,7 +210,7 @@ def run_bench(models, audios, references, configs, batch_sizes=(1, 16), hf_assis
     rows: list[BenchRow] = []
     for bs in batch_sizes:
         batches = plan_batches(list(range(len(audios))), durations, BatchBudget(tokens=10**9, max_rows=bs))
-        todo = [c for c in configs if bs > 1 or not c[0].endswith(CONTINUOUS)]  # at batch 1 it is the same
+        todo = [c for c in configs if bs > 1 or not (CONTINUOUS in c[0] or c[0].endswith(ROW_CAP))]  # the same at 1
         todo += [("hf-assisted", None)] if hf_assisted and bs == 1 else []
         for name, options in todo:
             _run(name, options, models, audios, durations, batches[:1])  # warm-up

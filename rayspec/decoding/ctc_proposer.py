@@ -67,13 +67,14 @@ class CTCProposer:
             if i in self.accepted:  # re-align after last round: kept tokens, then the target's own token
                 k = self.accepted.pop(i)
                 self.ptr[i] += k
-                full = k >= self.sent[i]
-                self.budget[i] = min(self.max_draft, 2 * self.sent[i] if full else max(MIN_DRAFT, 2 * k))
+                if self.sent[i]:  # (a round without a draft leaves the draft length as it was)
+                    full = k >= self.sent[i]
+                    self.budget[i] = min(self.max_draft, 2 * self.sent[i] if full else max(MIN_DRAFT, 2 * k))
                 new = emitted[self.emitted[i] + k :]
                 if new:
                     self.ptr[i] = _rejoin(hyp, self.ptr[i], new[0], self.punctuation)
             draft = hyp[self.ptr[i] :] + [self.eos]
-            draft = draft[: min(self.budget[i], r.room + 1)]
+            draft = draft[: min(self.budget[i], r.room + 1)] if r.speculate else []
             self.sent[i], self.emitted[i] = len(draft), len(emitted)
             out.append(Proposal(DraftTree.chain(draft)))
         return out

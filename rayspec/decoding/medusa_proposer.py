@@ -98,20 +98,20 @@ class MedusaProposer:
 
     @torch.inference_mode()
     def propose(self, requests: list[DraftRequest], cross: Optional[tuple] = None) -> list[Proposal]:
-        """One token tree per row that has a hidden state (the others: an empty proposal).
+        """One token tree per row that has a hidden state and may speculate (the others: an empty proposal).
 
         Args:
             cross: for heads with a block (``needs_cross``), the loop cache's ``cross()``: per decoder layer the
                 target's keys/values ``[B, H, S, Dh]`` of the requested rows, in request order, and their mask.
         """
-        ready = [r for r in requests if r.index in self.hidden]
+        ready = [r for r in requests if r.index in self.hidden and r.speculate]
         out = {r.index: Proposal() for r in requests}
         if ready:
             if self.needs_cross:  # every row goes through the block (zeros where not ready): no copy of the cache
                 h = torch.stack([self.hidden.get(r.index, self._zero) for r in requests])  # [B, D]
                 ks, vs, mask = cross
                 states = self.heads(h[:, None], (ks[-1], vs[-1], mask))[: self.depth, :, 0]  # [K, B, D]
-                pick = [k for k, r in enumerate(requests) if r.index in self.hidden]
+                pick = [k for k, r in enumerate(requests) if r.index in self.hidden and r.speculate]
                 if len(pick) < len(requests):
                     states = states[:, pick]  # [K, R, D]
             else:

@@ -220,8 +220,11 @@ class DraftProposer:
             live = set(self.rows)
             self.valid = {k: v for k, v in self.valid.items() if k in live}
             self.old_suffix = {k: v for k, v in self.old_suffix.items() if k in live}
-        work = [_Work(r, _Sent(len(r.seq), [], 0, []), self.valid.get(r.index, 0), self.old_suffix.get(r.index, []))
-                for r in requests]
+        if not any(r.speculate for r in requests):  # a round without drafts: no draft pass; the cache stays valid
+            self.sent = {r.index: _Sent(self.valid.get(r.index, 0), [], 0, []) for r in requests}
+            return [Proposal() for _ in requests]
+        work = [_Work(r, _Sent(len(r.seq), [], 0, []), self.valid.get(r.index, 0), self.old_suffix.get(r.index, []),
+                      drafting=r.speculate) for r in requests]
         self.cache.crop([w.valid for w in work])
         self._trunk(work)
         if self.opt.tree and self.opt.tree_branches:

@@ -9,7 +9,7 @@ output equals the target's own greedy output token for token.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 from ..models.whisper import EncoderOutput, WhisperASR
 from ..spec.loop import VerifyLoop
@@ -45,6 +45,8 @@ def speculative_decode(
     return draft_loop(target, proposer, options).decode(target_enc, caps)
 
 
-def draft_loop(target: WhisperASR, proposer, options: SpeculationOptions) -> VerifyLoop:
-    """The verify loop of draft-model speculation over ``proposer`` (in process or remote), route "draft"."""
-    return VerifyLoop(target, proposer, max_nodes=options.nodes_per_round, route="draft")
+def draft_loop(target: WhisperASR, proposer, options: SpeculationOptions, max_rows: Optional[int] = None
+               ) -> VerifyLoop:
+    """The verify loop of draft-model speculation over ``proposer`` (in process or remote), route "draft";
+    ``max_rows``: :class:`~rayspec.spec.loop.VerifyLoop`'s (speculate only in rounds with at most this many rows)."""
+    return VerifyLoop(target, proposer, max_nodes=options.nodes_per_round, route="draft", max_rows=max_rows)

@@ -112,10 +112,12 @@ class SSDDecoder:
 
     Args:
         target: the target model; options: :class:`SSDOptions`.
+        max_rows: the draft fallback speculates only in rounds with at most this many rows
+            (:class:`~rayspec.spec.loop.VerifyLoop`; None: the device's default).
     """
 
-    def __init__(self, target: WhisperASR, options: SSDOptions):
-        self.target, self.opt = target, options
+    def __init__(self, target: WhisperASR, options: SSDOptions, max_rows: Optional[int] = None):
+        self.target, self.opt, self.max_rows = target, options, max_rows
 
     @torch.inference_mode()
     def first_pass(self, enc: EncoderOutput, caps: Sequence[int], drafts: CTCDrafts):
@@ -219,8 +221,9 @@ class SSDDecoder:
 
     def loop(self, proposer: Optional[Proposer] = None) -> VerifyLoop:
         """The fallback's verify loop: greedy AR, or draft-model speculation over ``proposer``."""
-        return draft_loop(self.target, proposer, self.opt.speculation) if self.opt.fallback == "draft" else VerifyLoop(
-            self.target)
+        if self.opt.fallback == "draft":
+            return draft_loop(self.target, proposer, self.opt.speculation, self.max_rows)
+        return VerifyLoop(self.target)
 
     @torch.inference_mode()
     def admission(self, ids: list, enc: EncoderOutput, caps: Sequence[int], drafts: CTCDrafts,

@@ -5,7 +5,8 @@ next token); draft-model speculation, the SSD fallback and Medusa differ only in
 
 One round, for every live row (rows keep different lengths in the ragged KV cache):
 
-1. Propose: the proposer returns a :class:`~rayspec.spec.tree.DraftTree` per row (nothing without a proposer).
+1. Propose: the proposer returns a :class:`~rayspec.spec.tree.DraftTree` per row (nothing without a proposer, or
+   in a round with more live rows than ``speculate_max_rows``: there the round is a plain target step).
 2. Verify: the row's context (tokens the target has not seen; the last is the root) and its draft tree are flattened
    into :class:`~rayspec.spec.tree.TokenTrees`, copied to the device once, and scored in ONE target pass under tree
    attention; the acceptance rule's per-node verdicts and argmaxes come back in ONE transfer
@@ -37,6 +38,23 @@ from .tree import DraftTree, TokenTrees
 # rows, the bound 0.1-3.4 ms), and on a GPU the host round trip would stall the device
 LAZY_MIN_NODES = 16
 
+# on a CPU, speculation pays only while the batch is small: a verification pass's cost grows with its rows x draft
+# nodes (whisper-base, 2 threads, 16 rows: 37 / 58 / 91 / 150 ms for 1 / 2 / 4 / 10 new positions per row, one
+# row: 12.7 / 13.5 / 13.0 / 16.1 ms), so above this many live rows a round verifies no draft (vLLM's
+# ``disable_by_batch_size``); measured by decoding 32 LJSpeech clips at 1-16 rows, see the README's medusa benchmark
+CPU_SPECULATE_MAX_ROWS = 2
+
+
+def speculate_max_rows(device: torch.device, rows: Optional[int] = None) -> int:
+    """The most live rows a round may have and still speculate: ``rows`` if given (0: no limit), else the device's
+    default (:data:`CPU_SPECULATE_MAX_ROWS` on a CPU; no limit on an accelerator, where a wide verification pass
+    costs about what a one-token step does)."""
+    if rows is not None:
+        if rows < 0:
+            raise ValueError(f"speculate_max_rows must be >= 0 (0: no limit), got {rows}")
+        return rows
+    return CPU_SPECULATE_MAX_ROWS if torch.device(device).type == "cpu" else 0
+
 
 def _lazy_projection(hidden: torch.Tensor) -> bool:
     """Whether a pass's greedy verification should use :func:`score_greedy_lazily`: hidden ``[B, Q, D]``."""
@@ -52,11 +70,15 @@ class DraftRequest:
         index: the row's index in the batch the proposer was built for.
         seq: prompt + tokens emitted so far (token ids).
         room: tokens the row may still emit (its cap minus emitted tokens); > 0.
+        speculate: False when the loop verifies no draft for the row this round (the batch is too large for
+            speculation to pay): the proposer proposes nothing and runs no draft pass for it, but keeps its state in
+            step (the round's feedback still comes).
     """
 
     index: int
     seq: list[int]
     room: int
+    speculate: bool = True
 
 
 @dataclass
@@ -177,12 +199,18 @@ class VerifyLoop:
         rule: how draft tokens are accepted (:data:`~rayspec.spec.acceptance.GREEDY`: exact).
         max_nodes: most draft nodes a proposal may hold (sizes the KV cache's room for pending positions).
         route: the hypotheses' route ("ar", "draft", ...).
+        max_rows: speculate only in rounds with at most this many live rows (0: always); None: the device's
+            default (:func:`speculate_max_rows`). Either way the tokens are the same.
+
+    Raises:
+        ValueError: a negative ``max_rows``.
     """
 
     def __init__(self, target: WhisperASR, proposer: Optional[Proposer] = None, rule: AcceptanceRule = GREEDY,
-                 max_nodes: int = 0, route: str = "ar") -> None:
+                 max_nodes: int = 0, route: str = "ar", max_rows: Optional[int] = None) -> None:
         self.target, self.proposer, self.rule = target, proposer, rule
         self.max_nodes, self.route = max_nodes, route
+        self.max_rows = speculate_max_rows(target.device, max_rows)
         self.eos = target.eos_token_id
 
     @torch.inference_mode()
@@ -330,7 +358,8 @@ class VerifyLoop:
         if self.proposer is None:
             proposals = [Proposal() for _ in live]
         else:
-            requests = [DraftRequest(r.index, list(r.seq), r.room) for r in live]
+            speculate = not self.max_rows or len(live) <= self.max_rows
+            requests = [DraftRequest(r.index, list(r.seq), r.room, speculate) for r in live]
             proposals = (self.proposer.propose(requests, cache.cross()) if getattr(self.proposer, "needs_cross", False)
                          else self.proposer.propose(requests))
         feedback = self._round(live, proposals, cache)
