@@ -357,17 +357,21 @@ def _plot(rows, path, title, suite) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    if suite in ("spec", "medusa"):
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    if suite in ("spec", "medusa"):  # one line per configuration (long names), top to bottom in table order
+        configs = list(dict.fromkeys(r.config for r in rows))
+        fig, axes = plt.subplots(1, 2, figsize=(12, 1.5 + 0.28 * len(configs)), sharey=True)
         for bs in sorted({r.batch_size for r in rows}):
             sub = [r for r in rows if r.batch_size == bs]
-            axes[0].plot([r.config for r in sub], [r.speedup for r in sub], marker="o", label=f"batch {bs}")
-            axes[1].plot([r.config for r in sub], [r.nfe_per_utt for r in sub], marker="o", label=f"batch {bs}")
-        axes[0].axhline(1.0, color="gray", lw=0.8)
-        axes[0].set_ylabel("wall-clock speed-up vs AR")
-        axes[1].set_ylabel("target passes (NFE) per utterance")
+            y = [configs.index(r.config) for r in sub]
+            axes[0].plot([r.speedup for r in sub], y, marker="o", ls="none", label=f"batch {bs}")
+            axes[1].plot([r.nfe_per_utt for r in sub], y, marker="o", ls="none", label=f"batch {bs}")
+        axes[0].axvline(1.0, color="gray", lw=0.8)
+        axes[0].set_xlabel("wall-clock speed-up vs AR")
+        axes[1].set_xlabel("target passes (NFE) per utterance")
+        axes[0].set_yticks(range(len(configs)), configs, fontsize=8)
+        axes[0].invert_yaxis()
         for ax in axes:
-            ax.tick_params(axis="x", rotation=30)
+            ax.grid(axis="y", lw=0.3)
             ax.legend()
     else:  # WER vs RTFx Pareto plot with AR marked (SSD Figures 3-4)
         fig, ax = plt.subplots(figsize=(7, 5))
