@@ -55,9 +55,9 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--speculate-max-rows", type=_max_rows, default="auto", metavar="ROWS",
                    help="speculative methods verify drafts only in decoder rounds with at most ROWS live rows; larger "
                         "rounds are plain target steps (as vLLM's disable_by_batch_size; the transcripts are the same "
-                        f"either way). 'all': speculate at any batch size. Default auto: {CPU_SPECULATE_MAX_ROWS} on a CPU, where verifying "
-                        "many rows' drafts costs more than the steps it saves (see the README's medusa benchmark), "
-                        "all on a GPU")
+                        "either way). 'all': speculate at any batch size. Default auto: "
+                        f"{CPU_SPECULATE_MAX_ROWS} on a CPU, where verifying many rows' drafts costs more than the "
+                        "steps it saves (see the README's medusa benchmark), all on a GPU")
     g.add_argument("--max-tokens-per-second", type=float, default=30.0,
                    help="cap on generated tokens per second of audio, against runaway repetition (default 30)")
     g.add_argument("--language", default="en",
