@@ -237,7 +237,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
                                                                       encoded.ctc.tokens),
            # Measured slower in a corpus stream (bench-ssd.md, AN4 test, batch 16: 0.92x vs 1.11x of AR); probably
            # (not profiled) because each newcomer's first round drafts its whole hypothesis and a round is as wide
-           # as its widest row.
+           # as its widest row. That was speculating at every batch size; at the default row cap static and
+           # continuous measured the same (bench/ssd-rowcap, LJSpeech, batch 16: 1.06x of AR each).
            continuous=False),
     Method("medusa", "Medusa heads on the target's own hidden state propose a sparse token tree, verified in one "
                      "pass; greedy acceptance is identical to ar, --acceptance typical is lossy", _medusa,
