@@ -112,6 +112,27 @@ def test_speculation_only_in_rounds_of_few_rows(tiny_target, tiny_draft, method,
     assert any(any(work) for rows, _, work in proposer.rounds if rows <= max_rows)
 
 
+def test_draft_proposer_skips_rows_that_do_not_speculate(tiny_target, tiny_draft):
+    """Rows told not to speculate in a round where others do get no draft (their draft cache is still caught up in
+    the shared pass), and every row still equals its static decode."""
+    from dataclasses import replace
+
+    opt = SpeculationOptions(tree=True)
+
+    class OddRowsSkip(_Recorder):
+        def propose(self, requests, *cross):
+            return super().propose([replace(r, speculate=r.index % 2 == 0) for r in requests], *cross)
+
+    with torch.inference_mode():
+        expected = _static(lambda a, c: greedy_decode(tiny_target, _encode(tiny_target, a), c))
+        proposer = OddRowsSkip(DraftProposer(tiny_draft, None, [max(CAPS)], opt))
+        loop = VerifyLoop(tiny_target, proposer, max_nodes=opt.nodes_per_round, max_rows=0)
+        got = dict(loop.decode_stream(_admissions(tiny_target, tiny_draft), 5, max_cap=max(CAPS)))
+    assert {k: h.tokens for k, h in got.items()} == {k: h.tokens for k, h in expected.items()}
+    assert all(h.stats.draft_tokens_proposed == 0 for k, h in got.items() if k % 2)
+    assert any(h.stats.draft_tokens_proposed for k, h in got.items() if k % 2 == 0)
+
+
 def _ssd_chunks(target, draft):
     """Per chunk of 4 rows: encoder outputs, CTC drafts (the AR output, a corrupted one, a truncated one, garbage;
     entropies on both sides of the gate) and the draft's encoder output."""
