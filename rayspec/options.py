@@ -84,6 +84,10 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--draft-threshold", type=float, default=d.threshold,
                    help="adaptive drafting stops at the first draft token whose probability is below this "
                         f"(SpecASR IV.A; default {d.threshold}; 0 = fixed length --draft-max)")
+    g.add_argument("--draft-vocabulary", action=argparse.BooleanOptionalAction, default=d.vocabulary,
+                   help="read the draft out over its own vocabulary, the tokens of its training transcripts, where "
+                        "its config lists one (FR-Spec: most of the output projection skipped; the output is the "
+                        "target's either way; default on)")
     g.add_argument("--recycle", action=argparse.BooleanOptionalAction, default=d.recycle,
                    help=f"draft sequence recycling (SpecASR IV.B; default {'on' if d.recycle else 'off'})")
     g.add_argument("--tree", action=argparse.BooleanOptionalAction, default=d.tree,
@@ -163,7 +167,8 @@ def speculation_options(args):
 
     return SpeculationOptions(
         max_draft=args.draft_max, threshold=args.draft_threshold, recycle=args.recycle,
-        tree=args.tree, tree_threshold=args.tree_threshold, tree_branches=args.tree_branches,
+        vocabulary=args.draft_vocabulary, tree=args.tree, tree_threshold=args.tree_threshold,
+        tree_branches=args.tree_branches,
     )
 
 

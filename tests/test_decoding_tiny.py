@@ -71,6 +71,43 @@ def test_speculative_equals_ar(tiny_target, tiny_draft, name, batch_size):
     assert sum(s.target_forward_passes for s in stats) < sum(len(t) + 1 for t in expected)
 
 
+def test_draft_vocabulary_readout(tiny_target, tiny_draft, monkeypatch):
+    """A draft read out over its own vocabulary (FR-Spec) proposes only tokens of it, and decoding stays the
+    target's greedy output; its logits are the full readout's at those ids, suppression included."""
+    from rayspec.decoding.proposer import DraftProposer
+    import numpy as np
+
+    ar = _ar_single(tiny_target, AUDIO[:6])
+    seen = sorted({t for seq in ar for t in seq})
+    vocabulary = sorted(set(seen[::2]) | {tiny_draft.eos_token_id, *tiny_draft.begin_suppress_tokens})
+    monkeypatch.setattr(tiny_draft, "vocabulary", vocabulary)
+    hidden = torch.randn(3, tiny_draft.config.d_model)
+    first = np.array([True, False, True])
+    with torch.inference_mode():
+        logits, ids = tiny_draft.readout_logits(hidden, first)
+        full = tiny_draft.suppress(tiny_draft.project(hidden), first=first)
+    assert ids.tolist() == vocabulary
+    torch.testing.assert_close(logits, full[:, ids])
+
+    proposed = set()
+    original = DraftProposer.propose
+
+    def recording(self, requests):
+        out = original(self, requests)
+        proposed.update(t for p in out for t in p.tree.tokens)
+        return out
+
+    monkeypatch.setattr(DraftProposer, "propose", recording)
+    got = []
+    with torch.inference_mode():
+        for s in range(0, 6, 3):
+            chunk = AUDIO[s : s + 3]
+            got += [h.tokens for h in speculative_decode(tiny_target, _encode(tiny_target, chunk), tiny_draft,
+                                                         _encode(tiny_draft, chunk), [CAP] * 3, CONFIGS["tree"])]
+    assert got == ar
+    assert proposed and proposed <= set(vocabulary)
+
+
 @pytest.mark.parametrize("mixed", [True, False])
 def test_linear_kernels_agree(tiny_target, tiny_draft, monkeypatch, mixed):
     """Products go through oneDNN's packed weights (forced here on the tiny model's small ones): everywhere, or

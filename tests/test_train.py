@@ -58,6 +58,9 @@ def test_train_draft_decoder_loss_falls(trained_target, samples_manifest):
     assert log[-1]["loss"] < log[0]["loss"]
     draft = WhisperASR.from_pretrained(str(tmp / "dd"))  # the embedding comes from --target, not the draft's folder
     assert not draft.has_encoder and draft.config.decoder_layers == 1
+    # it drafts over the tokens of its training transcripts (FR-Spec)
+    assert draft.eos_token_id in draft.vocabulary and len(draft.vocabulary) <= json.load(
+        open(work / "summary.json"))["vocabulary"] + 1 < draft.vocab_size
     assert "model.decoder.embed_tokens.weight" not in safe_open(str(tmp / "dd" / "model.safetensors"), "pt").keys()
 
 

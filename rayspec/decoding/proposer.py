@@ -55,6 +55,10 @@ class SpeculationOptions:
         tree_threshold: trunk positions with top-1 probability below this are branch candidates.
         tree_branches: most branches per row and round (the least confident positions first).
         branch_max: most tokens per branch.
+        vocabulary: read drafts out over the draft's own vocabulary where its config lists one (FR-Spec,
+            arXiv:2502.14856; :meth:`~rayspec.models.whisper.WhisperASR.readout_logits`): a draft pass skips most of
+            the output projection, the draft never proposes a token outside that vocabulary, and ``threshold``
+            compares probabilities normalised over it. Off: the whole vocabulary.
     """
 
     max_draft: int = 8
@@ -64,6 +68,7 @@ class SpeculationOptions:
     tree_threshold: float = 0.6
     tree_branches: int = 2
     branch_max: int = 8
+    vocabulary: bool = True
 
     def __post_init__(self):
         if self.max_draft < 1 or self.tree_branches < 0 or self.branch_max < 1:
@@ -174,6 +179,7 @@ class DraftProposer:
         self.eos = draft.eos_token_id
         self.prompt_len = len(draft.prompt_ids)
         self.capacity = self.prompt_len + max(caps) + options.max_draft + options.branch_max + 2
+        self.shortlist = options.vocabulary and draft.vocabulary is not None
         self.cache: Optional[DecoderCache] = None
         self.rows: list = []  # row id of each cache row
         self.sent: dict[int, _Sent] = {}  # last round's draft per row
@@ -247,30 +253,38 @@ class DraftProposer:
             self.valid[f.index] = sent.seq_len + common
 
     def _feed(self, cache: DecoderCache, chunks: list[list[int]]) -> torch.Tensor:
-        """Feed ragged token lists (one per row, each non-empty); commit them; return logits at each row's last."""
+        """Feed ragged token lists (one per row, each non-empty); commit them; return the draft's final hidden state
+        at each row's last token, float ``[R, D]`` (only those are read out)."""
         counts = np.asarray([len(c) for c in chunks], dtype=np.int64)
         width = int(counts.max())
         tokens = torch.tensor([c + [self.eos] * (width - len(c)) for c in chunks]).to(cache.device, non_blocking=True)
-        logits = self.draft.decode(cache, tokens)
+        hidden = self.draft.decode_hidden(cache, tokens)
         cache.commit(np.broadcast_to(np.arange(width), (len(chunks), width)), counts)
         last = torch.from_numpy(counts - 1).to(cache.device, non_blocking=True)
-        return logits[torch.arange(len(chunks), device=cache.device), last]
+        return hidden[torch.arange(len(chunks), device=cache.device), last]
 
-    def _top2(self, logits: torch.Tensor, first: list[bool]):
-        """Top-2 probabilities and tokens per row (one device read: adaptive drafting decides on the host)."""
-        probs = self.draft.suppress(logits, first=np.asarray(first)).float().softmax(-1)
-        p, tok = probs.topk(2, dim=-1)
+    def _top2(self, hidden: torch.Tensor, first: list[bool]):
+        """Top-2 probabilities and tokens per row of hidden states ``[R, D]`` (one device read: adaptive drafting
+        decides on the host)."""
+        first = np.asarray(first)
+        if self.shortlist:
+            logits, ids = self.draft.readout_logits(hidden, first)
+        else:
+            logits, ids = self.draft.suppress(self.draft.project(hidden), first=first), None
+        p, tok = logits.float().softmax(-1).topk(2, dim=-1)
+        if ids is not None:
+            tok = ids[tok]
         both = torch.cat([p.double(), tok.double()], dim=1).tolist()
         return [r[:2] for r in both], [[int(r[2]), int(r[3])] for r in both]
 
     def _trunk(self, work: list[_Work]) -> None:
         opt = self.opt
-        logits = self._feed(self.cache, [w.req.seq[w.valid :] for w in work])
+        hidden = self._feed(self.cache, [w.req.seq[w.valid :] for w in work])
         for w in work:
             w.passes += 1
         while True:
             first = [len(w.req.seq) - self.prompt_len + len(w.out.trunk) == 0 for w in work]
-            p, tok = self._top2(logits, first)
+            p, tok = self._top2(hidden, first)
             for k, w in enumerate(work):
                 if not w.drafting:
                     continue
@@ -306,7 +320,7 @@ class DraftProposer:
             for w in work:
                 if w.drafting:
                     w.passes += 1
-            logits = self._feed(self.cache, feed)
+            hidden = self._feed(self.cache, feed)
 
     def _branches(self, work: list[_Work]) -> None:
         """Second pass: branches from the 2nd-best token at the least confident trunk positions, drafted together."""
@@ -324,11 +338,11 @@ class DraftProposer:
         branches = [[tok] for _, _, tok in starts]
         active = [tok != self.eos and min(opt.branch_max, work[k].req.room - i) > 1 for k, i, tok in starts]
         while any(active):
-            logits = self._feed(fork, [[br[-1]] for br in branches])
+            hidden = self._feed(fork, [[br[-1]] for br in branches])
             for (k, _, _), on in zip(starts, active):
                 if on:
                     work[k].passes += 1
-            p, tok = self._top2(logits, [False] * len(branches))
+            p, tok = self._top2(hidden, [False] * len(branches))
             for n, ((k, i, _), br) in enumerate(zip(starts, branches)):
                 if not active[n]:
                     continue

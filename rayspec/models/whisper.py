@@ -225,6 +225,11 @@ class WhisperASR:
         self._suppress = self._suppress_bias(self.suppress_tokens)
         self._begin_suppress = self._suppress_bias(self.begin_suppress_tokens)
         self._shortlist = None  # (what it was made from, weight [S, D], bias [S] or None): see shortlist_bound
+        # A drafter's trained vocabulary (its config's rayspec_vocabulary): sorted token ids, or None for all of them
+        ids = getattr(cfg, "rayspec_vocabulary", None)
+        self.vocabulary = None if not ids else sorted({int(t) for t in ids if int(t) < self.vocab_size}
+                                                      | {self.eos_token_id})
+        self._readout = None  # (what it was made from, ids [S], weight [S, D], bias [S] or None): see readout_logits
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -729,6 +734,38 @@ class WhisperASR:
                                None if proj.bias is None else proj.bias[ids].contiguous())
         _, weight, bias = self._shortlist
         return linear(hidden, weight, bias).amax(-1)
+
+    def readout_logits(self, hidden: torch.Tensor, first: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """Suppressed logits over :attr:`vocabulary` alone, from an ``[S, D]`` product
+        instead of the ``[V, D]`` one: a drafter's readout over the tokens it was trained to propose (FR-Spec: Zhao et
+        al. 2025, arXiv:2502.14856, section 3.2, a draft's output layer cut to a frequency-ranked vocabulary; here the
+        tokens of the target's transcripts of the drafter's training audio). The projection is memory-bound for a few
+        rows on a CPU, so its cost falls with ``S`` (whisper-base: 51,865 rows, 106 MB in float32).
+
+        Args:
+            hidden: float ``[R, D]``; first: bool ``[R]`` on the host, where ``begin_suppress_tokens`` apply.
+
+        Returns:
+            (logits float ``[R, S]``, ids int64 ``[S]``: the token id of each logit column).
+
+        Raises:
+            ValueError: the model has no :attr:`vocabulary`.
+        """
+        if self.vocabulary is None:
+            raise ValueError(f"{self.name or 'this model'} lists no vocabulary of its own (rayspec_vocabulary)")
+        proj = self.model.proj_out
+        key = (proj.weight, proj.bias, self.vocabulary)
+        if self._readout is None or any(a is not b for a, b in zip(self._readout[0], key)):
+            ids = torch.tensor(self.vocabulary, dtype=torch.long, device=proj.weight.device)
+            self._readout = (key, ids, proj.weight[ids].contiguous(), None if proj.bias is None else proj.bias[ids])
+        _, ids, weight, bias = self._readout
+        logits = linear(hidden, weight, bias)
+        if self._suppress is not None:
+            logits = logits + self._suppress[ids]
+        if self._begin_suppress is not None and np.any(first):
+            mask = torch.as_tensor(np.asarray(first)).to(logits.device)[:, None]
+            logits = torch.where(mask, logits + self._begin_suppress[ids], logits)
+        return logits, ids
 
     def suppress(self, logits: torch.Tensor, first: torch.Tensor | np.ndarray | bool = False) -> torch.Tensor:
         """Apply Whisper's suppress lists to logits ``[..., V]`` (returns a new tensor).

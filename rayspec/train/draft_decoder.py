@@ -26,7 +26,7 @@ import random
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import torch
@@ -288,8 +288,9 @@ def _train(student, target, train, dev, target_dir, out_dir, work_dir, layers, e
         torch.save({"format": CACHE_FORMAT, "model": student.model.state_dict(), "optim": optim.state_dict(),
                     "epoch": epoch, "step": step, "history": json.dumps(history)}, ckpt + ".tmp")
         os.replace(ckpt + ".tmp", ckpt)
-    export_draft_decoder(student, target_dir, out_dir)
-    summary = {"kind": "draft-decoder", "target": target_dir, "layers": layers, "epochs": epoch, "steps": step,
+    vocabulary = sorted({int(t) for r in train for t in r.tokens})
+    export_draft_decoder(student, target_dir, out_dir, vocabulary)
+    summary = {"vocabulary": len(vocabulary), "kind": "draft-decoder", "target": target_dir, "layers": layers, "epochs": epoch, "steps": step,
                "train_sequences": len(train), "dev_utterances": len(dev),
                "dev_top1": history[-1]["dev_top1"] if history else None,
                "dev_top1_per_epoch": [h["dev_top1"] for h in history],
@@ -300,16 +301,18 @@ def _train(student, target, train, dev, target_dir, out_dir, work_dir, layers, e
     return summary
 
 
-def export_draft_decoder(student: WhisperASR, target: str, out_dir: str) -> None:
+def export_draft_decoder(student: WhisperASR, target: str, out_dir: str, vocabulary: Sequence[int]) -> None:
     """Write a draft decoder without the target's token embedding: ``config.json`` (with ``rayspec_embedding_from``
     = ``target``, the model name or absolute directory whose embedding, tokenizer and generation config it loads
-    with, see
-    :meth:`WhisperASR.from_pretrained`) and float16 ``model.safetensors`` (layers, positions, final norm)."""
+    with, see :meth:`WhisperASR.from_pretrained`, and ``rayspec_vocabulary`` = ``vocabulary``, the token ids of its
+    training transcripts, over which it drafts: :meth:`WhisperASR.readout_logits`) and float16 ``model.safetensors``
+    (layers, positions, final norm)."""
     from safetensors.torch import save_file
 
     model = student.model
     model.config.dropout = model.config.attention_dropout = model.config.activation_dropout = 0.0
     model.config.rayspec_embedding_from = os.path.abspath(target) if os.path.isdir(target) else target
+    model.config.rayspec_vocabulary = [int(t) for t in vocabulary]
     os.makedirs(out_dir, exist_ok=True)
     model.config.save_pretrained(out_dir)
     weights = {k: v.detach().to("cpu", torch.float16).contiguous() for k, v in model.state_dict().items()
