@@ -81,12 +81,17 @@ class _Recorder:
 
 
 @pytest.mark.parametrize("method", ["draft", "ctc-draft"])
-def test_speculation_only_in_rounds_of_few_rows(tiny_target, tiny_draft, method, max_rows=2, slots=5):
+def test_speculation_only_in_rounds_of_few_rows(tiny_target, tiny_draft, monkeypatch, method, max_rows=2, slots=5):
     """With ``max_rows`` a round of more live rows verifies no draft and runs no draft pass (a plain target step);
-    the proposers keep their state in step, so the tokens still equal the uncapped static decode."""
+    the proposers keep their state in step, so the tokens still equal the uncapped static decode. The draft computes
+    cross-attention keys/values only for the rows it decodes."""
     from rayspec.methods import _ctc_draft_loop
 
     opt = SpeculationOptions(tree=True)
+    crossed = []
+    fill = tiny_draft.fill_cross
+    monkeypatch.setattr(tiny_draft, "fill_cross", lambda cache, rows, states: (crossed.extend(rows),
+                                                                              fill(cache, rows, states)))
     with torch.inference_mode():
         if method == "draft":
             expected = _static(lambda a, c: speculative_decode(tiny_target, _encode(tiny_target, a), tiny_draft,
@@ -102,6 +107,7 @@ def test_speculation_only_in_rounds_of_few_rows(tiny_target, tiny_draft, method,
             loop = _ctc_draft_loop(tiny_target, [], max_rows)
             loop.proposer = proposer = _Recorder(loop.proposer)
             admissions = (Admission(ids, enc, caps, drafts.tokens) for ids, enc, caps, drafts, _ in chunks)
+        crossed.clear()
         got = dict(loop.decode_stream(admissions, slots, max_cap=max(CAPS)))
     assert {k: h.tokens for k, h in got.items()} == {k: h.tokens for k, h in expected.items()}
     for rows, speculate, work in proposer.rounds:
@@ -110,6 +116,8 @@ def test_speculation_only_in_rounds_of_few_rows(tiny_target, tiny_draft, method,
             assert not any(work)
     assert {rows <= max_rows for rows, _, _ in proposer.rounds} == {True, False}
     assert any(any(work) for rows, _, work in proposer.rounds if rows <= max_rows)
+    if method == "draft":
+        assert 0 < len(crossed) < len(got)
 
 
 def test_draft_proposer_skips_rows_that_do_not_speculate(tiny_target, tiny_draft):

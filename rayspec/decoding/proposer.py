@@ -185,6 +185,9 @@ class DraftProposer:
         self.sent: dict[int, _Sent] = {}  # last round's draft per row
         self.valid: dict[int, int] = {}  # leading sequence tokens with correct draft keys/values, per row
         self.old_suffix: dict[int, list[int]] = {}  # rejected draft continuation per row (recycling)
+        # encoder states [1, S, D] of rows whose cross-attention keys/values are not computed yet: a row's are
+        # computed the first round it is decoded (with --speculate-max-rows most rows of a batch never are)
+        self.uncrossed: dict[int, torch.Tensor] = {}
         if draft_enc is not None:
             self.admit(list(range(len(caps))), list(range(len(caps))), draft_enc)
 
@@ -193,14 +196,15 @@ class DraftProposer:
         proposer), replacing finished rows there or, past the last row, appending; ``draft_enc``: the draft's encoder
         output for them (``R`` rows)."""
         enc = draft_enc.to(self.draft.device)
+        self.uncrossed.update((key, enc.states[k : k + 1]) for k, key in enumerate(ids))
         if self.cache is None:
-            self.cache, self.rows = self.draft.new_cache(enc, self.capacity), list(ids)
+            self.cache, self.rows = self.draft.new_cache(enc, self.capacity, cross=False), list(ids)
             return
         if max(slots) >= len(self.rows):
             grow = max(slots) + 1 - len(self.rows)
             self.cache.extend(grow)
             self.rows += [None] * grow
-        self.cache.place(slots, self.draft.new_cache(enc, 1))
+        self.cache.place(slots, self.draft.new_cache(enc, 1, cross=False))
         for slot, key in zip(slots, ids):
             self.rows[slot] = key
 
@@ -226,9 +230,11 @@ class DraftProposer:
             live = set(self.rows)
             self.valid = {k: v for k, v in self.valid.items() if k in live}
             self.old_suffix = {k: v for k, v in self.old_suffix.items() if k in live}
+            self.uncrossed = {k: v for k, v in self.uncrossed.items() if k in live}
         if not any(r.speculate for r in requests):  # a round without drafts: no draft pass; the cache stays valid
             self.sent = {r.index: _Sent(self.valid.get(r.index, 0), [], 0, []) for r in requests}
             return [Proposal() for _ in requests]
+        self._cross()  # every row is fed below
         work = [_Work(r, _Sent(len(r.seq), [], 0, []), self.valid.get(r.index, 0), self.old_suffix.get(r.index, []),
                       drafting=r.speculate) for r in requests]
         self.cache.crop([w.valid for w in work])
@@ -251,6 +257,16 @@ class DraftProposer:
             while common < min(len(accepted), sent.fed) and accepted[common] == sent.trunk[common]:
                 common += 1
             self.valid[f.index] = sent.seq_len + common
+
+    def _cross(self) -> None:
+        """Compute the cross-attention keys/values of the held rows that lack them (one pass per encoder length)."""
+        groups: dict[int, list[tuple[int, torch.Tensor]]] = {}
+        for slot, key in enumerate(self.rows):
+            if key in self.uncrossed:
+                states = self.uncrossed.pop(key)
+                groups.setdefault(states.shape[1], []).append((slot, states))
+        for group in groups.values():
+            self.draft.fill_cross(self.cache, [slot for slot, _ in group], torch.cat([st for _, st in group]))
 
     def _feed(self, cache: DecoderCache, chunks: list[list[int]]) -> torch.Tensor:
         """Feed ragged token lists (one per row, each non-empty); commit them; return the draft's final hidden state

@@ -571,19 +571,25 @@ class WhisperASR:
         return features[..., : min(features.shape[-1], int(seconds * fps))]
 
     # ------------------------------------------------------------------ decoder
-    def new_cache(self, encoder_output: EncoderOutput, capacity: int) -> DecoderCache:
+    def new_cache(self, encoder_output: EncoderOutput, capacity: int, cross: bool = True) -> DecoderCache:
         """An empty decoder cache for a batch, with cross-attention keys/values precomputed.
 
         Args:
             encoder_output: from :meth:`encode`.
             capacity: most decoder positions any row will hold (prompt + tokens + pending draft positions).
+            cross: False leaves the cross-attention keys/values uncomputed (uninitialised memory) for
+                :meth:`fill_cross` to fill, row by row, before a row is decoded: a draft that will draft for few of
+                the rows (``--speculate-max-rows``) computes them for those rows only.
         """
         dec = self._half("decoder")
         states = encoder_output.states
         b, s, _ = states.shape
         cross_k, cross_v, self_k, self_v = [], [], [], []
         for i in range(len(dec.layers)):
-            k, v = self.cross_attention_kv(states, i)
+            if cross:
+                k, v = self.cross_attention_kv(states, i)
+            else:
+                k, v = (states.new_empty((b, self.num_heads, s, self.head_dim)) for _ in range(2))
             cross_k.append(k)
             cross_v.append(v)
             self_k.append(states.new_zeros((b, self.num_heads, capacity, self.head_dim)))
@@ -596,6 +602,16 @@ class WhisperASR:
                     :, None, None, :
                 ]
         return DecoderCache.empty(self_k, self_v, cross_k, cross_v, cross_mask, states.device, real)
+
+    def fill_cross(self, cache: DecoderCache, rows: Sequence[int], states: torch.Tensor) -> None:
+        """Compute the cross-attention keys/values of cache rows ``rows`` (``[R]`` host indices) from their encoder
+        states ``[R, S', D]`` (``S'`` at most the cache's encoder positions) and write them in place (a cache made
+        with ``new_cache(..., cross=False)``)."""
+        index = torch.tensor(list(rows), dtype=torch.long, device=cache.device)
+        for i, (ck, cv) in enumerate(zip(cache.cross_k, cache.cross_v)):
+            k, v = self.cross_attention_kv(states, i)
+            ck[:, :, : states.shape[1]].index_copy_(0, index, k.to(ck.dtype))
+            cv[:, :, : states.shape[1]].index_copy_(0, index, v.to(cv.dtype))
 
     def cross_attention_kv(self, states: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Decoder layer ``layer``'s cross-attention keys and values of encoder states ``[B, S, D]``: two contiguous
