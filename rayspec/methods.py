@@ -187,7 +187,8 @@ def _medusa_loop(target, options, draft=None, max_cap=0):
     heads = load_heads(opt.heads or default_drafter(target.name, "medusa"), str(target.device), target.dtype)
     rule = (AcceptanceRule("typical", epsilon=opt.epsilon, delta=opt.delta) if opt.acceptance == "typical"
             else GREEDY)
-    return VerifyLoop(target, MedusaProposer(target, heads, opt.tree), rule, max_nodes=opt.max_nodes, route="medusa",
+    tree = opt.tree_for(target.device)
+    return VerifyLoop(target, MedusaProposer(target, heads, tree), rule, max_nodes=len(tree), route="medusa",
                       max_rows=options.speculate_max_rows)
 
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from rayspec.decoding.ar import greedy_decode
-from rayspec.decoding.medusa_proposer import DEFAULT_TREE, MedusaProposer, check_tree
+from rayspec.decoding.medusa_proposer import SPARSE_TREE, MedusaProposer, check_tree
 from rayspec.models.medusa import MedusaHeads
 from rayspec.spec.acceptance import AcceptanceRule
 from rayspec.spec.loop import VerifyLoop
@@ -31,7 +31,7 @@ def _heads(model, seed=0, eos_bias=0.0, block=False):
 
 
 def _medusa(model, heads, audios, caps, rule=AcceptanceRule(), max_rows=None):
-    loop = VerifyLoop(model, MedusaProposer(model, heads), rule, max_nodes=len(DEFAULT_TREE), route="medusa",
+    loop = VerifyLoop(model, MedusaProposer(model, heads), rule, max_nodes=len(SPARSE_TREE), route="medusa",
                       max_rows=max_rows)
     with torch.inference_mode():
         return loop.decode(_encode(model, audios), caps)
@@ -79,7 +79,7 @@ def test_a_candidate_vocabulary_bounds_the_proposals_and_stays_exact(tiny_target
     proposed = []
     propose = proposer.propose
     proposer.propose = lambda requests: [p for p in propose(requests) if not proposed.extend(p.tree.tokens)]
-    loop = VerifyLoop(tiny_target, proposer, AcceptanceRule(), max_nodes=len(DEFAULT_TREE), route="medusa")
+    loop = VerifyLoop(tiny_target, proposer, AcceptanceRule(), max_nodes=len(SPARSE_TREE), route="medusa")
     with torch.inference_mode():
         got = loop.decode(_encode(tiny_target, AUDIO), caps)
     assert [h.tokens for h in got] == ar
@@ -102,8 +102,17 @@ def test_typical_acceptance_runs_and_keeps_lengths_within_caps(tiny_target):
     assert all(len(h.tokens) <= 10 for h in got)
 
 
+def test_default_tree_follows_the_device():
+    from rayspec.decoding.medusa_proposer import CPU_TREE, MedusaOptions, default_tree
+
+    assert default_tree(torch.device("cpu")) == CPU_TREE == ((0,), (1,), (2,))
+    assert default_tree(torch.device("cuda")) == SPARSE_TREE
+    assert MedusaOptions().tree_for(torch.device("cpu")) == CPU_TREE
+    assert MedusaOptions(tree=SPARSE_TREE).tree_for(torch.device("cpu")) == SPARSE_TREE
+
+
 def test_tree_paths_must_be_prefix_closed():
-    check_tree(DEFAULT_TREE, 4)
+    check_tree(SPARSE_TREE, 4)
     with pytest.raises(ValueError):
         check_tree([(0,), (1, 0)], 4)
     with pytest.raises(ValueError):
@@ -129,7 +138,7 @@ def test_medusa_continuous_batching_equals_static(tiny_target, block):
     static = {i: h for i in range(len(AUDIO)) for h in _medusa(tiny_target, heads, [AUDIO[i]], [caps[i]])}
     rows = (Admission(list(range(s, s + 2)), _encode(tiny_target, AUDIO[s : s + 2]), caps[s : s + 2])
             for s in range(0, len(AUDIO), 2))
-    loop = VerifyLoop(tiny_target, MedusaProposer(tiny_target, heads), max_nodes=len(DEFAULT_TREE), route="medusa")
+    loop = VerifyLoop(tiny_target, MedusaProposer(tiny_target, heads), max_nodes=len(SPARSE_TREE), route="medusa")
     with torch.inference_mode():
         got = dict(loop.decode_stream(rows, 3, max_cap=24))
     assert {k: h.tokens for k, h in got.items()} == {k: h.tokens for k, h in static.items()}

@@ -33,7 +33,7 @@ from tqdm import tqdm
 
 from ..batching import BatchBudget, plan_batches
 from ..decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, Hypothesis, token_cap
-from ..decoding.medusa_proposer import DEFAULT_TREE, MedusaOptions
+from ..decoding.medusa_proposer import SPARSE_TREE, MedusaOptions
 from ..decoding.speculative import SpeculationOptions
 from ..decoding.ssd import SSDOptions
 from ..metrics import error_rates
@@ -79,16 +79,17 @@ WIDE_TREE = ((0,), (1,), (2,), (3,), (0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (2,
 
 
 def medusa_ablation(heads: Optional[str] = None, with_draft: bool = True) -> list[tuple[str, DecodeOptions]]:
-    """AR, draft speculation (``with_draft``), Medusa by heads in use (the default tree cut to that depth), by tree
-    shape (a chain of top-1 candidates, the default sparse tree, a wide tree) and with typical acceptance; then
+    """AR, draft speculation (``with_draft``), Medusa by heads in use (the sparse tree cut to that depth; 1 head is
+    the CPU default), by tree shape (a chain of top-1 candidates, a wide tree) and with typical acceptance; then
     continuous batching and the default row cap (:data:`ROW_CAP`) for AR, the draft method and default Medusa."""
     m = lambda **k: DecodeOptions("medusa", medusa=MedusaOptions(heads=heads, **k), speculate_max_rows=0)  # noqa: E731
+    default = "medusa 1 head (default)"
     out = [("ar", DecodeOptions("ar"))] + ([("draft (default)", _draft())] if with_draft else [])
-    out += [(f"medusa {k} head{'s' if k > 1 else ''}", m(tree=tuple(p for p in DEFAULT_TREE if len(p) <= k)))
-            for k in (1, 2, 3)]
-    out += [("medusa 4 heads (default tree)", m()), ("medusa chain tree", m(tree=CHAIN_TREE)),
+    out += [(default, m())]
+    out += [(f"medusa {k} heads", m(tree=tuple(p for p in SPARSE_TREE if len(p) <= k))) for k in (2, 3)]
+    out += [("medusa 4 heads (sparse tree)", m(tree=SPARSE_TREE)), ("medusa chain tree", m(tree=CHAIN_TREE)),
             ("medusa wide tree", m(tree=WIDE_TREE)), ("medusa typical", m(acceptance="typical"))]
-    base = ("ar", "draft (default)", "medusa 4 heads (default tree)")
+    base = ("ar", "draft (default)", default)
     out += [(name + CONTINUOUS, o) for name, o in list(out) if name in base]
     return out + _row_cap(out, base[1:] + tuple(name + CONTINUOUS for name in base[1:]))
 
