@@ -171,9 +171,9 @@ def test_host_syncs_one_per_ar_step_and_one_per_verification(tiny_target, tiny_d
             return method(*a, **k)
         return call
 
-    # the loop runs the target through decode_hidden (then projects), the draft proposer through decode
+    # the loop runs the target through decode_hidden (then projects), the draft proposer too (then reads out)
     monkeypatch.setattr(tiny_target, "decode_hidden", counted(tiny_target.decode_hidden, "target"))
-    monkeypatch.setattr(tiny_draft, "decode", counted(tiny_draft.decode, "draft"))
+    monkeypatch.setattr(tiny_draft, "decode_hidden", counted(tiny_draft.decode_hidden, "draft"))
     with _count_device_reads() as reads:
         hyps = speculative_decode(tiny_target, enc, tiny_draft, denc, [12] * 4)
     assert calls["target"] == max(h.stats.rounds for h in hyps)
