@@ -153,3 +153,57 @@ def test_serve_load_client_keeps_order_and_counts_errors():
     assert res.requests == 8 and res.errors == 1 and len(res.latencies_s) == 7
     assert res.texts == [f"f{i}.flac:{i}" for i in range(7)] + [None]
     assert 0 < res.percentile(50) <= res.percentile(95) and res.requests_per_s > 0
+
+
+def test_serve_rows_name_their_method_and_compare_with_vllm(tmp_path, monkeypatch):
+    """The online comparison serves each rayspec engine of ``--engines`` (``rayspec:METHOD@COMPUTE_TYPE`` becomes
+    ``--method`` and ``--encoder-dtype``), and every row's median latency is set against vLLM's at its concurrency."""
+    import subprocess
+
+    from rayspec.bench.peers import write_serve_outputs
+    from rayspec.peers.serve_load import LoadResult, rayspec_server
+
+    started = []
+    monkeypatch.setattr(subprocess, "Popen", lambda cmd, **kw: started.append(cmd))
+    server = rayspec_server("/models/base", 8765, 2, 8.0, str(tmp_path / "log"), 16, "rayspec:draft@bfloat16")
+    cmd = started[0]
+    assert server.name == "rayspec:draft@bfloat16"
+    assert cmd[cmd.index("--method") + 1] == "draft" and cmd[cmd.index("--encoder-dtype") + 1] == "bfloat16"
+    rayspec_server("/models/base", 8765, 2, 8.0, str(tmp_path / "log"))
+    assert started[1][started[1].index("--method") + 1] == "ar" and "--encoder-dtype" not in started[1]
+
+    rows = [LoadResult("rayspec", 1, 2, 2.0, [1.0, 1.0], 0, ["a", "b"]),
+            LoadResult("rayspec:draft", 1, 2, 2.0, [0.5, 0.5], 0, ["a", "c"]),
+            LoadResult("vllm", 1, 2, 2.0, [0.8, 0.8], 0, [" a", "b"])]
+    table = write_serve_outputs(rows, str(tmp_path), "t")
+    lines = {ln.split("|")[1].strip(): ln.split("|")[8:10] for ln in table.splitlines() if ln.startswith("| r")
+             or ln.startswith("| v")}
+    assert lines["rayspec"] == [" 1.25x ", " 2/2 "] and lines["rayspec:draft"] == [" 0.62x ", " 1/2 "]
+    assert lines["vllm"] == [" 1.00x ", " 2/2 "]
+
+
+def test_a_server_that_does_not_start_is_one_failure_line(monkeypatch):
+    """The online comparison keeps going when one server does not come up: a line in the failures, each server on a
+    port of its own (a server still shutting down on a shared port once answered for the next one)."""
+    import rayspec.peers.serve_load as serve_load
+    from rayspec.bench.peers import run_serve_load
+
+    started = []
+
+    class Down:
+        def __init__(self, target, port, *rest):
+            self.name = rest[-1]
+            started.append((target, port, self.name))
+
+        def wait_ready(self, health):
+            raise RuntimeError(f"{self.name} server exited with status 1")
+
+        def stop(self):
+            pass
+
+    monkeypatch.setattr(serve_load, "rayspec_server", Down)
+    results, failures = run_serve_load("/converted", [], [], [1], 1, None, 8.0, "/tmp/rayspec-test-serve-logs",
+                                       ("rayspec", "rayspec:draft"), "whisper-base")
+    assert results == [] and failures == ["rayspec server exited with status 1",
+                                          "rayspec:draft server exited with status 1"]
+    assert started == [("whisper-base", 8765, "rayspec"), ("whisper-base", 8766, "rayspec:draft")]

@@ -125,8 +125,9 @@ def add_bench_parser(sub) -> None:
     w.add_argument("--models-dir", default=os.path.join(tempfile.gettempdir(), "rayspec-peers"),
                    help="where the random checkpoints are written once (default: $TMPDIR/rayspec-peers)")
     w.add_argument("--serve-concurrency", type=int, nargs="*", default=[],
-                   help="also load rayspec serve and vLLM's OpenAI server (first --peer-models model) with this "
-                        "many requests in flight, e.g. 1 8 32 (default: off)")
+                   help="also load rayspec serve (once per rayspec engine of --engines: rayspec:draft serves "
+                        "--method draft, rayspec@bfloat16 --encoder-dtype bfloat16) and vLLM's OpenAI server (first "
+                        "--peer-models model) with this many requests in flight, e.g. 1 8 32 (default: off)")
     w.add_argument("--serve-tokens-per-second", type=float, default=8.0,
                    help="serve load: token cap per second of audio on both servers (default 8)")
     from ..chat.commands import add_predgen_args

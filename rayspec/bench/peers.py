@@ -14,6 +14,7 @@ Engine workers: :mod:`rayspec.peers.engine_worker` (rayspec, transformers) and :
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -217,9 +218,14 @@ def _plot(rows: list[PeerRow], path: str, title: str) -> None:
 
 
 def run_serve_load(model_dir: str, paths: list[str], durations: list[float], concurrencies, threads: int,
-                   vllm_python: Optional[str], max_tokens_per_second: float, log_dir: str) -> list:
-    """Part 3: ``rayspec serve`` and (with ``vllm_python``) vLLM's OpenAI server on ``model_dir``, each loaded with
-    the files at every concurrency in turn; returns :class:`~rayspec.peers.serve_load.LoadResult` s."""
+                   vllm_python: Optional[str], max_tokens_per_second: float, log_dir: str,
+                   rayspec_engines=("rayspec",), rayspec_target: Optional[str] = None) -> list:
+    """Part 3: ``rayspec serve`` once per entry of ``rayspec_engines`` (``rayspec[:METHOD][@COMPUTE_TYPE]``) and
+    (with ``vllm_python``) vLLM's OpenAI server on ``model_dir``, each loaded with the files at every concurrency in
+    turn, each on a port of its own (a server that is still shutting down cannot answer for the next); returns
+    ``(results, failures)``: :class:`~rayspec.peers.serve_load.LoadResult` s, and a line per server that did not
+    start. ``rayspec_target``: what rayspec serves instead of
+    ``model_dir`` (an installed model's name, whose bundled drafters the methods find)."""
     from ..decoding.common import token_cap
     from ..peers.serve_load import rayspec_server, run_load, vllm_server
 
@@ -231,37 +237,43 @@ def run_serve_load(model_dir: str, paths: list[str], durations: list[float], con
     limit = 448 - 4 - 1
     caps = [token_cap(d, max_tokens_per_second, limit) for d in durations]
     os.makedirs(log_dir, exist_ok=True)
-    servers = [lambda: rayspec_server(model_dir, 8765, threads, max_tokens_per_second,
-                                      os.path.join(log_dir, "rayspec-serve.log"), max(concurrencies))]
+    servers = [functools.partial(rayspec_server, rayspec_target or model_dir, 8765 + k, threads,
+                                 max_tokens_per_second, os.path.join(log_dir, f"{engine.replace(':', '-')}-serve.log"),
+                                 max(concurrencies), engine) for k, engine in enumerate(rayspec_engines)]
     if vllm_python:
-        servers.append(lambda: vllm_server(vllm_python, model_dir, 8766, threads,
+        servers.append(lambda: vllm_server(vllm_python, model_dir, 8765 + len(rayspec_engines), threads,
                                            os.path.join(log_dir, "vllm-serve.log"), max(concurrencies)))
-    results = []
+    results, failures = [], []
     for start in servers:
         server = start()
         try:
-            server.wait_ready("/health")
+            try:
+                server.wait_ready("/health")
+            except RuntimeError as e:  # one server that does not start is one line, the others still run
+                failures.append(str(e))
+                continue
             fields = ((lambda i: {"max_completion_tokens": caps[i], "temperature": 0, "language": "en"})
                       if server.name == "vllm" else None)
             for c in tqdm(concurrencies, desc=f"{server.name} serve"):
                 results.append(run_load(server, files, c, fields))
         finally:
             server.stop()
-    return results
+    return results, failures
 
 
 def write_serve_outputs(results: list, out_dir: str, title: str, notes: str = "") -> str:
     """``bench-peers-serve.md`` / ``.csv``: requests/s and latency percentiles per server and concurrency."""
     header = ["server", "concurrency", "requests", "errors", "requests/s", "p50 latency ms", "p95 latency ms",
-              "rayspec p50 / server p50", "text = rayspec"]
+              "p50 / vllm p50", "text = rayspec"]
     cells = []
     for r in results:
-        ours = next((x for x in results if x.server == "rayspec" and x.concurrency == r.concurrency), None)
+        at = {x.server: x for x in results if x.concurrency == r.concurrency}
+        ours, vllm = at.get("rayspec"), at.get("vllm")
         same = sum(a is not None and b is not None and a.strip() == b.strip()
                    for a, b in zip(r.texts, ours.texts)) if ours else 0
         cells.append([r.server, r.concurrency, r.requests, r.errors, f"{r.requests_per_s:.2f}",
                       f"{1000 * r.percentile(50):.0f}", f"{1000 * r.percentile(95):.0f}",
-                      f"{ours.percentile(50) / r.percentile(50):.2f}x" if ours else "-", f"{same}/{r.requests}"])
+                      f"{r.percentile(50) / vllm.percentile(50):.2f}x" if vllm else "-", f"{same}/{r.requests}"])
     return write_table(os.path.join(out_dir, "bench-peers-serve"), title, header, cells, notes)
 
 
@@ -332,17 +344,22 @@ def cmd_bench_peers(args) -> int:
             model_dir = random_whisper(name, os.path.join(args.models_dir, name + "-task-prompt"),
                                        str(resources.files("rayspec") / "data" / "gpt2.tiktoken"), task_prompt=True)
             kind = "random weights, multilingual decoder prompt"
-        results = run_serve_load(model_dir, [u.audio for u in utts], [len(a) / 16000 for a in audios],
+        served = ["rayspec"] + [e for e in engines if e.partition("@")[0].partition(":")[0] == "rayspec"
+                                and e != "rayspec" and name in MODELS]  # methods and compute types: real weights
+        results, failed = run_serve_load(model_dir, [u.audio for u in utts], [len(a) / 16000 for a in audios],
                                  args.serve_concurrency, threads, args.vllm_python if "vllm" in engines else None,
-                                 args.serve_tokens_per_second, os.path.join(args.output, "logs"))
-        title = (f"peers, online: {name} ({kind}) behind rayspec serve (Ray Serve, method ar) and vLLM's "
-                 f"OpenAI server, {len(utts)} requests per concurrency, float32, {threads} thread(s), {cpu}")
+                                 args.serve_tokens_per_second, os.path.join(args.output, "logs"), served,
+                                 name if name in MODELS else None)
+        title = (f"peers, online: {name} ({kind}) behind rayspec serve (Ray Serve; rayspec = method ar, "
+                 f"rayspec:METHOD another method, @COMPUTE_TYPE the encoder's) and vLLM's OpenAI server, "
+                 f"{len(utts)} requests per concurrency, float32, {threads} thread(s), {cpu}")
         notes = ("\n- Latency: upload to answer, per request, at a constant number of requests in flight. Every "
                  f"utterance is capped at ceil({args.serve_tokens_per_second:g} x duration s) tokens (at least 16) "
                  "on both servers (vLLM: max_completion_tokens); "
                  + ("real weights stop at EOS, mostly well before. " if name in MODELS else
                     "random weights seldom stop earlier. ") +
+                 "p50 / vllm p50: the server's median latency over vLLM's at the same concurrency. "
                  "text = rayspec: answers equal to rayspec's at the same concurrency (ignoring the leading space "
-                 "vLLM keeps).\n")
+                 "vLLM keeps).\n") + "".join(f"- FAILED {line}\n" for line in failed)
         print(write_serve_outputs(results, args.output, title, notes))
     return 0

@@ -775,32 +775,32 @@ class WhisperASR:
             ids = torch.tensor(self.vocabulary, dtype=torch.long, device=proj.weight.device)
             self._readout = (key, ids, proj.weight[ids].contiguous(), None if proj.bias is None else proj.bias[ids])
         _, ids, weight, bias = self._readout
-        logits = linear(hidden, weight, bias)
-        if self._suppress is not None:
-            logits = logits + self._suppress[ids]
-        if self._begin_suppress is not None and np.any(first):
-            mask = torch.as_tensor(np.asarray(first)).to(logits.device)[:, None]
-            logits = torch.where(mask, logits + self._begin_suppress[ids], logits)
-        return logits, ids
+        return self.suppress(linear(hidden, weight, bias), first, ids), ids
 
-    def suppress(self, logits: torch.Tensor, first: torch.Tensor | np.ndarray | bool = False) -> torch.Tensor:
+    def suppress(self, logits: torch.Tensor, first: torch.Tensor | np.ndarray | bool = False,
+                 ids: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Apply Whisper's suppress lists to logits ``[..., V]`` (returns a new tensor).
 
         Args:
             first: where the position is the first generated token (``begin_suppress_tokens`` apply): a bool, a
                 numpy bool array (checked on the host) or a bool tensor (checked with one device read), broadcastable
                 to ``logits.shape[:-1]``.
+            ids: int64 ``[S]``, the token id of each column when ``logits`` ``[..., S]`` cover only those tokens (a
+                readout over :attr:`vocabulary`); None: all ``V``.
         """
-        if self._suppress is not None:
-            logits = logits + self._suppress
-        if self._begin_suppress is not None:
+        suppress, begin = self._suppress, self._begin_suppress
+        if ids is not None:
+            suppress, begin = (None if b is None else b[ids] for b in (suppress, begin))
+        if suppress is not None:
+            logits = logits + suppress
+        if begin is not None:
             if isinstance(first, torch.Tensor):
                 any_first = bool(first.any())
             else:
                 any_first = bool(np.any(first))
                 first = torch.as_tensor(first).to(logits.device, non_blocking=True)
             if any_first:
-                logits = torch.where(first[..., None], logits + self._begin_suppress, logits)
+                logits = torch.where(first[..., None], logits + begin, logits)
         return logits
 
     def set_ignore_eos(self, ignore: bool) -> None:

@@ -88,14 +88,19 @@ class Server:
 
 
 def rayspec_server(model_dir: str, port: int, threads: int, max_tokens_per_second: float, log_path: str,
-                   max_batch_size: int = 16) -> Server:
-    """``rayspec serve`` on 127.0.0.1 (method ar, VAD off so that every file is decoded)."""
+                   max_batch_size: int = 16, engine: str = "rayspec") -> Server:
+    """``rayspec serve`` on 127.0.0.1 (VAD off so that every file is decoded) as the peers suite names it:
+    ``engine`` is ``rayspec[:METHOD][@COMPUTE_TYPE]`` (method ar by default; a compute type is the encoder's,
+    ``--encoder-dtype``), and the server carries that name."""
+    name, _, compute_type = engine.partition("@")
+    method = name.partition(":")[2] or "ar"
     cmd = [sys.executable, "-m", "rayspec.cli", "serve", "--host", "127.0.0.1", "--port", str(port),
            "--target", model_dir, "--threads", str(threads), "--replica-cpus", str(threads), "--no-vad",
-           "--max-tokens-per-second", str(max_tokens_per_second), "--max-batch-size", str(max_batch_size)]
+           "--max-tokens-per-second", str(max_tokens_per_second), "--max-batch-size", str(max_batch_size),
+           "--method", method] + (["--encoder-dtype", compute_type] if compute_type else [])
     env = {**os.environ, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0", "RAY_AUTH_MODE": "disabled",
            "RAY_USAGE_STATS_ENABLED": "0", "OMP_NUM_THREADS": str(threads)}
-    return Server("rayspec", cmd, env, f"http://127.0.0.1:{port}", log_path)
+    return Server(engine, cmd, env, f"http://127.0.0.1:{port}", log_path)
 
 
 def vllm_server(python: str, model_dir: str, port: int, threads: int, log_path: str, max_num_seqs: int = 16) -> Server:
