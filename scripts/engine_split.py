@@ -1,11 +1,13 @@
-"""Where an offline run's time goes, rayspec against CTranslate2 on the same weights: log-mel, encoder, decoder.
+"""Where an offline run's time goes, rayspec against CTranslate2 and vLLM on the same weights: log-mel, encoder,
+decoder.
 
-A profile for the peers table's goals: both engines run one 30 s encoder window per clip, so the encoder's time sets
+A profile for the peers table's goals: every engine runs one 30 s encoder window per clip, so the encoder's time sets
 how far ahead any decoder can put an engine. Each engine runs the same clips in batches of each size, timing the
-three stages apart (rayspec: ``WhisperASR.features`` / ``encode`` / ``greedy_decode``; CTranslate2: transformers'
-``WhisperFeatureExtractor``, ``Whisper.encode`` and ``Whisper.generate`` on the encoded windows, greedy as in the
-peers suite), after a warm-up batch, each engine in a fresh process with the same number of threads, rounds
-alternating between the engines; the faster round of each (engine, batch size) is kept.
+three stages apart (rayspec: ``WhisperASR.features`` / ``encode`` / ``greedy_decode``, whose decoder time includes
+the cross-attention keys/values; CTranslate2: transformers' ``WhisperFeatureExtractor``, ``Whisper.encode`` and
+``Whisper.generate`` on the encoded windows, greedy as in the peers suite; vLLM: see :func:`_vllm`), after a warm-up
+batch, each engine in a fresh process with the same number of threads, rounds alternating between the engines; the
+faster round of each (engine, batch size) is kept.
 
     python scripts/engine_split.py ../shared/data/ljspeech/clips.jsonl --limit 40 --threads 2 --rounds 2 \\
         -o bench/peers-packed
@@ -48,7 +50,7 @@ def _ctranslate2(model: str, compute_type: str, threads: int, audios, batch: int
     import tempfile
 
     import ctranslate2
-    from transformers import AutoTokenizer, WhisperFeatureExtractor
+    from transformers import AutoTokenizer, GenerationConfig, WhisperFeatureExtractor
 
     from rayspec.models.registry import MODELS, ct2_folder, resolve_model
 
@@ -58,7 +60,9 @@ def _ctranslate2(model: str, compute_type: str, threads: int, audios, batch: int
     w = ctranslate2.models.Whisper(ct2, device="cpu", compute_type=compute_type, intra_threads=threads)
     fe = WhisperFeatureExtractor.from_pretrained(hf)
     tok = AutoTokenizer.from_pretrained(hf)
-    prompt = tok.convert_tokens_to_ids(["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"])
+    prompt = tok.convert_tokens_to_ids(["<|startoftranscript|>", "<|en|>", "<|transcribe|>", "<|notimestamps|>"]
+                                       if GenerationConfig.from_pretrained(hf).is_multilingual
+                                       else ["<|startoftranscript|>", "<|notimestamps|>"])
 
     def run(part):
         t0 = time.perf_counter()
