@@ -22,8 +22,9 @@ import time
 ENGINES = ("rayspec", "ctranslate2", "ctranslate2@int8", "vllm")
 
 
-def _rayspec(model: str, audios, batch: int) -> tuple[list, list[int]]:
-    """Per batch ``(features s, encoder s, decoder s)`` and the tokens generated, on rayspec's engine (float32)."""
+def _rayspec(model: str):
+    """A runner: a batch of waveforms -> ``(features s, encoder s, decoder s)`` and the tokens generated, on
+    rayspec's engine (float32)."""
     import torch
 
     from rayspec.decoding.ar import greedy_decode
@@ -42,21 +43,21 @@ def _rayspec(model: str, audios, batch: int) -> tuple[list, list[int]]:
         hyps = greedy_decode(m, enc, [200] * len(part))
         return (t1 - t0, t2 - t1, time.perf_counter() - t2), [len(h.tokens) for h in hyps]
 
-    return _batched(run, audios, batch)
+    return run
 
 
-def _ctranslate2(model: str, compute_type: str, threads: int, audios, batch: int) -> tuple[list, list[int]]:
-    """The same stages on CTranslate2 (the model's CTranslate2 folder, in ``compute_type``)."""
+def _ctranslate2(model: str, compute_type: str, threads: int):
+    """The same runner on CTranslate2 (the model's CTranslate2 folder, in ``compute_type``)."""
     import tempfile
 
     import ctranslate2
     from transformers import AutoTokenizer, GenerationConfig, WhisperFeatureExtractor
 
-    from rayspec.models.registry import MODELS, ct2_folder, resolve_model
+    from rayspec.bench.peers import peer_ct2_folder
+    from rayspec.models.registry import resolve_model
 
     hf = resolve_model(model)
-    ct2 = ct2_folder(model, os.path.join(tempfile.gettempdir(), "rayspec-peers",
-                                         f"{model}-ct2-{MODELS[model].key[:12]}"))
+    ct2 = peer_ct2_folder(model, os.path.join(tempfile.gettempdir(), "rayspec-peers"))
     w = ctranslate2.models.Whisper(ct2, device="cpu", compute_type=compute_type, intra_threads=threads)
     fe = WhisperFeatureExtractor.from_pretrained(hf)
     tok = AutoTokenizer.from_pretrained(hf)
@@ -73,7 +74,7 @@ def _ctranslate2(model: str, compute_type: str, threads: int, audios, batch: int
         res = w.generate(enc, [prompt] * len(part), beam_size=1, max_length=448, suppress_blank=True)
         return (t1 - t0, t2 - t1, time.perf_counter() - t2), [len(r.sequences_ids[0]) for r in res]
 
-    return _batched(run, audios, batch)
+    return run
 
 
 def _vllm(model: str, args, audios) -> dict:
@@ -121,13 +122,8 @@ def _measure(engine: str, args) -> dict:
     name, _, ctype = engine.partition("@")
     if name == "vllm":
         return _vllm(args.model, args, audios)
-    out = {}
-    for b in args.batch_sizes:
-        if name == "rayspec":
-            out[b] = _rayspec(args.model, audios, b)
-        else:
-            out[b] = _ctranslate2(args.model, ctype or "float32", args.threads, audios, b)
-    return out
+    run = _rayspec(args.model) if name == "rayspec" else _ctranslate2(args.model, ctype or "float32", args.threads)
+    return {b: _batched(run, audios, b) for b in args.batch_sizes}
 
 
 def main() -> None:

@@ -91,6 +91,14 @@ def run_engine(engine: str, model_dir: str, audio_npz: str, batch_sizes, tokens:
     return json.loads(lines[-1])
 
 
+def peer_ct2_folder(name: str, models_dir: str) -> str:
+    """The installed model ``name`` as a CTranslate2 folder under ``models_dir``, where the suite keeps it
+    (:func:`~rayspec.models.registry.ct2_folder`; joined once per model version)."""
+    from ..models.registry import MODELS, ct2_folder
+
+    return ct2_folder(name, os.path.join(models_dir, f"{name}-ct2-{MODELS[name].key[:12]}"))
+
+
 def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, threads: int, vllm_python: str,
               models_dir: str, engines=RANDOM_ENGINES, progress: bool = True, runs_dir: Optional[str] = None,
               vllm_eager: bool = False, repeats: int = 1) -> tuple[list[PeerRow], list[str]]:
@@ -108,7 +116,7 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
         ``(rows, failures)``: an engine that fails on a model is one line in ``failures``, the other rows stand.
     """
     from ..models.errors import ModelLoadError
-    from ..models.registry import MODELS, ct2_folder, resolve_model
+    from ..models.registry import MODELS, resolve_model
     from ..models.stock_whisper import random_whisper
 
     tiktoken_path = str(resources.files("rayspec") / "data" / "gpt2.tiktoken")
@@ -140,8 +148,7 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
                         raise RuntimeError(f"{base} runs installed models only (whisper-base, whisper-tiny.en)")
                     if named:  # the CTranslate2 folder is joined and checked once per model
                         if name not in ct2_dirs:
-                            ct2_dirs[name] = ct2_folder(name, os.path.join(models_dir,
-                                                                           f"{name}-ct2-{MODELS[name].key[:12]}"))
+                            ct2_dirs[name] = peer_ct2_folder(name, models_dir)
                         model, ct2 = name, ct2_dirs[name]
                     else:
                         model, ct2 = random_whisper(name, os.path.join(models_dir, name), tiktoken_path), None
@@ -222,7 +229,7 @@ def run_serve_load(model_dir: str, paths: list[str], durations: list[float], con
                    rayspec_engines=("rayspec",), rayspec_target: Optional[str] = None) -> list:
     """Part 3: ``rayspec serve`` once per entry of ``rayspec_engines`` (``rayspec[:METHOD][@COMPUTE_TYPE]``) and
     (with ``vllm_python``) vLLM's OpenAI server on ``model_dir``, each loaded with the files at every concurrency in
-    turn, each on a port of its own (a server that is still shutting down cannot answer for the next); returns
+    turn, each on a port of its own (so a server left on a shared port cannot pass another's health check); returns
     ``(results, failures)``: :class:`~rayspec.peers.serve_load.LoadResult` s, and a line per server that did not
     start. ``rayspec_target``: what rayspec serves instead of
     ``model_dir`` (an installed model's name, whose bundled drafters the methods find)."""
