@@ -16,7 +16,7 @@ import torch
 
 from .decoding.ar import greedy_decode
 from .decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, Hypothesis
-from .decoding.ctc_proposer import CTCProposer, punctuation_tokens
+from .decoding.ctc_proposer import CTC_MAX_DRAFT, CTCProposer, continuation_tokens, punctuation_tokens
 from .decoding.medusa_proposer import MedusaOptions, MedusaProposer, load_heads
 from .decoding.proposer import DraftProposer, SpeculationOptions
 from .decoding.speculative import draft_loop
@@ -26,7 +26,6 @@ from .models.whisper import EncoderOutput, WhisperASR
 from .spec.acceptance import GREEDY, AcceptanceRule
 from .spec.loop import Admission, Proposer, VerifyLoop
 
-CTC_MAX_DRAFT = 64  # most CTC hypothesis tokens verified per round
 ProposerFactory = Callable[[list[int], list[int]], Proposer]
 """``(rows, caps) -> proposer`` over those rows (indices into the batch, in that order) with those token caps."""
 
@@ -172,10 +171,14 @@ def _draft_stream(target, options, draft, max_cap):
                       options.speculate_max_rows)
 
 
+def _ctc_proposer(target: WhisperASR, hypotheses: list[list[int]]) -> CTCProposer:
+    return CTCProposer(hypotheses, target.eos_token_id, len(target.prompt_ids), CTC_MAX_DRAFT,
+                       punctuation_tokens(target.tokenizer), continuation_tokens(target.tokenizer))
+
+
 def _ctc_draft_loop(target, hypotheses, max_rows=None):
-    proposer = CTCProposer(hypotheses, target.eos_token_id, len(target.prompt_ids), CTC_MAX_DRAFT,
-                           punctuation_tokens(target.tokenizer))
-    return VerifyLoop(target, proposer, max_nodes=CTC_MAX_DRAFT, route="ctc-draft", max_rows=max_rows)
+    return VerifyLoop(target, _ctc_proposer(target, hypotheses), max_nodes=CTC_MAX_DRAFT, route="ctc-draft",
+                      max_rows=max_rows)
 
 
 def _ctc_draft(target, options, encoded, proposers):
@@ -205,6 +208,8 @@ def _ssd(target, options, encoded, proposers):
         proposer = None
         if options.ssd.fallback == "draft":
             proposer = proposers([x.index for x in parked], [x.cap for x in parked])
+        elif options.ssd.fallback == "ctc":
+            proposer = _ctc_proposer(target, [encoded.ctc.tokens[x.index] for x in parked])
         for x, h in zip(parked, decoder.fallback(encoded.target, parked, proposer)):
             hyps[x.index] = h
     return hyps
@@ -213,7 +218,11 @@ def _ssd(target, options, encoded, proposers):
 def _ssd_stream(target, options, draft, max_cap):
     # One fallback stream for the corpus: each batch's parked rows fill the slots other rows free (SSD 3.2).
     ssd = options.ssd
-    proposer = DraftProposer(draft, None, [max_cap], ssd.speculation) if ssd.fallback == "draft" else None
+    proposer = None
+    if ssd.fallback == "draft":
+        proposer = DraftProposer(draft, None, [max_cap], ssd.speculation)
+    elif ssd.fallback == "ctc":
+        proposer = _ctc_proposer(target, [])
     return SSDDecoder(target, ssd, options.speculate_max_rows).loop(proposer)
 
 
@@ -227,7 +236,8 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("draft", "a draft model proposes tokens (SpecASR; token trees with --tree), the target verifies them in "
                     "one pass; output identical to ar", _draft, needs_draft=lambda options: True, stream=_draft_stream),
     Method("ssd", "the CTC head's hypothesis is gated by entropy, verified by the target in one pass, and decoding "
-                  "falls back from the verified prefix (lossy unless --exact and --tau-ctc 0)", _ssd, needs_ctc=True,
+                  "falls back from the verified prefix (by default to the rest of the hypothesis, re-aligned and "
+                  "verified each round; lossy unless --exact and --tau-ctc 0)", _ssd, needs_ctc=True,
            needs_draft=lambda options: options.ssd.fallback == "draft",
            exact=lambda options: options.ssd.exact and options.ssd.tau_ctc <= 0, stream=_ssd_stream,
            admission=_ssd_admission),

@@ -155,11 +155,13 @@ def _ssd_chunks(target, draft):
 
 
 @pytest.mark.parametrize("ssd", [dict(), dict(tau_ctc=1.0, exact=False, tau_slm=0.05), dict(verify=False),
-                                 dict(fallback="draft"), dict(tau_ctc=1.0, fallback="draft")])
+                                 dict(fallback="draft"), dict(tau_ctc=1.0, fallback="draft"), dict(fallback="ctc"),
+                                 dict(tau_ctc=1.0, exact=False, tau_slm=0.05, fallback="ctc")])
 def test_stream_ssd_equals_static(tiny_target, tiny_draft, ssd, slots=3):
     """SSD 3.2 across batches: every batch is gated and verified as it arrives and its parked rows join one
     fallback stream; each row equals the batch-by-batch result (tokens, route and counters)."""
     from rayspec.decoding.ssd import SSDDecoder, SSDOptions
+    from rayspec.methods import _ctc_proposer
 
     decoder = SSDDecoder(tiny_target, SSDOptions(**ssd))
     spec = SpeculationOptions()
@@ -172,10 +174,13 @@ def test_stream_ssd_equals_static(tiny_target, tiny_draft, ssd, slots=3):
             if parked and decoder.opt.fallback == "draft":
                 rows = torch.tensor([x.index for x in parked])
                 proposer = DraftProposer(tiny_draft, draft_enc.select(rows), [x.cap for x in parked], spec)
+            elif parked and decoder.opt.fallback == "ctc":
+                proposer = _ctc_proposer(tiny_target, [drafts.tokens[x.index] for x in parked])
             for x, h in zip(parked, decoder.fallback(enc, parked, proposer) if parked else []):
                 hyps[x.index] = h
             expected.update(zip(ids, hyps))
-        proposer = DraftProposer(tiny_draft, None, [max(CAPS)], spec) if decoder.opt.fallback == "draft" else None
+        proposer = {"ar": None, "draft": DraftProposer(tiny_draft, None, [max(CAPS)], spec),
+                    "ctc": _ctc_proposer(tiny_target, [])}[decoder.opt.fallback]
         admissions = (decoder.admission(*chunk) for chunk in _ssd_chunks(tiny_target, tiny_draft))
         got = dict(decoder.loop(proposer).decode_stream(admissions, slots, max_cap=max(CAPS)))
     assert sorted(got) == list(range(len(AUDIO)))
@@ -342,6 +347,7 @@ def test_run_corpus_short_windows_continuous_equals_static(tmp_path, samples_man
 
 
 @pytest.mark.parametrize("method, ssd", [("ssd", dict(tau_ctc=1.0, tau_slm=0.01, exact=False)),
+                                         ("ssd", dict(tau_ctc=1.0, tau_slm=0.05, exact=False, fallback="ctc")),
                                          ("ssd", dict(fallback="draft")), ("ctc-draft", {})])
 def test_run_corpus_ctc_methods_continuous_equal_static(tmp_path, samples_manifest, method, ssd, monkeypatch,
                                                         tiny_en_drafters):

@@ -53,16 +53,43 @@ def test_ctc_head_layers_ignore_padding_and_round_trip(tmp_path):
 
 
 def test_rejoin_after_a_correction():
-    """Where the CTC hypothesis continues after the target's own token: match, deletion, repeat, punctuation
-    inserted before a word (the hypothesis stays put), substitution."""
-    from rayspec.decoding.ctc_proposer import _rejoin
+    """Where the CTC hypothesis continues after the target's own token: match, deletion, repeat, a token placed a few
+    positions off, punctuation inserted before a word (the hypothesis stays put); anything else is proposed both
+    ways, substitution (skipping the replaced word's continuation pieces) and insertion."""
+    from rayspec.decoding.ctc_proposer import WINDOW, _rejoin
 
     hyp, comma = [10, 11, 12, 13], 5
-    assert _rejoin(hyp, 1, 11) == 2  # the target kept the hypothesis token
-    assert _rejoin(hyp, 1, 12) == 3  # it skipped hyp[1]
-    assert _rejoin(hyp, 1, 10) == 1  # it repeated hyp[0]
-    assert _rejoin(hyp, 1, comma, frozenset({comma})) == 1  # it added a comma before hyp[1]
-    assert _rejoin(hyp, 1, comma) == 2 and _rejoin(hyp, 1, 99) == 2  # otherwise: a substitution
+    assert _rejoin(hyp, 1, 11) == [2]  # the target kept the hypothesis token
+    assert _rejoin(hyp, 1, 12) == [3]  # it skipped hyp[1]
+    assert _rejoin(hyp, 1, 10) == [1]  # it repeated hyp[0]
+    assert _rejoin(hyp, 0, 13) == [4]  # the head dropped hyp[1:3] (within the window)
+    assert _rejoin(hyp, 1, comma, frozenset({comma})) == [1]  # it added a comma before hyp[1]
+    assert _rejoin(hyp, 1, comma) == [2, 1] and _rejoin(hyp, 1, 99) == [2, 1]  # substitution or insertion
+    assert _rejoin(hyp, 1, 99, continuation=frozenset({12})) == [3, 1]  # hyp[2] continued the replaced word
+    far = [10] + [20] * WINDOW + [11]
+    assert _rejoin(far, 0, 11) == [1, 0]  # beyond the window: not a re-join
+    assert _rejoin(hyp, 4, 99) == [4]  # the hypothesis is used up: only EOS is left to propose
+
+
+def test_ctc_proposer_sends_both_branches_after_a_substitution():
+    """After an unmatched correction the next proposal is a two-branch tree (shared prefixes merged); the kept
+    branch decides where the hypothesis continues."""
+    from rayspec.decoding.ctc_proposer import CTCProposer
+    from rayspec.spec.loop import DraftRequest, Feedback
+
+    eos, prompt = 0, [1, 2]
+    p = CTCProposer([[10, 11, 12, 13]], eos, len(prompt), max_draft=8)
+    first = p.propose([DraftRequest(0, prompt, 20)])[0].tree
+    assert first.tokens == (10, 11, 12, 13, eos)
+    p.update([Feedback(0, [0])])  # kept 10, then the target said 99 instead of 11
+    tree = p.propose([DraftRequest(0, prompt + [10, 99], 18)])[0].tree
+    assert tree.tokens == (12, 13, eos, 11, 12, 13, eos) and tree.parents == (-1, 0, 1, -1, 3, 4, 5)
+    p.update([Feedback(0, [3, 4])])  # 99 was an insertion: 11, 12 kept, then the target said 77
+    again = p.propose([DraftRequest(0, prompt + [10, 99, 11, 12, 77], 15)])[0].tree
+    assert again.tokens == (eos, 13, eos)  # 77 replaced 13 (then EOS) or came before it
+    # a row that starts after decided tokens (SSD's verified prefix 10, 11 and the target's 99) re-joins there
+    late = CTCProposer([[10, 11, 12, 13]], eos, len(prompt), max_draft=8)
+    assert late.propose([DraftRequest(0, prompt + [10, 11, 99], 20)])[0].tree.tokens == (13, eos, 12, 13, eos)
 
 
 def test_retokenize_roundtrip(tiny_target):
@@ -86,10 +113,14 @@ def _encode(model, audios):
 
 
 def _run(decoder, enc, caps, drafts, draft=None, draft_enc=None):
+    from rayspec.methods import _ctc_proposer
+
     hyps, parked = decoder.first_pass(enc, caps, drafts)
     if parked:
         proposer = None
-        if draft is not None:
+        if decoder.opt.fallback == "ctc":
+            proposer = _ctc_proposer(decoder.target, [drafts.tokens[x.index] for x in parked])
+        elif draft is not None:
             rows = torch.tensor([x.index for x in parked])
             proposer = DraftProposer(draft, draft_enc.select(rows), [x.cap for x in parked], SpeculationOptions())
         for x, h in zip(parked, decoder.fallback(enc, parked, proposer)):
@@ -98,7 +129,7 @@ def _run(decoder, enc, caps, drafts, draft=None, draft_enc=None):
 
 
 @pytest.mark.parametrize("tau_slm", [0.01, 0.1, 0.2, 0.9])
-@pytest.mark.parametrize("fallback", ["ar", "draft"])
+@pytest.mark.parametrize("fallback", ["ar", "draft", "ctc"])
 def test_exact_with_gate_off_equals_ar(tiny_target, tiny_draft, tau_slm, fallback):
     caps = [30] * len(AUDIO)
     with torch.inference_mode():

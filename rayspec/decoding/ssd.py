@@ -10,8 +10,10 @@ Per utterance:
    exceeds ``tau_slm`` (route "verified"); with ``exact`` a token must also be the target's argmax. Verifying the
    closing EOS too (beyond the paper) rejects hypotheses the target would continue.
 3. Fallback (eq. 6-7): from the longest verified prefix, the target's own next token is already known from the
-   verification logits; decoding continues from there with greedy AR or with draft-model speculation, reusing the
-   verification pass's KV cache for the prefix (route "fallback").
+   verification logits; decoding continues from there, reusing the verification pass's KV cache for the prefix
+   (route "fallback"), with greedy AR (the paper's fallback), draft-model speculation, or (beyond the paper) the
+   rest of the CTC hypothesis re-aligned after the target's token and verified under the same rule each round
+   (:class:`~rayspec.decoding.ctc_proposer.CTCProposer`: what ``ctc-draft`` does, there with greedy acceptance).
 
 Phase 1 (gate + verify) and phase 2 (fallback) are batched separately: utterances that fail verification park their
 prefix keys/values in CPU memory and continue in a fallback batch of their own (:meth:`SSDDecoder.fallback`), or, with
@@ -37,6 +39,7 @@ from ..spec.acceptance import AcceptanceRule, accept_tree, score_tree
 from ..spec.loop import Admission, Proposer, VerifyLoop
 from ..spec.tree import DraftTree, TokenTrees
 from .common import Hypothesis
+from .ctc_proposer import CTC_MAX_DRAFT
 from .proposer import SpeculationOptions
 from .speculative import draft_loop
 
@@ -51,7 +54,8 @@ class SSDOptions:
         exact: also require every verified token to be the target's argmax (output == AR greedy when tau_ctc = 0).
         verify: run the verification pass; False sends every gate-rejected utterance to full AR from the prompt
             (the paper's "CTC gate + AR" ablation).
-        fallback: "ar" (greedy) or "draft" (draft-model speculation from the prefix).
+        fallback: "ar" (greedy), "draft" (draft-model speculation from the prefix) or "ctc" (the CTC hypothesis
+            re-aligned after the prefix, verified with this rule: ``tau_slm`` and ``exact``, each round).
         speculation: options of the draft fallback.
     """
 
@@ -63,8 +67,13 @@ class SSDOptions:
     speculation: SpeculationOptions = SpeculationOptions()
 
     def __post_init__(self):
-        if self.fallback not in ("ar", "draft"):
-            raise ValueError(f"fallback must be 'ar' or 'draft', not {self.fallback!r}")
+        if self.fallback not in ("ar", "draft", "ctc"):
+            raise ValueError(f"fallback must be 'ar', 'draft' or 'ctc', not {self.fallback!r}")
+
+    @property
+    def rule(self) -> AcceptanceRule:
+        """The verification rule (eq. 5, with ``exact`` the target's argmax as well)."""
+        return AcceptanceRule("threshold", tau=self.tau_slm, exact=self.exact)
 
 
 def retokenize(ctc_ids: list[int], ctc: CTCHead, target: WhisperASR) -> list[int]:
@@ -160,8 +169,7 @@ class SSDDecoder:
         no_speech = t.no_speech_probability(raw[:, 0])  # node 0 is <|startoftranscript|>
         no_speech = [None] * len(todo) if no_speech is None else no_speech.tolist()
         logits = t.suppress(raw, first=dev.host["first"])
-        rule = AcceptanceRule("threshold", tau=self.opt.tau_slm, exact=self.opt.exact)
-        result = accept_tree(dev.host, score_tree(logits, dev, rule))
+        result = accept_tree(dev.host, score_tree(logits, dev, self.opt.rule))
         keep_len = []
         for k, (i, s) in enumerate(zip(todo, seqs)):
             n, j = len(s) + 1, len(result.paths[k])
@@ -208,21 +216,27 @@ class SSDDecoder:
         Args:
             enc: the encoder output :meth:`first_pass` got (the parked rows' states are read from it).
             parked: rows from :meth:`first_pass`, in the order to decode them (e.g. sorted by length).
-            proposer: for ``fallback="draft"``, a draft proposer over exactly these rows, in this order.
+            proposer: for ``fallback="draft"`` a draft proposer, for ``"ctc"`` a
+                :class:`~rayspec.decoding.ctc_proposer.CTCProposer` of the rows' CTC hypotheses, over exactly these
+                rows, in this order.
 
         Raises:
-            ValueError: ``fallback="draft"`` without a proposer.
+            ValueError: ``fallback="draft"`` or ``"ctc"`` without a proposer.
         """
-        if self.opt.fallback == "draft" and proposer is None:
-            raise ValueError("fallback='draft' needs a draft proposer")
+        if self.opt.fallback != "ar" and proposer is None:
+            raise ValueError(f"fallback={self.opt.fallback!r} needs a proposer")
         sub = enc.select(torch.tensor([x.index for x in parked], device=enc.states.device))
         return self.loop(proposer).decode(sub, [x.cap for x in parked], [x.start for x in parked],
                                           [x.kv for x in parked])
 
     def loop(self, proposer: Optional[Proposer] = None) -> VerifyLoop:
-        """The fallback's verify loop: greedy AR, or draft-model speculation over ``proposer``."""
+        """The fallback's verify loop: greedy AR, draft-model speculation over ``proposer``, or the CTC proposer
+        ``proposer`` verified with the options' rule."""
         if self.opt.fallback == "draft":
             return draft_loop(self.target, proposer, self.opt.speculation, self.max_rows)
+        if self.opt.fallback == "ctc":
+            return VerifyLoop(self.target, proposer, self.opt.rule, max_nodes=CTC_MAX_DRAFT, route="fallback",
+                              max_rows=self.max_rows)
         return VerifyLoop(self.target)
 
     @torch.inference_mode()
@@ -234,11 +248,12 @@ class SSDDecoder:
 
         Args:
             ids: ``B`` row keys; enc, caps, drafts: as :meth:`first_pass`; draft_enc: the draft model's encoder
-                output for the batch (``fallback="draft"``).
+                output for the batch (``fallback="draft"``; with ``"ctc"`` the proposer gets the CTC hypotheses).
         """
         hyps, parked = self.first_pass(enc, caps, drafts)
         start: list[Optional[Hypothesis]] = list(hyps)
         kv: list = [None] * len(caps)
         for x in parked:
             start[x.index], kv[x.index] = x.start, x.kv
-        return Admission(list(ids), enc, list(caps), draft_enc, start, kv)
+        extra = drafts.tokens if self.opt.fallback == "ctc" else draft_enc
+        return Admission(list(ids), enc, list(caps), extra, start, kv)
