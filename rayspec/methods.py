@@ -236,8 +236,7 @@ METHODS: dict[str, Method] = {m.name: m for m in (
     Method("draft", "a draft model proposes tokens (SpecASR; token trees with --tree), the target verifies them in "
                     "one pass; output identical to ar", _draft, needs_draft=lambda options: True, stream=_draft_stream),
     Method("ssd", "the CTC head's hypothesis is gated by entropy, verified by the target in one pass, and decoding "
-                  "falls back from the verified prefix (by default to the rest of the hypothesis, re-aligned and "
-                  "verified each round; lossy unless --exact and --tau-ctc 0)", _ssd, needs_ctc=True,
+                  "falls back from the verified prefix (lossy unless --exact and --tau-ctc 0)", _ssd, needs_ctc=True,
            needs_draft=lambda options: options.ssd.fallback == "draft",
            exact=lambda options: options.ssd.exact and options.ssd.tau_ctc <= 0, stream=_ssd_stream,
            admission=_ssd_admission),

@@ -44,8 +44,8 @@ CONTINUOUS = " +continuous"
 """In a configuration's name: run with continuous batching (rows refilled from the next batch; batch sizes > 1)."""
 ROW_CAP = " +row cap"
 """Suffix of a configuration run at the default ``--speculate-max-rows`` (batch sizes > 1; at batch 1 the same)."""
-SSD_DEFAULT = "ssd c=0.7 l=0.05 + ctc fallback (default)"
-"""The ssd suite's row of ``rayspec transcribe --method ssd``'s defaults (``rayspec.options``)."""
+SSD_CTC = "ssd c=0.7 l=0.05 + ctc fallback"
+"""The ssd suite's row of SSD with the CTC fallback (``--fallback ctc --tau-slm 0.05``)."""
 
 
 def _draft(speculation: Optional[SpeculationOptions] = None) -> DecodeOptions:
@@ -97,24 +97,24 @@ def medusa_ablation(heads: Optional[str] = None, with_draft: bool = True) -> lis
 
 
 def ssd_grid(tau_ctc=(0.3, 0.7, 1.5, 3.0), tau_slm=(0.01, 0.1, 0.2)) -> list[tuple[str, DecodeOptions]]:
-    """AR, the (tau_CTC, tau_SLM) grid in the paper's relaxed mode (AR fallback), the single-stage ablations, exact
-    mode, the CLI's default (the CTC fallback), and continuous batching for AR, the default, the exact modes and
-    ctc-draft (batch sizes > 1)."""
+    """AR, the (tau_CTC, tau_SLM) grid in the paper's relaxed mode (AR fallback; c=0.7 l=0.01 is the CLI's default),
+    the single-stage ablations, the CTC fallback, exact mode, and continuous batching for AR, the CTC fallback, the
+    exact modes and ctc-draft (batch sizes > 1)."""
     ssd = lambda **k: DecodeOptions("ssd", ssd=SSDOptions(**k), speculate_max_rows=0)  # noqa: E731
     out = [("ar", DecodeOptions("ar"))]
     out += [(f"ssd c={c} l={s}", ssd(tau_ctc=c, tau_slm=s, exact=False)) for c in tau_ctc for s in tau_slm]
     out += [(f"gate only c={c} + AR", ssd(tau_ctc=c, verify=False)) for c in tau_ctc]
     out += [(f"verify only l={s}", ssd(tau_ctc=0.0, tau_slm=s, exact=False)) for s in tau_slm]
-    out += [(SSD_DEFAULT, ssd(tau_ctc=0.7, tau_slm=0.05, exact=False, fallback="ctc")),
+    out += [(SSD_CTC, ssd(tau_ctc=0.7, tau_slm=0.05, exact=False, fallback="ctc")),
             ("ssd exact (c=0)", ssd(tau_ctc=0.0, exact=True)), ("ssd exact + draft fallback",
             ssd(tau_ctc=0.0, exact=True, fallback="draft")),
             ("ctc-draft (exact)", DecodeOptions("ctc-draft", speculate_max_rows=0))]
-    # Section 3.2 across the corpus (rows that fail verification pooled into one fallback stream), for the CLI's
-    # default point and the exact modes, beside AR and ctc-draft with the same continuous batching.
+    # Section 3.2 across the corpus (rows that fail verification pooled into one fallback stream), for the CTC
+    # fallback and the exact modes, beside AR and ctc-draft with the same continuous batching.
     out += [(name + CONTINUOUS, o) for name, o in list(out) if name in (
-        "ar", SSD_DEFAULT, "ssd exact (c=0)", "ssd exact + draft fallback", "ctc-draft (exact)")]
-    return out + _row_cap(out, (SSD_DEFAULT, "ssd exact + draft fallback", "ctc-draft (exact)",
-                                SSD_DEFAULT + CONTINUOUS, "ssd exact + draft fallback" + CONTINUOUS,
+        "ar", SSD_CTC, "ssd exact (c=0)", "ssd exact + draft fallback", "ctc-draft (exact)")]
+    return out + _row_cap(out, (SSD_CTC, "ssd exact + draft fallback", "ctc-draft (exact)",
+                                SSD_CTC + CONTINUOUS, "ssd exact + draft fallback" + CONTINUOUS,
                                 "ctc-draft (exact)" + CONTINUOUS))
 
 
