@@ -106,7 +106,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "split, see its card; calibrate your own head with the table in its training summary)")
     c.add_argument("--tau-slm", type=float, default=0.01,
                    help="verification accepts a token whose target probability exceeds this (default 0.01; with "
-                        "--fallback ctc every round is verified this way: 0.05 or more)")
+                        "--fallback ctc every round is verified this way)")
     c.add_argument("--exact", action=argparse.BooleanOptionalAction, default=False,
                    help="verified tokens must also be the target's argmax; with --tau-ctc 0 the output then equals "
                         "ar (default off)")

@@ -226,7 +226,7 @@ def _plot(rows: list[PeerRow], path: str, title: str) -> None:
 
 def run_serve_load(model_dir: str, paths: list[str], durations: list[float], concurrencies, threads: int,
                    vllm_python: Optional[str], max_tokens_per_second: float, log_dir: str,
-                   rayspec_engines=("rayspec",), rayspec_target: Optional[str] = None) -> list:
+                   rayspec_engines=("rayspec",), rayspec_target: Optional[str] = None) -> tuple[list, list[str]]:
     """Part 3: ``rayspec serve`` once per entry of ``rayspec_engines`` (``rayspec[:METHOD][@COMPUTE_TYPE]``) and
     (with ``vllm_python``) vLLM's OpenAI server on ``model_dir``, each loaded with the files at every concurrency in
     turn, each on a port of its own (so a server left on a shared port cannot pass another's health check); returns

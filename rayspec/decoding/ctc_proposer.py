@@ -64,7 +64,7 @@ class CTCProposer:
         self.punctuation, self.continuation = punctuation, continuation
         self.hyps: dict = {}  # per row key: its hypothesis
         self.starts: dict = {}  # hypothesis positions the next round's branches start at
-        self.sent: dict = {}  # the branches (token lists) proposed last round
+        self.sent: dict = {}  # the lengths of the branches proposed last round
         self.owner: dict = {}  # per node of last round's tree: the branch it was drafted for
         self.emitted: dict = {}  # tokens emitted when last proposing (None: not proposed yet)
         self.budget: dict = {}  # draft length (per branch) of the next round
@@ -96,7 +96,7 @@ class CTCProposer:
                 path = self.kept.pop(i)
                 k, b = len(path), self.owner[i][path[-1]] if path else 0
                 if self.sent[i]:  # (a round without a draft leaves the draft length as it was)
-                    sent = len(self.sent[i][b])
+                    sent = self.sent[i][b]
                     self.budget[i] = min(self.max_draft, 2 * sent if k >= sent else max(MIN_DRAFT, 2 * k))
                 pos = self.starts[i][b] + k
                 new = emitted[self.emitted[i] + k :]
@@ -107,7 +107,7 @@ class CTCProposer:
                 n = min(self.budget[i], r.room + 1)
                 drafts = [(hyp + [self.eos])[s : s + n] for s in self.starts[i]]
             tree, self.owner[i] = _trie(drafts)
-            self.sent[i], self.emitted[i] = drafts if len(tree) else [], len(emitted)
+            self.sent[i], self.emitted[i] = [len(d) for d in drafts] if len(tree) else [], len(emitted)
             out.append(Proposal(tree))
         return out
 
