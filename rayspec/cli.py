@@ -158,7 +158,8 @@ def cmd_train(args) -> int:
 
         summary = train_medusa(args.target, args.manifests, args.output, args.work_dir, args.medusa_heads,
                                args.epochs, seed=args.seed, threads=args.threads,
-                               max_utterances=args.max_utterances, block=args.medusa_block)
+                               max_utterances=args.max_utterances, block=args.medusa_block, device=args.device,
+                               teacher_batch=_teacher_batch(args.device))
         print(json.dumps({"dev_top1": summary["dev_top1"]}))
         return 0
 
@@ -174,7 +175,8 @@ def cmd_train(args) -> int:
                                  epochs=args.epochs, lr=args.lr,
                                  batch_positions=args.batch_frames // 2, seed=args.seed, threads=args.threads,
                                  max_utterances=args.max_utterances, max_steps=args.max_steps,
-                                 encoder_dtype=getattr(torch, args.encoder_dtype) if args.encoder_dtype else None)
+                                 encoder_dtype=getattr(torch, args.encoder_dtype) if args.encoder_dtype else None,
+                                 device=args.device, teacher_batch=_teacher_batch(args.device))
         print(json.dumps(summary["dev_per_epoch"][-1] if summary["dev_per_epoch"] else {}))
         return 0
 
@@ -208,6 +210,11 @@ def cmd_train(args) -> int:
                     init_dir=args.init, init_ctc=args.init_ctc)
     print(json.dumps(summary["final_dev"]))
     return 0
+
+
+def _teacher_batch(device: str) -> int:
+    """Utterances per teacher-pass batch of the drafter recipes: 64 on a GPU, 16 on a CPU."""
+    return 16 if device == "cpu" else 64
 
 
 def _train_tts(args) -> int:
@@ -404,7 +411,9 @@ def _train_parser(sub) -> None:
         p.add_argument(f"--{name}", type=int, default=None, help="architecture override")
     p.add_argument("--position-scale", type=float, default=None,
                    help="initial encoder position embeddings = Whisper's sinusoids x this (default 0.1)")
-    p.add_argument("--device", default="cpu", help="draft-decoder: cpu or cuda")
+    p.add_argument("--device", default="cpu",
+                   help="medusa, ctc, draft-decoder: cpu or cuda (the teacher pass batches 64 utterances on a GPU, 16 "
+                        "on a CPU)")
     p.add_argument("--ctc-tokens", type=int, default=4000,
                    help="ctc: the target's most frequent text tokens in the head's vocabulary besides the characters")
     p.add_argument("--encoder-dtype", choices=["bfloat16", "float32"], default=None,

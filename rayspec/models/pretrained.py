@@ -26,7 +26,7 @@ class Pretrained:
         from safetensors.torch import save_file
 
         os.makedirs(path, exist_ok=True)
-        tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).contiguous()
+        tensors = {k: (v.to(dtype) if dtype is not None and v.is_floating_point() else v).cpu().contiguous()
                    for k, v in self.state_dict().items()}
         save_file(tensors, os.path.join(path, "model.safetensors"))
         with open(os.path.join(path, "config.json"), "w") as f:

@@ -66,12 +66,13 @@ def _labels(target, records: list[TeacherRecord], vocab: dict[str, int], head: C
 
 
 def _batch(records: list[TeacherRecord]):
-    """Zero-padded float32 states ``[B, S, D]`` and real lengths int64 ``[B]`` of ``records``."""
-    widest = max(r.real for r in records)
-    states = torch.zeros(len(records), widest, records[0].states.shape[1])
+    """Zero-padded float32 states ``[B, S, D]`` and real lengths int64 ``[B]`` of ``records``, on the records'
+    device."""
+    widest, device = max(r.real for r in records), records[0].states.device
+    states = torch.zeros(len(records), widest, records[0].states.shape[1], device=device)
     for i, r in enumerate(records):
         states[i, : r.real] = r.states[: r.real]
-    return states, torch.tensor([r.real for r in records])
+    return states, torch.tensor([r.real for r in records], device=device)
 
 
 @torch.no_grad()
@@ -127,7 +128,8 @@ def train_ctc_head(target_dir: str, manifests: list[str], out_dir: str, work_dir
                    width: int = 256, heads: int = 4, ffn: int = 1024, tokens: int = 4000, epochs: int = 20,
                    lr: float = 1e-3, batch_positions: int = 6000, dropout: float = 0.1, warmup_steps: int = 200, seed: int = 0,
                    threads: int = 2, dev_fraction: float = 0.08, max_utterances: Optional[int] = None,
-                   encoder_dtype: Optional[torch.dtype] = None, max_steps: Optional[int] = None) -> dict:
+                   encoder_dtype: Optional[torch.dtype] = None, max_steps: Optional[int] = None,
+                   device: str = "cpu", teacher_batch: int = 16) -> dict:
     """Train a CTC head for the frozen target ``target_dir`` (a model name or directory); write it to ``out_dir``
     (float16 weights, :meth:`CTCHead.save_pretrained`).
 
@@ -141,17 +143,19 @@ def train_ctc_head(target_dir: str, manifests: list[str], out_dir: str, work_dir
         encoder_dtype: the teacher pass's encoder dtype (e.g. ``torch.bfloat16``: ~3x faster on a CPU with AVX-512
             BF16; the head then learns bfloat16 states and runs on the target's at decode time).
         max_steps, max_utterances: limits for smoke runs.
+        device: where the target, the cached states and the head live (``cpu`` or ``cuda``); teacher_batch:
+            utterances per batch of the teacher pass.
 
     Returns:
         Summary dict (dev CER and exact share, epochs, minutes, parameters), also in ``<work_dir>/summary.json``.
     """
     target, train_utts, dev_utts = frozen_teacher(target_dir, manifests, work_dir, dev_fraction, seed, threads,
-                                                  max_utterances, encoder_dtype=encoder_dtype)
-    train, dev = cached_teacher_pass(target, train_utts, dev_utts, work_dir, (1.0,), 16, threads,
+                                                  max_utterances, device, encoder_dtype=encoder_dtype)
+    train, dev = cached_teacher_pass(target, train_utts, dev_utts, work_dir, (1.0,), teacher_batch, threads,
                                      whole_window=False)
     vocab = character_vocabulary(target.tokenizer)
     classes = sorted(set(vocab.values()) | set(token_shortlist(target, train, tokens)))
-    head = CTCHead(target.config.d_model, classes, layers, width, heads, ffn, dropout)
+    head = CTCHead(target.config.d_model, classes, layers, width, heads, ffn, dropout).to(device)
     train_labels, dev_labels = _labels(target, train, vocab, head), _labels(target, dev, vocab, head)
     keep = [i for i, lab in enumerate(train_labels) if lab is not None and 0 < len(lab[1]) <= train[i].real]
     rng = random.Random(seed)
@@ -181,8 +185,8 @@ def train_ctc_head(target_dir: str, manifests: list[str], out_dir: str, work_dir
             states, real = _batch([train[i] for i in rows])
             labels = [train_labels[i][1] for i in rows]
             logp = head(F.dropout(states, dropout), real)
-            loss = F.ctc_loss(logp.transpose(0, 1), torch.cat(labels), real, torch.tensor([len(t) for t in labels]),
-                              blank=0, zero_infinity=True)
+            loss = F.ctc_loss(logp.transpose(0, 1), torch.cat(labels).to(real.device), real,
+                              torch.tensor([len(t) for t in labels], device=real.device), blank=0, zero_infinity=True)
             for g in optim.param_groups:
                 g["lr"] = warmup_cosine(step, lr, warmup_steps, total)
             optim.zero_grad(set_to_none=True)
@@ -201,6 +205,7 @@ def train_ctc_head(target_dir: str, manifests: list[str], out_dir: str, work_dir
         torch.save({"head": head.state_dict(), "optim": optim.state_dict(), "epoch": epoch, "step": step,
                     "history": json.dumps(history)}, ckpt + ".tmp")
         os.replace(ckpt + ".tmp", ckpt)
+        head.save_pretrained(out_dir, torch.float16)  # every epoch: a run stopped early leaves its last epoch's head
     head.eval()
     head.save_pretrained(out_dir, torch.float16)
     summary = {"kind": "ctc", "target": target_dir, "layers": layers, "width": width, "epochs": epoch,

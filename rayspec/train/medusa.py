@@ -24,6 +24,7 @@ import math
 import os
 import random
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Optional
 
 import torch
@@ -38,38 +39,43 @@ from .data import frozen_teacher
 
 
 @torch.inference_mode()
-def _target_states(target: WhisperASR, utterances, cap: int = 200, encoder: bool = False) -> list[tuple]:
-    """Per utterance ``(hidden [L, D], labels [L], encoder states)``: the target's hidden state at each position that
-    predicts a transcript token or EOS, that token (its own greedy output), and with ``encoder`` its encoder states
-    (float16 ``[S, D]``; else None)."""
+def _target_states(target: WhisperASR, utterances, cap: int = 200, encoder: bool = False, batch: int = 16,
+                   workers: int = 2) -> list[tuple]:
+    """Per utterance ``(hidden [L, D], labels [L], encoder states)`` on the CPU: the target's hidden state at each
+    position that predicts a transcript token or EOS, that token (its own greedy output), and with ``encoder`` its
+    encoder states (float16 ``[S, D]``; else None). ``batch`` utterances per target pass; audio decoding on
+    ``workers`` threads."""
     order = sorted(range(len(utterances)), key=lambda i: utterances[i].duration_s or 0.0)
     out: dict[int, tuple] = {}
     p = len(target.prompt_ids)
-    for s in tqdm(range(0, len(order), 16), desc="target states"):
-        idx = order[s : s + 16]
-        audios = [load_audio(utterances[i].audio, target.sample_rate) for i in idx]
-        enc = target.encode(*target.features(audios))
-        hyps = greedy_decode(target, enc, [cap] * len(idx))
-        seqs = [h.tokens + [target.eos_token_id] for h in hyps]
-        width = max(len(q) for q in seqs)
-        eos = target.eos_token_id
-        tokens = torch.tensor([target.prompt_ids + q[:-1] + [eos] * (width - len(q)) for q in seqs])
-        cache = target.new_cache(enc, p + width)
-        hidden = target.decode_hidden(cache, tokens.to(target.device), hidden_from=p - 1)
-        for k, (i, q) in enumerate(zip(idx, seqs)):
-            out[i] = (hidden[k, : len(q)].float().cpu(), torch.tensor(q),
-                      enc.states[k].half().cpu().clone() if encoder else None)
+    with ThreadPoolExecutor(workers) as pool:
+        for s in tqdm(range(0, len(order), batch), desc="target states"):
+            idx = order[s : s + batch]
+            audios = list(pool.map(lambda i: load_audio(utterances[i].audio, target.sample_rate), idx))
+            enc = target.encode(*target.features(audios, pool.map))
+            hyps = greedy_decode(target, enc, [cap] * len(idx))
+            seqs = [h.tokens + [target.eos_token_id] for h in hyps]
+            width = max(len(q) for q in seqs)
+            eos = target.eos_token_id
+            tokens = torch.tensor([target.prompt_ids + q[:-1] + [eos] * (width - len(q)) for q in seqs])
+            cache = target.new_cache(enc, p + width)
+            hidden = target.decode_hidden(cache, tokens.to(target.device), hidden_from=p - 1)
+            for k, (i, q) in enumerate(zip(idx, seqs)):
+                out[i] = (hidden[k, : len(q)].float().cpu(), torch.tensor(q),
+                          enc.states[k].half().cpu().clone() if encoder else None)
     return [out[i] for i in range(len(utterances))]
 
 
 def _head_states(heads: MedusaHeads, target: WhisperASR, batch) -> torch.Tensor:
     """Head states ``[K, N, D]`` for the ``N`` positions of a list of ``(hidden, labels, encoder states)``, in order."""
+    device = target.device
     if heads.cross_block is None:
-        return heads(torch.cat([h for h, _, _ in batch]))
+        return heads(torch.cat([h for h, _, _ in batch]).to(device))
     lengths = [len(h) for h, _, _ in batch]
-    x = torch.nn.utils.rnn.pad_sequence([h for h, _, _ in batch], batch_first=True)  # [U, L, D]
+    x = torch.nn.utils.rnn.pad_sequence([h for h, _, _ in batch], batch_first=True).to(device)  # [U, L, D]
     with torch.no_grad():
-        k, v = target.cross_attention_kv(torch.stack([e for _, _, e in batch]).to(target.dtype), -1)  # [U, H, S, Dh]
+        enc = torch.stack([e for _, _, e in batch]).to(device, target.dtype)  # [U, S, D]
+        k, v = target.cross_attention_kv(enc, -1)  # [U, H, S, Dh]
     states = heads(x, (k, v, None))  # [K, U, L, D]
     return torch.cat([states[:, u, :n] for u, n in enumerate(lengths)], dim=1)
 
@@ -98,9 +104,10 @@ def _head_loss(heads, target, batch, lam: float):
         if not rows:
             counts.append((0, 0))
             continue
-        logits = F.linear(states[k, torch.cat(rows)], weight, bias)
+        logits = F.linear(states[k, torch.cat(rows).to(states.device)], weight, bias)
         y = torch.cat(targets)
-        index = y if where is None else where[y]
+        index = (y if where is None else where[y]).to(logits.device)
+        y = y.to(logits.device)
         if bool((index >= 0).any()):
             loss = loss + lam ** (k + 1) * F.cross_entropy(logits, index, ignore_index=-100)
         pred = logits.argmax(-1)
@@ -131,7 +138,7 @@ def head_accuracy(target: WhisperASR, heads: MedusaHeads, utterances) -> list[fl
 def train_medusa(target_dir: str, manifests: list[str], out_dir: str, work_dir: str, num_heads: int = 4,
                  epochs: int = 40, lr: float = 1e-3, lam: float = 0.8, batch_utterances: int = 32, seed: int = 0,
                  threads: int = 2, dev_fraction: float = 0.08, max_utterances: Optional[int] = None,
-                 block: bool = False) -> dict:
+                 block: bool = False, device: str = "cpu", teacher_batch: int = 16) -> dict:
     """Train Medusa heads for the target in ``target_dir`` and write them to ``out_dir``.
 
     Args:
@@ -140,26 +147,28 @@ def train_medusa(target_dir: str, manifests: list[str], out_dir: str, work_dir: 
         num_heads: ``K``; lam: loss weight base (head ``k`` weighs ``lam ** k``).
         block: Medusa-Block: the heads read a :class:`~rayspec.models.medusa.CrossBlock` over the audio (started
             from the target's last decoder layer) instead of the hidden state alone.
+        device: where the target and the heads run (``cpu`` or ``cuda``; the cached states stay in host memory);
+            teacher_batch: utterances per target pass when the states are made.
 
     Returns:
         Summary dict (per-head dev top-1 accuracy, epochs, minutes), also in ``<work_dir>/summary.json``.
     """
     target, train_utts, dev_utts = frozen_teacher(target_dir, manifests, work_dir, dev_fraction, seed, threads,
-                                                  max_utterances)
+                                                  max_utterances, device)
     rng = random.Random(seed)
     cached = os.path.join(work_dir, "states.pt")
     saved = torch.load(cached, weights_only=True) if os.path.exists(cached) else None
     if saved is not None and (not block or saved["train"][0][2] is not None):
         train, dev = saved["train"], saved["dev"]
     else:  # none cached, or cached without the encoder states a block needs
-        train = _target_states(target, train_utts, encoder=block)
-        dev = _target_states(target, dev_utts, encoder=block)
+        train = _target_states(target, train_utts, encoder=block, batch=teacher_batch, workers=threads)
+        dev = _target_states(target, dev_utts, encoder=block, batch=teacher_batch, workers=threads)
         torch.save({"train": train, "dev": dev}, cached + ".tmp")
         os.replace(cached + ".tmp", cached)
     del saved
     cfg = target.config
     heads = MedusaHeads(cfg.d_model, num_heads, target.name, block_heads=cfg.decoder_attention_heads if block else 0,
-                        block_ffn=cfg.decoder_ffn_dim if block else 0)
+                        block_ffn=cfg.decoder_ffn_dim if block else 0).to(device)
     if block:
         decoder = target.model.model.decoder
         heads.cross_block.init_from(decoder.layers[-1], decoder.layer_norm)
@@ -204,6 +213,7 @@ def train_medusa(target_dir: str, manifests: list[str], out_dir: str, work_dir: 
         torch.save({"heads": heads.state_dict(), "optim": optim.state_dict(), "epoch": epoch,
                     "history": json.dumps(history)}, ckpt + ".tmp")
         os.replace(ckpt + ".tmp", ckpt)
+        heads.save_pretrained(out_dir, torch.float16)  # every epoch (a run stopped early leaves its last epoch's)
     heads.eval().save_pretrained(out_dir, torch.float16)  # loaded back in the target's dtype
     summary = {"kind": "medusa", "target": target_dir, "heads": num_heads, "block": block, "epochs": epoch,
                "train_utterances": len(train), "dev_utterances": len(dev), "candidate_vocabulary": len(heads.vocab),
