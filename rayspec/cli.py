@@ -158,8 +158,7 @@ def cmd_train(args) -> int:
 
         summary = train_medusa(args.target, args.manifests, args.output, args.work_dir, args.medusa_heads,
                                args.epochs, seed=args.seed, threads=args.threads,
-                               max_utterances=args.max_utterances, block=args.medusa_block, device=args.device,
-                               teacher_batch=_teacher_batch(args.device))
+                               max_utterances=args.max_utterances, block=args.medusa_block, device=args.device)
         print(json.dumps({"dev_top1": summary["dev_top1"]}))
         return 0
 
@@ -176,7 +175,7 @@ def cmd_train(args) -> int:
                                  batch_positions=args.batch_frames // 2, seed=args.seed, threads=args.threads,
                                  max_utterances=args.max_utterances, max_steps=args.max_steps,
                                  encoder_dtype=getattr(torch, args.encoder_dtype) if args.encoder_dtype else None,
-                                 device=args.device, teacher_batch=_teacher_batch(args.device))
+                                 device=args.device)
         print(json.dumps(summary["dev_per_epoch"][-1] if summary["dev_per_epoch"] else {}))
         return 0
 
@@ -210,11 +209,6 @@ def cmd_train(args) -> int:
                     init_dir=args.init, init_ctc=args.init_ctc)
     print(json.dumps(summary["final_dev"]))
     return 0
-
-
-def _teacher_batch(device: str) -> int:
-    """Utterances per teacher-pass batch of the drafter recipes: 64 on a GPU, 16 on a CPU."""
-    return 16 if device == "cpu" else 64
 
 
 def _train_tts(args) -> int:

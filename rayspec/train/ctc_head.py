@@ -37,7 +37,7 @@ from tqdm import tqdm
 
 from ..metrics import error_rates
 from ..models.ctc import CTCHead, character_vocabulary, max_frame_entropy
-from .data import frozen_teacher
+from .data import frozen_teacher, teacher_batch
 from .draft_decoder import TeacherRecord, cached_teacher_pass
 from .recipe import length_batches, warmup_cosine
 
@@ -129,7 +129,7 @@ def train_ctc_head(target_dir: str, manifests: list[str], out_dir: str, work_dir
                    lr: float = 1e-3, batch_positions: int = 6000, dropout: float = 0.1, warmup_steps: int = 200, seed: int = 0,
                    threads: int = 2, dev_fraction: float = 0.08, max_utterances: Optional[int] = None,
                    encoder_dtype: Optional[torch.dtype] = None, max_steps: Optional[int] = None,
-                   device: str = "cpu", teacher_batch: int = 16) -> dict:
+                   device: str = "cpu") -> dict:
     """Train a CTC head for the frozen target ``target_dir`` (a model name or directory); write it to ``out_dir``
     (float16 weights, :meth:`CTCHead.save_pretrained`).
 
@@ -143,16 +143,16 @@ def train_ctc_head(target_dir: str, manifests: list[str], out_dir: str, work_dir
         encoder_dtype: the teacher pass's encoder dtype (e.g. ``torch.bfloat16``: ~3x faster on a CPU with AVX-512
             BF16; the head then learns bfloat16 states and runs on the target's at decode time).
         max_steps, max_utterances: limits for smoke runs.
-        device: where the target, the cached states and the head live (``cpu`` or ``cuda``); teacher_batch:
-            utterances per batch of the teacher pass.
+        device: where the target, the cached states and the head live (``cpu`` or ``cuda``; the teacher pass
+            batches :func:`~rayspec.train.data.teacher_batch` utterances).
 
     Returns:
         Summary dict (dev CER and exact share, epochs, minutes, parameters), also in ``<work_dir>/summary.json``.
     """
     target, train_utts, dev_utts = frozen_teacher(target_dir, manifests, work_dir, dev_fraction, seed, threads,
                                                   max_utterances, device, encoder_dtype=encoder_dtype)
-    train, dev = cached_teacher_pass(target, train_utts, dev_utts, work_dir, (1.0,), teacher_batch, threads,
-                                     whole_window=False)
+    train, dev = cached_teacher_pass(target, train_utts, dev_utts, work_dir, (1.0,), teacher_batch(device),
+                                     threads, whole_window=False)
     vocab = character_vocabulary(target.tokenizer)
     classes = sorted(set(vocab.values()) | set(token_shortlist(target, train, tokens)))
     head = CTCHead(target.config.d_model, classes, layers, width, heads, ffn, dropout).to(device)

@@ -37,7 +37,7 @@ from ..audio import AudioError, load_audio
 from ..decoding.ar import greedy_decode
 from ..manifest import Utterance
 from ..models.whisper import EMBEDDING_KEY, EncoderOutput, WhisperASR
-from .data import SPEEDS, frozen_teacher, perturb_speed
+from .data import SPEEDS, frozen_teacher, perturb_speed, teacher_batch
 from .recipe import length_batches, warmup_cosine
 
 RAYSPEC_FEATURE_KEYS = ("rayspec_encoder_masking", "rayspec_frame_stack", "rayspec_feature_mean", "rayspec_feature_std")
@@ -227,9 +227,8 @@ def train_draft_decoder(target_dir: str, manifests: list[str], out_dir: str, wor
     """
     target, train_utts, dev_utts = frozen_teacher(target_dir, manifests, work_dir, dev_fraction, seed, threads,
                                                   max_utterances, device)
-    train, dev = cached_teacher_pass(target, train_utts, dev_utts, work_dir, tuple(speeds),
-                                     64 if device != "cpu" else 16,
-                          threads)
+    train, dev = cached_teacher_pass(target, train_utts, dev_utts, work_dir, tuple(speeds), teacher_batch(device),
+                                     threads)
     student = new_draft_decoder(target, layers, dropout)
     tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = True  # training (and its per-batch KL) only: the greedy labels are fp32

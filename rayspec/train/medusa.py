@@ -35,7 +35,7 @@ from ..audio import load_audio
 from ..decoding.ar import greedy_decode
 from ..models.medusa import MedusaHeads
 from ..models.whisper import WhisperASR
-from .data import frozen_teacher
+from .data import frozen_teacher, teacher_batch
 
 
 @torch.inference_mode()
@@ -138,7 +138,7 @@ def head_accuracy(target: WhisperASR, heads: MedusaHeads, utterances) -> list[fl
 def train_medusa(target_dir: str, manifests: list[str], out_dir: str, work_dir: str, num_heads: int = 4,
                  epochs: int = 40, lr: float = 1e-3, lam: float = 0.8, batch_utterances: int = 32, seed: int = 0,
                  threads: int = 2, dev_fraction: float = 0.08, max_utterances: Optional[int] = None,
-                 block: bool = False, device: str = "cpu", teacher_batch: int = 16) -> dict:
+                 block: bool = False, device: str = "cpu") -> dict:
     """Train Medusa heads for the target in ``target_dir`` and write them to ``out_dir``.
 
     Args:
@@ -147,8 +147,8 @@ def train_medusa(target_dir: str, manifests: list[str], out_dir: str, work_dir: 
         num_heads: ``K``; lam: loss weight base (head ``k`` weighs ``lam ** k``).
         block: Medusa-Block: the heads read a :class:`~rayspec.models.medusa.CrossBlock` over the audio (started
             from the target's last decoder layer) instead of the hidden state alone.
-        device: where the target and the heads run (``cpu`` or ``cuda``; the cached states stay in host memory);
-            teacher_batch: utterances per target pass when the states are made.
+        device: where the target and the heads run (``cpu`` or ``cuda``; the cached states stay in host memory,
+            and the target pass that makes them batches :func:`~rayspec.train.data.teacher_batch` utterances).
 
     Returns:
         Summary dict (per-head dev top-1 accuracy, epochs, minutes), also in ``<work_dir>/summary.json``.
@@ -161,8 +161,8 @@ def train_medusa(target_dir: str, manifests: list[str], out_dir: str, work_dir: 
     if saved is not None and (not block or saved["train"][0][2] is not None):
         train, dev = saved["train"], saved["dev"]
     else:  # none cached, or cached without the encoder states a block needs
-        train = _target_states(target, train_utts, encoder=block, batch=teacher_batch, workers=threads)
-        dev = _target_states(target, dev_utts, encoder=block, batch=teacher_batch, workers=threads)
+        train = _target_states(target, train_utts, encoder=block, batch=teacher_batch(device), workers=threads)
+        dev = _target_states(target, dev_utts, encoder=block, batch=teacher_batch(device), workers=threads)
         torch.save({"train": train, "dev": dev}, cached + ".tmp")
         os.replace(cached + ".tmp", cached)
     del saved
