@@ -34,6 +34,9 @@ MIN_WORK = 1 << 19  # ... and products below this many weight elements x rows
 MIN_ELEMENTS_BF16 = 1 << 16  # bfloat16 weights from this many elements use oneDNN at any row count
 
 _AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+# oneDNN's bfloat16 reorder needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT: elsewhere bfloat16 weights stay unpacked
+_BF16 = _AVAILABLE and hasattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported") and bool(
+    torch.ops.mkldnn._is_mkldnn_bf16_supported())
 _PACKED = WeakTensorKeyDictionary()  # weight -> (its (data_ptr, version) when packed, the packed copy)
 
 
@@ -42,7 +45,7 @@ def _packable(weight: torch.Tensor) -> bool:
     n = weight.numel()
     fp32, bf16 = weight.dtype == torch.float32, weight.dtype == torch.bfloat16
     return _AVAILABLE and weight.device.type == "cpu" and (
-        (fp32 and n >= MIN_ELEMENTS) or (bf16 and n >= MIN_ELEMENTS_BF16))
+        (fp32 and n >= MIN_ELEMENTS) or (bf16 and _BF16 and n >= MIN_ELEMENTS_BF16))
 
 
 def _uses_onednn(x: torch.Tensor, weight: torch.Tensor) -> bool:
