@@ -324,3 +324,17 @@ def test_decoder_only_draft_of_another_width_rejected(tiny_target, tiny_fixed):
         other.config.d_model += 1  # only the declared width matters to the check
     with pytest.raises(ValueError, match="decoder-only draft"):
         check_compatible(tiny_target, other)
+
+
+def test_bfloat16_weights_stay_unpacked_where_onednn_lacks_bfloat16(monkeypatch):
+    """A CPU without oneDNN's bfloat16 path (no AVX-512 BW/VL/DQ, no AVX-NE-CONVERT) keeps bfloat16 weights unpacked
+    (its reorder would raise) and still computes the plain linear; float32 packing is unaffected."""
+    import rayspec.models.linear as lin
+
+    monkeypatch.setattr(lin, "_BF16", False)
+    w = torch.randn(512, lin.MIN_ELEMENTS_BF16 // 512 + 1, dtype=torch.bfloat16)
+    x = torch.randn(3, w.shape[1], dtype=torch.bfloat16)
+    assert not lin._packable(w)
+    with torch.inference_mode():
+        assert torch.equal(lin.linear(x, w), torch.nn.functional.linear(x, w))
+    assert lin._packable(torch.randn(512, lin.MIN_ELEMENTS // 512 + 1)) == lin._AVAILABLE

@@ -165,19 +165,3 @@ def test_resume_moves_one_group_optimizer_state_into_two_groups():
     for p in params:
         assert torch.equal(new.state[p]["exp_avg"], old.state[p]["exp_avg"])
     assert [g["weight_decay"] for g in new.param_groups] == [0.05, 0.0]
-
-
-def test_bfloat16_weights_stay_unpacked_where_onednn_lacks_bfloat16(monkeypatch):
-    """A CPU without oneDNN's bfloat16 path (no AVX-512 BW/VL/DQ, no AVX-NE-CONVERT) keeps bfloat16 weights unpacked
-    (its reorder would raise) and still computes the plain linear; float32 packing is unaffected."""
-    import torch
-
-    from rayspec.models import linear as lin
-
-    monkeypatch.setattr(lin, "_BF16", False)
-    w = torch.randn(512, lin.MIN_ELEMENTS_BF16 // 512 + 1, dtype=torch.bfloat16)
-    x = torch.randn(3, w.shape[1], dtype=torch.bfloat16)
-    assert not lin._packable(w)
-    with torch.inference_mode():
-        assert torch.equal(lin.linear(x, w), torch.nn.functional.linear(x, w))
-    assert lin._packable(torch.randn(512, lin.MIN_ELEMENTS // 512 + 1)) == lin._AVAILABLE

@@ -161,8 +161,9 @@ def train_medusa(target_dir: str, manifests: list[str], out_dir: str, work_dir: 
     if saved is not None and (not block or saved["train"][0][2] is not None):
         train, dev = saved["train"], saved["dev"]
     else:  # none cached, or cached without the encoder states a block needs
-        train = _target_states(target, train_utts, encoder=block, batch=teacher_batch(device), workers=threads)
-        dev = _target_states(target, dev_utts, encoder=block, batch=teacher_batch(device), workers=threads)
+        batch = teacher_batch(device)
+        train = _target_states(target, train_utts, encoder=block, batch=batch, workers=threads)
+        dev = _target_states(target, dev_utts, encoder=block, batch=batch, workers=threads)
         torch.save({"train": train, "dev": dev}, cached + ".tmp")
         os.replace(cached + ".tmp", cached)
     del saved
