@@ -121,14 +121,24 @@ def speculation_options(options: DecodeOptions) -> SpeculationOptions:
 
 
 def decode_batch(target: WhisperASR, options: DecodeOptions, audios: list[np.ndarray], durations: list[float],
-                 draft: Optional[WhisperASR] = None, ctc=None) -> list[Hypothesis]:
+                 draft: Optional[WhisperASR] = None, ctc=None, timings: Optional[dict] = None) -> list[Hypothesis]:
     """Drafting and target side of one batch of waveforms in this process (the target's sample rate).
 
     Used by :class:`Transcriber` and ``rayspec bench`` alike, so benchmarks time exactly what jobs run.
+
+    Args:
+        timings: if given, seconds are added to its ``"encode"`` (the drafting side: features, encoders, CTC head)
+            and ``"decode"`` (the target side, draft passes included) entries.
     """
+    t0 = time.perf_counter()
     encoded = encode_audio(target, options, audios, durations, draft, ctc)
+    t1 = time.perf_counter()
     proposers = local_proposers(draft, encoded, speculation_options(options)) if needs_draft(options) else None
-    return decode_encoded(target, options, encoded, proposers)
+    hyps = decode_encoded(target, options, encoded, proposers)
+    if timings is not None:
+        timings["encode"] = timings.get("encode", 0.0) + t1 - t0
+        timings["decode"] = timings.get("decode", 0.0) + time.perf_counter() - t1
+    return hyps
 
 
 def stream_decode(target: WhisperASR, options: DecodeOptions, batches: Iterable[tuple[Any, Encoded]], slots: int,

@@ -1,7 +1,8 @@
-"""``rayspec bench`` (spec/ssd/medusa suites): repeats run round-robin over the configurations; rows count exactly."""
+"""``rayspec bench`` (spec/ssd/medusa/methods suites): repeats run round-robin over the configurations; rows count
+exactly; a run's time splits into the drafting side and the target side."""
 
 from rayspec.bench import asr as bench
-from rayspec.bench.asr import SPEC_ABLATION, run_bench
+from rayspec.bench.asr import CONTINUOUS, SPEC_ABLATION, BenchRow, run_bench
 from tiny import random_audio
 
 
@@ -9,9 +10,9 @@ def test_repeats_go_round_robin_and_rows_match_ar(tiny_target, tiny_draft, monke
     calls = []
     real_run = bench._run
 
-    def recording_run(name, options, models, audios, durations, batches):
+    def recording_run(name, options, models, audios, durations, batches, timings):
         calls.append((name, len(batches)))
-        return real_run(name, options, models, audios, durations, batches)
+        return real_run(name, options, models, audios, durations, batches, timings)
 
     monkeypatch.setattr(bench, "_run", recording_run)
     configs = [c for c in SPEC_ABLATION if c[0] in ("ar", "fixed-4")]
@@ -25,3 +26,25 @@ def test_repeats_go_round_robin_and_rows_match_ar(tiny_target, tiny_draft, monke
     assert (ar.config, draft.config) == ("ar", "fixed-4")
     assert draft.identical_to_ar == draft.utterances == 3 and ar.speedup == 1.0
     assert draft.nfe_per_utt <= ar.nfe_per_utt and draft.speedup == ar.wall_s / draft.wall_s
+    for r in rows:  # the counted run's split: both sides timed, within its wall time
+        assert 0 < r.encode_s and 0 < r.decode_s and r.encode_s + r.decode_s <= r.wall_s
+
+
+def test_continuous_runs_split_their_time_too(tiny_target, tiny_draft):
+    configs = [c for c in SPEC_ABLATION if c[0] in ("ar", "ar" + CONTINUOUS)]
+    rows = run_bench((tiny_target, tiny_draft, None), random_audio(3, seed=6), None, configs, batch_sizes=(2,),
+                     progress=False)
+    plain, continuous = rows
+    assert continuous.identical_to_ar == 3
+    assert 0 < continuous.encode_s and 0 < continuous.decode_s
+    assert continuous.encode_s + continuous.decode_s <= continuous.wall_s
+
+
+def test_methods_table_reports_the_encoder_bound():
+    ar = BenchRow("ar", 1, 10, 60.0, 10.0, 20.0, 0.0, 1.0, 0.0, 10, encode_s=6.0, decode_s=4.0, speedup=1.0)
+    fast = BenchRow("draft", 1, 10, 60.0, 8.0, 5.0, 20.0, 4.0, 0.6, 10, encode_s=6.0, decode_s=2.0, speedup=1.25)
+    cells = dict(zip(bench.HEADERS["methods"], bench._cells(fast, "methods", ar)))
+    # a free decoder would give 10 / 6 = 1.67x; 1.25x reaches (1.25 - 1) / (1.67 - 1) of it
+    assert cells["bound (free decode)"] == "1.67x" and cells["share of bound"] == f"{100 * 0.25 / (10 / 6 - 1):.0f}%"
+    assert cells["decode speed-up vs AR"] == "2.00x"
+    assert dict(zip(bench.HEADERS["methods"], bench._cells(ar, "methods", ar)))["share of bound"] == "-"

@@ -9,6 +9,9 @@ Suites:
 * ``ssd`` (SSD paper Figures 3-4): full AR, then CTC gating + verification + AR fallback over a grid of tau_CTC and
   tau_SLM, each single stage as an ablation (gate only + AR; verification only), the exact mode, and the CTC
   hypothesis as the draft of every round (``ctc-draft``).
+* ``methods``: every method at its defaults with its bundled drafter, as ``rayspec transcribe`` runs it (the default
+  row cap included), with each run's time split into the drafting side (features, encoders, CTC head) and the
+  target side, and how much of the most a free decoder could gain each method reaches (the encoder bound).
 
 Speculative configurations speculate at every batch size (``--speculate-max-rows all``), so a table shows what
 batched verification costs and saves; the configurations marked ``+row cap`` run at the default instead (speculation
@@ -118,6 +121,14 @@ def ssd_grid(tau_ctc=(0.3, 0.7, 1.5, 3.0), tau_slm=(0.01, 0.1, 0.2)) -> list[tup
                                 "ctc-draft (exact)" + CONTINUOUS))
 
 
+def method_defaults(heads: Optional[str] = None) -> list[tuple[str, DecodeOptions]]:
+    """The ``methods`` suite: each method with its defaults (Medusa with the heads in ``heads``, default the
+    target's bundled ones); ssd's defaults are lossy."""
+    return [("ar", DecodeOptions("ar")), ("draft", DecodeOptions("draft")),
+            ("medusa", DecodeOptions("medusa", medusa=MedusaOptions(heads=heads))),
+            ("ctc-draft", DecodeOptions("ctc-draft")), ("ssd (lossy)", DecodeOptions("ssd"))]
+
+
 @dataclass
 class BenchRow:
     config: str
@@ -135,6 +146,8 @@ class BenchRow:
     rtfx: float = 0.0
     speedup: float = 0.0
     nfe_reduction: float = 0.0
+    encode_s: float = 0.0  # of the run counted: the drafting side (features, encoders, CTC head)
+    decode_s: float = 0.0  # the target side (decoding, draft passes included); none for hf-assisted
 
 
 def _hf_assisted(target, draft, audio, cap) -> Hypothesis:
@@ -177,15 +190,28 @@ def _hf_assisted(target, draft, audio, cap) -> Hypothesis:
     return h
 
 
-def _run(name, options, models, audios, durations, batches) -> list[Hypothesis]:
+def _run(name, options, models, audios, durations, batches, timings: dict) -> list[Hypothesis]:
+    """Decode ``batches`` (lists of indices into ``audios``) with configuration ``name``; adds the drafting side's
+    and the target side's seconds to ``timings`` (``"encode"``, ``"decode"``)."""
     target, draft, ctc = models
     out: dict[int, Hypothesis] = {}
     if CONTINUOUS in name:  # the same batches, longest first, as one continuous batch (run_corpus's order)
         order = batches[::-1]
-        encoded = ((k, encode_audio(target, options, [audios[i] for i in b], [durations[i] for i in b], draft, ctc))
-                   for k, b in enumerate(order))
-        for (k, r), h in stream_decode(target, options, encoded, max(len(b) for b in batches), draft):
+
+        spent = [0.0]  # seconds in encode_audio, which the stream calls as it needs rows
+
+        def encoded():
+            for k, b in enumerate(order):
+                t0 = time.perf_counter()
+                e = encode_audio(target, options, [audios[i] for i in b], [durations[i] for i in b], draft, ctc)
+                spent[0] += time.perf_counter() - t0
+                yield k, e
+
+        t0 = time.perf_counter()
+        for (k, r), h in stream_decode(target, options, encoded(), max(len(b) for b in batches), draft):
             out[order[k][r]] = h
+        timings["encode"] = timings.get("encode", 0.0) + spent[0]
+        timings["decode"] = timings.get("decode", 0.0) + time.perf_counter() - t0 - spent[0]
         return [out[i] for i in range(len(audios)) if i in out]
     for batch in batches:
         a = [audios[i] for i in batch]
@@ -194,7 +220,7 @@ def _run(name, options, models, audios, durations, batches) -> list[Hypothesis]:
             hyps = [_hf_assisted(target, draft, a[0], token_cap(durations[batch[0]], DEFAULT_MAX_TOKENS_PER_SECOND,
                                                                  limit))]
         else:
-            hyps = decode_batch(target, options, a, [durations[i] for i in batch], draft, ctc)
+            hyps = decode_batch(target, options, a, [durations[i] for i in batch], draft, ctc, timings)
         out.update(zip(batch, hyps))
     return [out[i] for i in range(len(audios)) if i in out]  # all of them, except in a warm-up
 
@@ -221,15 +247,18 @@ def run_bench(models, audios, references, configs, batch_sizes=(1, 16), hf_assis
         todo = [c for c in configs if bs > 1 or not (CONTINUOUS in c[0] or c[0].endswith(ROW_CAP))]  # the same at 1
         todo += [("hf-assisted", None)] if hf_assisted and bs == 1 else []
         for name, options in todo:
-            _run(name, options, models, audios, durations, batches[:1])  # warm-up
+            _run(name, options, models, audios, durations, batches[:1], {})  # warm-up
         # Repeats go round-robin over the configurations, so a slow phase of the machine costs every configuration
-        # one run rather than all the runs of one configuration; the fastest run of each counts.
-        walls, results = {name: float("inf") for name, _ in todo}, {}
+        # one run rather than all the runs of one configuration; the fastest run of each counts (with its split).
+        walls, results, splits = {name: float("inf") for name, _ in todo}, {}, {}
         for _ in tqdm(range(repeats), desc=f"bench batch {bs}", disable=not progress):
             for name, options in todo:
+                timings: dict = {}
                 t0 = time.perf_counter()
-                results[name] = _run(name, options, models, audios, durations, batches)
-                walls[name] = min(walls[name], time.perf_counter() - t0)
+                results[name] = _run(name, options, models, audios, durations, batches, timings)
+                wall = time.perf_counter() - t0
+                if wall < walls[name]:
+                    walls[name], splits[name] = wall, timings
         reference = None
         for name, _ in todo:
             hyps, wall = results[name], walls[name]
@@ -249,7 +278,7 @@ def run_bench(models, audios, references, configs, batch_sizes=(1, 16), hf_assis
                 name, bs, n, sum(durations), wall, sum(s.target_forward_passes for s in st) / n,
                 sum(s.draft_forward_passes for s in st) / n, (accepted + rounds) / rounds if rounds else 1.0,
                 accepted / proposed if proposed else 0.0, sum(h.tokens == r for h, r in zip(hyps, reference)),
-                wer, routes,
+                wer, routes, encode_s=splits[name].get("encode", 0.0), decode_s=splits[name].get("decode", 0.0),
             ))
         base = next(r for r in rows if r.batch_size == bs and r.config == "ar")
         for r in rows:
@@ -260,7 +289,15 @@ def run_bench(models, audios, references, configs, batch_sizes=(1, 16), hf_assis
     return rows
 
 
-def _cells(r: BenchRow, suite: str, ar_wer: Optional[float]) -> list:
+def _bound_share(r: BenchRow, ar: BenchRow) -> str:
+    """How much of the encoder bound a row reaches: (speed-up - 1) / (bound - 1), where the bound is AR's wall time
+    over the row's drafting side alone (its speed-up with a free target side)."""
+    bound = ar.wall_s / r.encode_s if r.encode_s else 0.0
+    return "-" if r is ar or bound <= 1 else f"{100 * (r.speedup - 1) / (bound - 1):.0f}%"
+
+
+def _cells(r: BenchRow, suite: str, ar: BenchRow) -> list:
+    ar_wer = ar.wer
     pct = lambda k: f"{100 * (r.routes or {}).get(k, 0) / r.utterances:.0f}"  # noqa: E731
     common = [r.config, r.batch_size, r.utterances, f"{r.nfe_per_utt:.2f}", f"{r.nfe_reduction:.2f}x"]
     tail = [f"{r.wall_s:.2f}", f"{r.rtfx:.1f}", f"{r.speedup:.2f}x", f"{r.identical_to_ar}/{r.utterances}"]
@@ -268,6 +305,11 @@ def _cells(r: BenchRow, suite: str, ar_wer: Optional[float]) -> list:
         return common + [f"{r.draft_passes_per_utt:.2f}", f"{r.mean_accepted_length:.2f}",
                          f"{r.acceptance_rate:.3f}"] + tail + ["-" if r.wer is None else f"{100 * r.wer:.2f}"]
     rel = "-" if r.wer is None or not ar_wer else f"{100 * (r.wer - ar_wer) / ar_wer:+.1f}%"
+    if suite == "methods":
+        return common + [f"{r.encode_s:.2f}", f"{r.decode_s:.2f}", f"{r.wall_s:.2f}", f"{r.rtfx:.1f}"] + [
+            "-" if r.decode_s == 0 else f"{ar.decode_s / r.decode_s:.2f}x", f"{r.speedup:.2f}x",
+            f"{ar.wall_s / r.encode_s:.2f}x" if r.encode_s else "-", _bound_share(r, ar), f"{r.identical_to_ar}/{r.utterances}",
+            "-" if r.wer is None else f"{100 * r.wer:.2f}", rel]
     return common + [pct("ctc"), pct("verified"), pct("fallback"),
                      "-" if r.wer is None else f"{100 * r.wer:.2f}", rel] + tail
 
@@ -279,7 +321,15 @@ HEADERS = {
     "medusa": SPEC_HEADER,
     "ssd": ["config", "batch", "utts", "NFE/utt", "NFE reduction", "%C (gate)", "%L (verified)", "%fallback",
             "WER %", "WER vs AR", "wall s", "RTFx", "speed-up vs AR", "identical to AR"],
+    "methods": ["method", "batch", "utts", "NFE/utt", "NFE reduction", "encode s", "decode s", "wall s", "RTFx",
+                "decode speed-up vs AR", "speed-up vs AR", "bound (free decode)", "share of bound",
+                "identical to AR", "WER %", "WER vs AR"],
 }
+METHODS_NOTES = (
+    "\n- encode s: the drafting side of the counted run (log-mel features, the target's encoder over its 30 s "
+    "windows, the CTC head where the method reads one); decode s: the target side (target passes, draft passes, "
+    "verification). bound (free decode): AR's wall time over the row's encode s, the speed-up the method would "
+    "reach if its target side cost nothing; share of bound: (speed-up - 1) / (bound - 1).\n")
 
 
 def write_outputs(rows: list[BenchRow], out_dir: str, title: str, suite: str, notes: str = "") -> str:
@@ -290,7 +340,7 @@ def write_outputs(rows: list[BenchRow], out_dir: str, title: str, suite: str, no
     cells = []
     for r in rows:
         ar = next(x for x in rows if x.batch_size == r.batch_size and x.config == "ar")
-        cells.append(_cells(r, suite, ar.wer))
+        cells.append(_cells(r, suite, ar))
     stem = os.path.join(out_dir, f"bench-{suite}")
     text = write_table(stem, title, header, cells, notes)
     _plot(rows, stem + ".png", title, suite)
@@ -367,7 +417,7 @@ def _plot(rows, path, title, suite) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    if suite in ("spec", "medusa"):  # one line per configuration (long names), top to bottom in table order
+    if suite in ("spec", "medusa", "methods"):  # one line per configuration (long names), top to bottom in table order
         configs = list(dict.fromkeys(r.config for r in rows))
         fig, axes = plt.subplots(1, 2, figsize=(12, 1.5 + 0.28 * len(configs)), sharey=True)
         for bs in sorted({r.batch_size for r in rows}):
@@ -399,7 +449,7 @@ def _plot(rows, path, title, suite) -> None:
 
 
 def cmd_bench_asr(args) -> int:
-    """``rayspec bench --suite spec|medusa|ssd``."""
+    """``rayspec bench --suite spec|medusa|ssd|methods``."""
     if not args.manifests:
         raise ValueError(f"--suite {args.suite} needs at least one manifest")
     from ..audio import load_audio
@@ -416,7 +466,7 @@ def cmd_bench_asr(args) -> int:
         draft = WhisperASR.from_pretrained(args.draft or default_drafter(target.name, "draft"),
                                            args.device).pack_for_inference()
     ctc = (CTCHead.from_pretrained(args.ctc or default_drafter(target.name, "ctc"), args.device)
-           if args.suite == "ssd" else None)
+           if args.suite in ("ssd", "methods") else None)
     utts = [u for m in args.manifests for u in read_manifest(m)]
     if args.limit:
         utts = utts[: args.limit]
@@ -429,16 +479,20 @@ def cmd_bench_asr(args) -> int:
     elif args.suite == "medusa":
         configs = medusa_ablation(args.medusa, with_draft=draft is not None)
         plot_head_accuracy(target, args.medusa or default_drafter(target.name, "medusa"), utts, args.output)
+    elif args.suite == "methods":
+        configs = method_defaults(args.medusa)
     else:
         configs = ssd_grid(tuple(args.tau_ctc), tuple(args.tau_slm))
     rows = run_bench((target, draft, ctc), audios, [u.text for u in utts], configs, tuple(args.batch_sizes),
                      hf_assisted=args.suite == "spec" and not args.no_hf, repeats=args.repeats)
-    helper = {"spec": draft.name if draft else "", "ssd": "ctc", "medusa": "medusa heads"}[args.suite]
+    helper = {"spec": draft.name if draft else "", "ssd": "ctc", "medusa": "medusa heads",
+              "methods": "the bundled drafters"}[args.suite]
     title = (f"{args.suite}: {target.name} + {helper} on "
              f"{', '.join(os.path.basename(os.path.dirname(os.path.abspath(m))) for m in args.manifests)} "
              f"({len(audios)} utterances, {sum(len(a) for a in audios) / target.sample_rate:.0f} s audio), "
              f"{args.device}, {torch.get_num_threads()} threads"
              + (f", wall = best of {args.repeats} runs" if args.repeats > 1 else ""))
-    notes = pass_time_notes(target, draft, audios[0]) if args.suite == "spec" else ""
+    notes = (pass_time_notes(target, draft, audios[0]) if args.suite == "spec" else
+             METHODS_NOTES if args.suite == "methods" else "")
     print(write_outputs(rows, args.output, title, args.suite, notes))
     return 0

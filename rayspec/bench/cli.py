@@ -47,7 +47,9 @@ def add_bench_parser(sub) -> None:
                     "machine noise; wall-clock ratios are measured in the same run. Suites: spec (draft-model "
                     "speculation ablation, plus transformers' assisted generation at batch 1), ssd (CTC gating / "
                     "verification / fallback over a tau grid, WER-vs-RTFx Pareto plot), medusa (heads, tree shapes, "
-                    "acceptance rules, beside AR and the draft method), tts (speculative speech synthesis: "
+                    "acceptance rules, beside AR and the draft method), methods (every method at its defaults with its bundled "
+                    "drafter, each run's time split into the encoder side and the decoder side, and the share of "
+                    "the most a free decoder could gain that each method reaches), tts (speculative speech synthesis: "
                     "target-only, sd, ssd beta sweep, pcg theta sweep; intelligibility by pocketsphinx, MCD, "
                     "acceptance, speed-up; floors of real and Lyra-resynthesised speech; offline acceptance), "
                     "voicechat (PredGen greedy / top-k against the plain cascade on MT-Bench first turns: typed, "
@@ -59,7 +61,7 @@ def add_bench_parser(sub) -> None:
                     "against transformers' generate and CTranslate2 on the same features).",
     )
     p.add_argument("manifests", nargs="*", help="manifests (with references for WER) or folders of audio")
-    p.add_argument("--suite", choices=["spec", "ssd", "medusa", "tts", "voicechat", "peers", "whisper"],
+    p.add_argument("--suite", choices=["spec", "ssd", "medusa", "methods", "tts", "voicechat", "peers", "whisper"],
                    default="spec")
     p.add_argument("-o", "--output", default="bench", help="output folder (default: bench)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
@@ -67,12 +69,12 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--max-draft", type=int, default=0, help="spec: override max draft length of adaptive configs")
     p.add_argument("--no-hf", action="store_true", help="spec: skip transformers' assisted generation")
     p.add_argument("--repeats", type=_positive, default=1,
-                   help="spec/ssd/medusa/peers/tts: timed runs per configuration, taken round-robin over the "
+                   help="spec/ssd/medusa/methods/peers/tts: timed runs per configuration, taken round-robin over the "
                         "configurations, the fastest reported (default 1)")
     p.add_argument("--tau-ctc", type=float, nargs="+", default=[0.3, 0.7, 1.5, 3.0], help="ssd: gate thresholds")
     p.add_argument("--tau-slm", type=float, nargs="+", default=[0.01, 0.1, 0.2], help="ssd: verification thresholds")
-    p.add_argument("--ctc", help="ssd: CTC head directory; default: the one bundled for the target, if any")
-    p.add_argument("--medusa", help="medusa: heads directory; default: the ones bundled for the target, if any")
+    p.add_argument("--ctc", help="ssd/methods: CTC head directory; default: the one bundled for the target, if any")
+    p.add_argument("--medusa", help="medusa/methods: heads directory; default: the ones bundled for the target, if any")
     r = p.add_argument_group("whisper suite (manifests with references)")
     r.add_argument("--whisper-targets", default="whisper-base,whisper-tiny.en",
                    help="targets, comma-separated, each optionally with @<encoder dtype> (e.g. whisper-base@bfloat16) "
