@@ -46,6 +46,7 @@ def add_model_args(p: argparse.ArgumentParser, target: str | None = None) -> Non
 
 def add_decode_args(p: argparse.ArgumentParser) -> None:
     from .decoding.speculative import SpeculationOptions
+    from .decoding.ssd import SSDOptions
     from .methods import METHODS
     from .spec.loop import CPU_SPECULATE_MAX_ROWS
 
@@ -98,23 +99,23 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         f"(default {d.tree_threshold})")
     g.add_argument("--tree-branches", type=int, default=d.tree_branches,
                    help=f"most branches per token tree (default {d.tree_branches})")
-    c = p.add_argument_group("ssd (CTC gating, verification, fallback)")
+    c, s = p.add_argument_group("ssd (CTC gating, verification, fallback)"), SSDOptions()
     c.add_argument("--ctc", help="CTC head directory; default: the CTC head bundled for the target, if any")
-    c.add_argument("--tau-ctc", type=float, default=0.7,
+    c.add_argument("--tau-ctc", type=float, default=s.tau_ctc,
                    help="accept the CTC hypothesis with no target pass if every frame's entropy (nats) is below "
-                        "this; 0 = gate off (default 0.7: calibrated for whisper-base's bundled head on its dev "
-                        "split, see its card; calibrate your own head with the table in its training summary)")
-    c.add_argument("--tau-slm", type=float, default=0.01,
-                   help="verification accepts a token whose target probability exceeds this (default 0.01; with "
-                        "--fallback ctc every round is verified this way)")
-    c.add_argument("--exact", action=argparse.BooleanOptionalAction, default=False,
+                        f"this; 0 = gate off (default {s.tau_ctc}: calibrated for whisper-base's bundled head on "
+                        "its dev split, see its card; calibrate your own head with the table in its training summary)")
+    c.add_argument("--tau-slm", type=float, default=s.tau_slm,
+                   help="verification accepts a token whose target probability exceeds this "
+                        f"(default {s.tau_slm}; with --fallback ctc every round is verified this way)")
+    c.add_argument("--exact", action=argparse.BooleanOptionalAction, default=s.exact,
                    help="verified tokens must also be the target's argmax; with --tau-ctc 0 the output then equals "
-                        "ar (default off)")
-    c.add_argument("--fallback", choices=["ar", "draft", "ctc"], default="ar",
+                        f"ar (default {'on' if s.exact else 'off'})")
+    c.add_argument("--fallback", choices=["ar", "draft", "ctc"], default=s.fallback,
                    help="decoder after the verified prefix: greedy ar (the paper's; default), draft-model "
                         "speculation, or ctc: the rest of the CTC hypothesis re-aligned after each correction and "
                         "verified as the first pass was (--tau-slm, --exact) every round: fewer target passes, but "
-                        "lossy in every round (whisper-base on non-native speech: WER +42%% at --tau-slm 0.05)")
+                        "lossy in every round (whisper-base on LJSpeech: WER +17%% at --tau-slm 0.05)")
     m = p.add_argument_group("medusa (heads on the target's hidden state)")
     m.add_argument("--medusa", help="Medusa heads directory; default: the heads bundled for the target, if any")
     m.add_argument("--acceptance", choices=["greedy", "typical"], default="greedy",

@@ -154,8 +154,12 @@ def _ssd_chunks(target, draft):
         yield list(range(s, s + 4)), enc, caps, CTCDrafts(hyps, [0.5, 2.0, 2.0, 0.5]), _encode(draft, a)
 
 
-@pytest.mark.parametrize("ssd", [dict(), dict(tau_ctc=1.0, exact=False, tau_slm=0.05), dict(verify=False),
-                                 dict(fallback="draft"), dict(tau_ctc=1.0, fallback="draft"), dict(fallback="ctc"),
+SSD_EXACT = dict(tau_ctc=0.0, tau_slm=0.1, exact=True)  # SSDOptions' defaults are the CLI's (lossy)
+
+
+@pytest.mark.parametrize("ssd", [SSD_EXACT, dict(tau_ctc=1.0, exact=False, tau_slm=0.05),
+                                 dict(tau_ctc=0.0, verify=False), dict(SSD_EXACT, fallback="draft"), dict(SSD_EXACT, tau_ctc=1.0, fallback="draft"),
+                                 dict(SSD_EXACT, fallback="ctc"),
                                  dict(tau_ctc=1.0, exact=False, tau_slm=0.05, fallback="ctc")])
 def test_stream_ssd_equals_static(tiny_target, tiny_draft, ssd, slots=3):
     """SSD 3.2 across batches: every batch is gated and verified as it arrives and its parked rows join one
@@ -348,7 +352,8 @@ def test_run_corpus_short_windows_continuous_equals_static(tmp_path, samples_man
 
 @pytest.mark.parametrize("method, ssd", [("ssd", dict(tau_ctc=1.0, tau_slm=0.01, exact=False)),
                                          ("ssd", dict(tau_ctc=1.0, tau_slm=0.05, exact=False, fallback="ctc")),
-                                         ("ssd", dict(fallback="draft")), ("ctc-draft", {})])
+                                         ("ssd", dict(SSD_EXACT, fallback="draft")),
+                                         ("ctc-draft", {})])
 def test_run_corpus_ctc_methods_continuous_equal_static(tmp_path, samples_manifest, method, ssd, monkeypatch,
                                                         tiny_en_drafters):
     """The CTC methods on real Whisper (tiny.en) over the bundled clips: SSD's corpus-wide fallback stream (CTC gate,

@@ -221,6 +221,9 @@ def test_a_method_means_the_same_in_the_cli_the_job_and_serve():
     job = decode_options(job_parser().parse_args(["x.jsonl", "--method", "ssd"]))
     served = decode_options_from({"method": "ssd"})
     assert cli == job == served and served.mode == "lossy" and served.ssd.tau_ctc == 0.7
+    from rayspec.methods import DecodeOptions
+
+    assert DecodeOptions("ssd") == served  # the library's defaults are the same point
     assert (served.ssd.tau_slm, served.ssd.fallback) == (0.01, "ar")
     assert decode_options_from({"method": "ssd", "exact": "true", "tau_ctc": "0"}).mode == "exact"
     with pytest.raises(ValueError, match="unknown decoding options"):

@@ -164,7 +164,7 @@ def test_verification_off_runs_full_ar(tiny_target):
     with torch.inference_mode():
         enc = _encode(tiny_target, AUDIO[:3])
         ar = [h.tokens for h in greedy_decode(tiny_target, enc, [20] * 3)]
-        decoder = SSDDecoder(tiny_target, SSDOptions(verify=False))
+        decoder = SSDDecoder(tiny_target, SSDOptions(tau_ctc=0.0, verify=False))
         out = _run(decoder, enc, [20] * 3, ctc_drafts(_ctc(tiny_target), tiny_target, enc))
     assert [h.tokens for h in out] == ar and all(h.route == "ar" for h in out)
 

@@ -308,8 +308,8 @@ def _cells(r: BenchRow, suite: str, ar: BenchRow) -> list:
     if suite == "methods":
         return common + [f"{r.encode_s:.2f}", f"{r.decode_s:.2f}", f"{r.wall_s:.2f}", f"{r.rtfx:.1f}"] + [
             "-" if r.decode_s == 0 else f"{ar.decode_s / r.decode_s:.2f}x", f"{r.speedup:.2f}x",
-            f"{ar.wall_s / r.encode_s:.2f}x" if r.encode_s else "-", _bound_share(r, ar), f"{r.identical_to_ar}/{r.utterances}",
-            "-" if r.wer is None else f"{100 * r.wer:.2f}", rel]
+            f"{ar.wall_s / r.encode_s:.2f}x" if r.encode_s else "-", _bound_share(r, ar),
+            f"{r.identical_to_ar}/{r.utterances}", "-" if r.wer is None else f"{100 * r.wer:.2f}", rel]
     return common + [pct("ctc"), pct("verified"), pct("fallback"),
                      "-" if r.wer is None else f"{100 * r.wer:.2f}", rel] + tail
 
