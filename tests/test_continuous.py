@@ -158,8 +158,8 @@ SSD_EXACT = dict(tau_ctc=0.0, tau_slm=0.1, exact=True)  # SSDOptions' defaults a
 
 
 @pytest.mark.parametrize("ssd", [SSD_EXACT, dict(tau_ctc=1.0, exact=False, tau_slm=0.05),
-                                 dict(tau_ctc=0.0, verify=False), dict(SSD_EXACT, fallback="draft"), dict(SSD_EXACT, tau_ctc=1.0, fallback="draft"),
-                                 dict(SSD_EXACT, fallback="ctc"),
+                                 dict(tau_ctc=0.0, verify=False), dict(SSD_EXACT, fallback="draft"),
+                                 dict(SSD_EXACT, tau_ctc=1.0, fallback="draft"), dict(SSD_EXACT, fallback="ctc"),
                                  dict(tau_ctc=1.0, exact=False, tau_slm=0.05, fallback="ctc")])
 def test_stream_ssd_equals_static(tiny_target, tiny_draft, ssd, slots=3):
     """SSD 3.2 across batches: every batch is gated and verified as it arrives and its parked rows join one

@@ -289,11 +289,13 @@ def run_bench(models, audios, references, configs, batch_sizes=(1, 16), hf_assis
     return rows
 
 
-def _bound_share(r: BenchRow, ar: BenchRow) -> str:
-    """How much of the encoder bound a row reaches: (speed-up - 1) / (bound - 1), where the bound is AR's wall time
-    over the row's drafting side alone (its speed-up with a free target side)."""
-    bound = ar.wall_s / r.encode_s if r.encode_s else 0.0
-    return "-" if r is ar or bound <= 1 else f"{100 * (r.speedup - 1) / (bound - 1):.0f}%"
+def _bound_cells(r: BenchRow, ar: BenchRow) -> list[str]:
+    """The encoder bound of a row, AR's wall time over the row's drafting side alone (its speed-up with a free target
+    side), and the share of it the row reaches: (speed-up - 1) / (bound - 1)."""
+    if not r.encode_s:
+        return ["-", "-"]
+    bound = ar.wall_s / r.encode_s
+    return [f"{bound:.2f}x", "-" if r is ar or bound <= 1 else f"{100 * (r.speedup - 1) / (bound - 1):.0f}%"]
 
 
 def _cells(r: BenchRow, suite: str, ar: BenchRow) -> list:
@@ -306,9 +308,9 @@ def _cells(r: BenchRow, suite: str, ar: BenchRow) -> list:
                          f"{r.acceptance_rate:.3f}"] + tail + ["-" if r.wer is None else f"{100 * r.wer:.2f}"]
     rel = "-" if r.wer is None or not ar_wer else f"{100 * (r.wer - ar_wer) / ar_wer:+.1f}%"
     if suite == "methods":
-        return common + [f"{r.encode_s:.2f}", f"{r.decode_s:.2f}", f"{r.wall_s:.2f}", f"{r.rtfx:.1f}"] + [
-            "-" if r.decode_s == 0 else f"{ar.decode_s / r.decode_s:.2f}x", f"{r.speedup:.2f}x",
-            f"{ar.wall_s / r.encode_s:.2f}x" if r.encode_s else "-", _bound_share(r, ar),
+        decode = "-" if r.decode_s == 0 else f"{ar.decode_s / r.decode_s:.2f}x"
+        return common + [f"{r.encode_s:.2f}", f"{r.decode_s:.2f}", f"{r.wall_s:.2f}", f"{r.rtfx:.1f}", decode,
+                         f"{r.speedup:.2f}x"] + _bound_cells(r, ar) + [
             f"{r.identical_to_ar}/{r.utterances}", "-" if r.wer is None else f"{100 * r.wer:.2f}", rel]
     return common + [pct("ctc"), pct("verified"), pct("fallback"),
                      "-" if r.wer is None else f"{100 * r.wer:.2f}", rel] + tail
