@@ -60,8 +60,8 @@ class PiperVoice:
         sample_rate: Hz of the audio :meth:`synthesize` returns.
 
     Raises:
-        FileNotFoundError: see :func:`voice_path`; ModuleNotFoundError: onnxruntime (or, with ``durations``, onnx)
-        is missing.
+        FileNotFoundError: see :func:`voice_path`.
+        ModuleNotFoundError: onnxruntime (or, with ``durations``, onnx) is missing.
     """
 
     name = "piper"
