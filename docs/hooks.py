@@ -23,3 +23,26 @@ def on_files(files, config):
                     files.append(File.generated(config, uri, abs_src_path=str(path),
                                                 inclusion=InclusionLevel.NOT_IN_NAV))
     return files
+
+
+# -- mkdocstrings: the docstrings' Sphinx roles -------------------------------------------------------------------
+import re  # noqa: E402
+
+import griffe  # noqa: E402
+
+ROLE = re.compile(r":(?:class|meth|func|attr|data|mod|exc|obj):`(~?)([^`]+)`")
+
+
+def _role_as_code(match: re.Match) -> str:
+    tilde, target = match.groups()
+    return f"`{target.rsplit('.', 1)[-1] if tilde else target}`"
+
+
+class SphinxRoles(griffe.Extension):
+    """Render the docstrings' Sphinx cross-reference roles (``:class:`~rayspec.pipeline.Transcriber```) as inline
+    code (``Transcriber``; with ``~`` the last component), as Sphinx shows them; the Google-style sections are
+    mkdocstrings' own."""
+
+    def on_instance(self, *, obj, **kwargs) -> None:
+        if obj.docstring is not None:
+            obj.docstring.value = ROLE.sub(_role_as_code, obj.docstring.value)

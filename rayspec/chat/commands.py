@@ -45,6 +45,8 @@ def add_predgen_args(p, tts: bool = True) -> None:
 
 
 def options_from_args(args, speculate: bool = True, verifier: str | None = None):
+    """:class:`~rayspec.chat.predgen.PredGenOptions` from parsed ``rayspec chat`` arguments (``speculate=False``: the
+    plain cascade)."""
     from .predgen import PredGenOptions
 
     return PredGenOptions(speculate=speculate, verifier=verifier or args.verifier, top_k=args.top_k,

@@ -37,6 +37,8 @@ class PromptTemplate:
     system: str | None = None
 
     def render(self, tokenizer, text: str) -> str:
+        """The prompt string for one user turn: the tokenizer's chat template (with :attr:`system`, if any, as the
+        system message) when it has one, else the text itself ending in a sentence mark; white space folded."""
         text = " ".join(text.split())
         if getattr(tokenizer, "chat_template", None):
             messages = ([{"role": "system", "content": self.system}] if self.system else []) + [
@@ -101,6 +103,7 @@ class CausalLM:
         return ([self.bos] if self.bos is not None and ids[:1] != [self.bos] else []) + ids
 
     def decode(self, ids: list[int]) -> str:
+        """Text of token ids, stop and special tokens left out."""
         return self.tokenizer.decode([i for i in ids if i not in self.stop_ids], skip_special_tokens=True)
 
     @torch.no_grad()
@@ -222,6 +225,13 @@ class VLLMCausalLM(CausalLM):
                 break
 
     def next_logits(self, ids: list[int], since: int) -> torch.Tensor:
+        """As :meth:`CausalLM.next_logits`, computed by vLLM in its worker process (one request with prompt
+        log-probabilities per call): float ``[len(ids) - since + 1, V]`` log-probabilities of each position's top
+        ``k`` tokens, ``-inf`` elsewhere (enough for greedy and top-k verification).
+
+        Raises:
+            ValueError: ``since`` outside ``1..len(ids)``, or ``ids`` longer than the LLM's context.
+        """
         if not 1 <= since <= len(ids):
             raise ValueError(f"since={since} outside 1..{len(ids)}")
         if len(ids) >= self.max_len:

@@ -114,6 +114,8 @@ class ChatSpeech:
         self.voice, self.name, self.sample_rate = voice, voice.name, voice.sample_rate
 
     def synthesize(self, text: str) -> np.ndarray:
+        """One sentence -> float32 ``[S]`` audio at the voice's rate; text the voice cannot speak gives ``[0]``
+        (silence) instead of raising, so one odd sentence does not end a reply."""
         try:
             return self.voice.synthesize(text)
         except TextError:

@@ -112,6 +112,8 @@ class CTCProposer:
         return out
 
     def update(self, feedback: list[Feedback]) -> None:
+        """Record, per row, which nodes of its proposed tree the target kept (the indices of the kept root path); the
+        next :meth:`propose` continues the hypothesis after them, re-aligned at the target's correction."""
         for f in feedback:
             self.kept[f.index] = f.accepted
 

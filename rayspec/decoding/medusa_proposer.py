@@ -154,6 +154,8 @@ class MedusaProposer:
         target pass, once its hidden state has come back."""
 
     def update(self, feedback: list[Feedback]) -> None:
+        """Keep each row's target hidden state at its last committed token (float ``[d_model]``): the heads' input
+        of the next round."""
         self.hidden = {f.index: f.hidden for f in feedback}
         if feedback and self._zero is None:
             self._zero = torch.zeros_like(feedback[0].hidden)

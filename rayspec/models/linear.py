@@ -89,6 +89,7 @@ class PackedLinear(torch.nn.Module):
         self.bias = layer.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """``x @ W.T + b`` on the packed weight: float ``[..., in_features]`` -> ``[..., out_features]``."""
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 

@@ -134,6 +134,8 @@ class MedusaHeads(Pretrained, nn.Module):
                                   device=self.blocks[0].weight.device)
 
     def config_dict(self) -> dict:
+        """The ``config.json`` fields that rebuild these heads (``d_model``, ``num_heads``, ``target``, the
+        candidate vocabulary's size, and the Medusa-Block's shape if there is one)."""
         block = self.cross_block
         block = {} if block is None else {"block_heads": block.attention_heads, "block_ffn": block.fc1.out_features}
         return {"d_model": self.d_model, "num_heads": self.num_heads, "target": self.target,

@@ -126,6 +126,7 @@ class SpeechLM(Pretrained, nn.Module):
         return self.n_coarse
 
     def config_dict(self) -> dict:
+        """The constructor's arguments, as saved in ``config.json``."""
         return dict(self.cfg)
 
     # -- conditioning (once per utterance) -------------------------------------------------------------------------
@@ -226,6 +227,7 @@ class SpeechDraft(Pretrained, nn.Module):
                                  nn.Linear(hidden, hidden), nn.GELU(), nn.Linear(hidden, n_coarse))
 
     def config_dict(self) -> dict:
+        """The constructor's arguments, as saved in ``config.json``."""
         return dict(self.cfg)
 
     def forward(self, phone_window: torch.Tensor, since: torch.Tensor, to_end: torch.Tensor,

@@ -288,6 +288,9 @@ def evaluate(model: WhisperASR, ctc: CTCHead, examples: list[Example]) -> dict:
 
 @dataclass
 class RunState:
+    """Where a training run stands, saved with each checkpoint so an interrupted run resumes: the next epoch, the
+    optimizer steps taken, and one dict of metrics per finished epoch."""
+
     epoch: int = 0
     step: int = 0
     history: list = field(default_factory=list)

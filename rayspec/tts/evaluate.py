@@ -29,6 +29,7 @@ class PocketsphinxJudge:
         self._decoder = Decoder(samprate=16000, loglevel="FATAL")
 
     def transcribe(self, audio: np.ndarray) -> str:
+        """pocketsphinx's transcript of float ``[S]`` audio at 16 kHz (clipped to -1..1)."""
         pcm = (np.clip(audio, -1, 1) * 32767).astype(np.int16).tobytes()
         d = self._decoder
         d.start_utt()

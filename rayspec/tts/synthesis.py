@@ -300,6 +300,7 @@ def add_synthesis_args(p) -> None:
 
 
 def sampling_from_args(args) -> SamplingOptions:
+    """:class:`~rayspec.tts.speculative.SamplingOptions` from ``rayspec synthesize``'s parsed arguments."""
     return SamplingOptions(method=args.method, temperature=args.temperature, lookahead=args.lookahead,
                            beta=args.beta, theta=args.theta, groups=args.groups)
 
@@ -473,6 +474,8 @@ class SynthesisOutput:
         return [it for it in items if it.id not in self.writer.done_ids]
 
     def write(self, results: list[tuple[SynthesisRow, Optional[bytes]]], summary: "SynthesisSummary") -> None:
+        """Write each row's encoded audio file (atomically; None for an error row), then the rows as one results
+        shard, and count them into ``summary``."""
         for row, audio in results:
             if audio is not None:
                 _write_file_atomic(os.path.join(self.out_dir, row.audio), audio)
@@ -483,9 +486,11 @@ class SynthesisOutput:
         self.writer.write([row for row, _ in results])
 
     def finalize(self) -> None:
+        """Merge the results shards into ``results.parquet``."""
         self.writer.finalize()
 
     def close(self) -> None:
+        """Release the output's lock."""
         self.writer.close()
 
 
