@@ -63,7 +63,8 @@ def _speech(frames: np.ndarray, vad) -> np.ndarray:
 
 
 def has_speech(audio: np.ndarray, rate: int, min_speech_s: float = MIN_SPEECH_S) -> bool:
-    """Whether at least ``min_speech_s`` seconds of ``audio`` are speech (silence and noise are not).
+    """Whether at least ``min_speech_s`` seconds of ``audio`` (float32 ``[num_samples]`` at ``rate`` Hz) are speech,
+    by WebRTC's VAD (aggressiveness 3; silence and noise are not).
 
     Reads the recording a second at a time and stops as soon as enough speech is found, so a speech file costs
     about one second's analysis whatever its length.

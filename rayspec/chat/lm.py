@@ -118,6 +118,9 @@ class CausalLM:
 
         Returns:
             float32 ``[len(ids) - since + 1, V]``.
+
+        Raises:
+            ValueError: ``since`` outside ``1..len(ids)``.
         """
         if not 1 <= since <= len(ids):
             raise ValueError(f"since={since} outside 1..{len(ids)}")

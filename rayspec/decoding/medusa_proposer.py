@@ -77,7 +77,12 @@ def load_heads(path: str, device: str, dtype: torch.dtype) -> MedusaHeads:
 
 
 def check_tree(tree: Sequence[Sequence[int]], num_heads: int) -> None:
-    """Raise ValueError unless every path's prefix is in ``tree`` and no path is deeper than ``num_heads``."""
+    """Check a Medusa tree: candidate paths, each a sequence of top-k ranks per head (``(0, 1)``: head 1's best
+    token, then head 2's second best).
+
+    Raises:
+        ValueError: an empty path, a path deeper than ``num_heads``, or one whose prefix is not a path of ``tree``.
+    """
     paths = {tuple(p) for p in tree}
     for p in paths:
         if not p or len(p) > num_heads or (len(p) > 1 and p[:-1] not in paths):

@@ -102,7 +102,8 @@ class CTCHead(nn.Module):
         return [collapse(row[: int(n)], self.token_ids) for row, n in zip(best, lengths.tolist())]
 
     def targets(self, token_ids: torch.Tensor) -> torch.Tensor:
-        """Map target token ids (any shape) to CTC class indices; ids outside the head's set map to -1."""
+        """CTC class indices (int64, ``token_ids``' shape; 1-based, 0 is the blank) of target token ids (int64, any
+        shape); ids outside the head's set map to -1."""
         lut = torch.full((max(self.token_ids) + 1,), -1, dtype=torch.long)
         lut[torch.tensor(self.token_ids)] = torch.arange(1, len(self.token_ids) + 1)
         ids = token_ids.clamp(0, lut.numel() - 1)

@@ -107,7 +107,7 @@ def pack_linears(module: torch.nn.Module) -> int:
 
 def linear_layer(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)`` for an ``nn.Linear`` (through :func:`linear`, without the module call: what its ``forward``
-    computes) or a :class:`PackedLinear`."""
+    computes) or a :class:`PackedLinear`: float ``[..., in_features]`` -> ``[..., out_features]``."""
     if type(layer) is PackedLinear:
         return layer(x)
     return linear(x, layer.weight, layer.bias)

@@ -48,7 +48,11 @@ def _pad(arrays: list[np.ndarray], dtype=np.int64) -> torch.Tensor:
 
 
 def collate(examples: list[TTSExample], bos: int, context: int = 0) -> dict[str, torch.Tensor]:
-    """Padded training tensors of a batch (see :class:`~rayspec.models.speech_lm.SpeechLM` for their meaning)."""
+    """Padded training tensors of a batch, zero-padded to the batch's longest row: per phone ``[B, P]`` (``phones``,
+    ``phone_mask``, ``durations``), per frame ``[B, T]`` (the frame layout ``index`` / ``since`` / ``to_end``, the
+    previous coarse token ``prev`` starting with ``bos``, the ``coarse`` targets, ``frame_mask``) and the ``fine``
+    codebooks ``[B, T, 14]``; ``context > 0`` adds the draft's inputs, ``window`` ``[B, T, 3]`` and ``history`` ``[B, T, context]`` (see
+    :class:`~rayspec.models.speech_lm.SpeechLM` and :class:`~rayspec.models.speech_lm.SpeechDraft`)."""
     layouts = [frame_layout(e.durations) for e in examples]
     coarse = [coarse_tokens(e.codes) for e in examples]
     batch = {

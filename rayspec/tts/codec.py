@@ -100,7 +100,11 @@ class LyraCodec:
         return out
 
     def latents(self, codes: np.ndarray) -> np.ndarray:
-        """float32 ``[T, 64]`` latents of int ``[T, Q]`` codes (``Q <= 46``), summed book by book in order."""
+        """float32 ``[T, 64]`` latents of int ``[T, Q]`` codes (``Q <= 46``), summed book by book in order.
+
+        Raises:
+            ValueError: ``codes`` not of shape ``[T, Q]`` with ``Q <= 46``.
+        """
         codes = np.asarray(codes)
         if codes.ndim != 2 or codes.shape[1] > MAX_CODEBOOKS:
             raise ValueError(f"codes must be [T, <= {MAX_CODEBOOKS}], got shape {codes.shape}")

@@ -79,7 +79,8 @@ def dtw_path_cost(a: np.ndarray, b: np.ndarray) -> tuple[float, int]:
 
 
 def mcd(synth: np.ndarray, real: np.ndarray) -> float:
-    """Mel-cepstral distortion in dB after DTW: ``10 / ln 10 * sqrt(2) * mean frame distance`` on the path."""
+    """Mel-cepstral distortion in dB of float ``[S]`` audio against float ``[S']`` audio, both at 16 kHz, after DTW
+    over their mel-cepstra (:func:`mel_cepstra`): ``10 / ln 10 * sqrt(2) * mean frame distance`` on the path."""
     total, length = dtw_path_cost(mel_cepstra(synth), mel_cepstra(real))
     return 10.0 / np.log(10.0) * np.sqrt(2.0) * total / max(length, 1)
 

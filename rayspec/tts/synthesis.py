@@ -137,7 +137,12 @@ class Synthesizer:
 
     @torch.no_grad()
     def durations(self, phones: list[np.ndarray], speed: float = 1.0) -> list[np.ndarray]:
-        """Predicted frames per phone (int64 ``[P]`` each), scaled by ``1 / speed``; pauses at the ends capped."""
+        """Predicted frames (20 ms each) per phone, int64 ``[P]`` for each int64 ``[P]`` phone-id row, scaled by
+        ``1 / speed``; pauses at the ends capped, a row longer than the target's frames scaled down.
+
+        Raises:
+            ValueError: ``speed`` outside 0.25..4.
+        """
         if not 0.25 <= speed <= 4.0:
             raise ValueError(f"speed must be within 0.25..4.0, got {speed}")
         width = max(len(p) for p in phones)
@@ -164,7 +169,7 @@ class Synthesizer:
         return self._ratios[key]
 
     def sentences(self, text: str) -> list[np.ndarray]:
-        """Phone ids of each sentence of ``text``.
+        """Phone ids (int64 ``[P]``) of each sentence of ``text``; sentences of punctuation only are left out.
 
         Raises:
             TextError: empty, too long, or unpronounceable text.
