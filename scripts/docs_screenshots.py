@@ -18,7 +18,7 @@ import threading
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PAGES = {"screenshot-home.png": "", "screenshot-benchmark.png": "benchmarks/methods/"}
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-         "--disable-sync", "--no-first-run", "--hide-scrollbars", "--window-size=1280,1000"]
+         "--disable-sync", "--no-first-run", "--hide-scrollbars", "--window-size=1440,1000"]
 
 
 def main(argv=None) -> int:
