@@ -52,11 +52,13 @@ class TokenRatio:
     """Token-level speculative sampling (``sd``), exact in distribution."""
 
     def accept_prob(self, target_probs, draft_probs, tokens, rng):
+        """``min(1, p(x) / q(x))`` per draft token: float ``[B, K]``."""
         p = target_probs.gather(-1, tokens[..., None])[..., 0]
         q = draft_probs.gather(-1, tokens[..., None])[..., 0]
         return (p / q.clamp_min(1e-30)).clamp(max=1.0)
 
     def recover(self, target_probs, draft_probs, rng, offsets):
+        """A draw from ``norm(max(0, p - q))`` (from ``p`` where the residual is empty): int64 ``[B]``."""
         residual = (target_probs - draft_probs).clamp_min(0)
         mass = residual.sum(-1, keepdim=True)
         residual = torch.where(mass > 0, residual, target_probs)
@@ -70,6 +72,7 @@ class RelaxedRatio(TokenRatio):
     beta: float = 0.3
 
     def accept_prob(self, target_probs, draft_probs, tokens, rng):
+        """``min(1, p(x) / q(x) + beta)`` per draft token: float ``[B, K]``."""
         return (super().accept_prob(target_probs, draft_probs, tokens, rng) + self.beta).clamp(max=1.0)
 
 
@@ -112,12 +115,15 @@ class GroupRatio:
         return sample(member, u)
 
     def accept_prob(self, target_probs, draft_probs, tokens, rng):
+        """``min(1, P_c(K) / Q_c(K))`` per draft token, ``K`` one of its groups drawn uniformly: float ``[B, K]``."""
         k = self._pick_group(tokens, rng.uniform(GROUP, tokens.shape[1]))  # [B, K]
         p_c = self.coarse(target_probs).gather(-1, k[..., None])[..., 0]
         q_c = self.coarse(draft_probs).gather(-1, k[..., None])[..., 0]
         return (p_c / q_c.clamp_min(1e-30)).clamp(max=1.0)
 
     def recover(self, target_probs, draft_probs, rng, offsets):
+        """A group from ``norm(max(0, P_c - Q_c))``, then a token of it with probability ``p(t) / N(t) / P_c(G)``:
+        int64 ``[B]``."""
         p_c, q_c = self.coarse(target_probs), self.coarse(draft_probs)  # [B, G]
         residual = (p_c - q_c).clamp_min(0)
         chosen = sample(torch.where(residual.sum(-1, keepdim=True) > 0, residual, p_c), rng.at(RESIDUAL, offsets))
