@@ -14,7 +14,7 @@ from rayspec.pipeline import Transcriber
 p = argparse.ArgumentParser()
 p.add_argument("folder", nargs="?", default="rayspec/samples/ljspeech")  # a folder, a manifest or one audio file
 p.add_argument("--target", default="whisper-base")
-p.add_argument("--method", default="draft")  # exact: the same text as "ar", in fewer target passes
+p.add_argument("--method", default="draft")  # exact: the same text as "ar" (on a CPU it speculates in rounds of <= 2 rows)
 p.add_argument("--draft", default=None)      # default: the drafter bundled for the target
 args = p.parse_args()
 
