@@ -17,7 +17,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 LINK = re.compile(r'\[([^\]]*)\]\(([^)\s]+)(?:\s+"([^"]*)")?\)')
-FIGURE = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)?\s?(?:x|%)(?!\w)")
+FIGURE = re.compile(r"(?<![\w.])\d+(?:[.,]\d+)?\s?(?:x|%|ms|s|GB|GiB|MB)(?![\w/])")  # a speed-up, a rate, a time
 LABEL_COLUMNS = 2  # the headline table's first columns name the row (device, batch); every other figure is a link
 
 
