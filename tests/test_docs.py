@@ -66,6 +66,7 @@ def _bench_value(path: str, where: str) -> str:
         header = [_plain(c) for c in table[0]]
         if column not in header:
             continue
+        assert header.count(column) == 1, f"{path}: a table has {header.count(column)} columns headed {column!r}"
         for row in table[1:]:
             plain = [_plain(c) for c in row]
             if all(k in plain for k in keys):
