@@ -32,8 +32,9 @@ def _stream(loop, admissions, slots=3):
     return _key([got[k] for k in sorted(got)])
 
 
-def _every_method(target, draft):
-    """Every method's hypotheses (tokens, route, counters) at batch 1 and 4 and as a continuous stream of 3 slots."""
+def _every_method(target, draft, every=True):
+    """Every method's hypotheses (tokens, route, counters) at batch 1 and 4 and as a continuous stream of 3 slots
+    (``every=False``: ar and draft only)."""
     from test_medusa import _heads
 
     from rayspec.decoding.medusa_proposer import CPU_TREE, MedusaProposer
@@ -47,12 +48,15 @@ def _every_method(target, draft):
         out["ar", b] = _batches(lambda a, c: greedy_decode(target, _encode(target, a), c), b)
         out["draft", b] = _batches(lambda a, c: speculative_decode(target, _encode(target, a), draft,
                                                                    _encode(draft, a), c, spec), b)
-        out["medusa", b] = _batches(lambda a, c: VerifyLoop(target, MedusaProposer(target, heads, CPU_TREE),
-                                                            max_nodes=len(CPU_TREE), route="medusa")
-                                    .decode(_encode(target, a), c), b)
+        if every:
+            out["medusa", b] = _batches(lambda a, c: VerifyLoop(target, MedusaProposer(target, heads, CPU_TREE),
+                                                                max_nodes=len(CPU_TREE), route="medusa")
+                                        .decode(_encode(target, a), c), b)
     out["ar", "stream"] = _stream(VerifyLoop(target), _admissions(target))
     out["draft", "stream"] = _stream(draft_loop(target, DraftProposer(draft, None, [max(CAPS)], spec), spec),
                                      _admissions(target, draft))
+    if not every:
+        return out
     out["medusa", "stream"] = _stream(VerifyLoop(target, MedusaProposer(target, heads, CPU_TREE),
                                                  max_nodes=len(CPU_TREE), route="medusa"), _admissions(target))
     chunks = list(_ssd_chunks(target, draft))  # batches of 4 rows
@@ -78,14 +82,16 @@ def _every_method(target, draft):
 
 @pytest.mark.parametrize("fixture", ["tiny_target", "tiny_fixed"])
 def test_static_steps_give_the_dynamic_tokens_for_every_method(request, fixture, tiny_draft):
+    """ar, draft, medusa, ctc-draft and ssd on a masking model; ar and draft (itself as its draft) on a fixed-window
+    one (real Whisper's layout)."""
     target = request.getfixturevalue(fixture)
-    draft = tiny_draft if fixture == "tiny_target" else target
+    draft, every = (tiny_draft, True) if fixture == "tiny_target" else (target, False)
     with torch.inference_mode():
-        dynamic = _every_method(target, draft)
+        dynamic = _every_method(target, draft, every)
         steps = [StaticSteps(m, max_batch=4, max_query=16).attach() for m in {id(target): target,
                                                                               id(draft): draft}.values()]
         try:
-            static = _every_method(target, draft)
+            static = _every_method(target, draft, every)
         finally:
             for s in steps:
                 s.detach()
@@ -152,3 +158,26 @@ def test_static_step_compiles_without_graph_breaks(tiny_target):
         torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
     finally:
         steps.detach()
+
+
+def test_transcriber_takes_static_steps_from_its_options(tmp_path, samples_manifest, tiny_target, tiny_draft):
+    """--static-steps on (any device) gives the rows of the default (dynamic on a CPU) through run_corpus's
+    continuous stream; auto keeps a CPU on dynamic steps."""
+    from test_continuous import _run
+
+    from rayspec.manifest import read_manifest
+    from rayspec.pipeline import DecodeOptions, Transcriber
+
+    utts = read_manifest(samples_manifest)
+    rows = {}
+    for mode in ("auto", "on"):
+        transcriber = Transcriber(tiny_target.model.name_or_path, tiny_draft.model.name_or_path,
+                                  DecodeOptions("draft", max_tokens_per_second=4, static_steps=mode,
+                                                max_graph_batch=4))
+        steps = transcriber.decoder.static_steps
+        assert (steps is None) == (mode == "auto") and (transcriber.draft.static_steps is None) == (mode == "auto")
+        rows[mode] = _run(tmp_path, mode, utts, transcriber, True)
+        if steps is not None:
+            assert steps.stats.eager_steps > 0 and set(steps.stats.cost_ms)  # warmed up at load
+    for key in ("text", "target_forward_passes", "draft_forward_passes", "draft_tokens_accepted", "error"):
+        assert {k: r[key] for k, r in rows["on"].items()} == {k: r[key] for k, r in rows["auto"].items()}, key

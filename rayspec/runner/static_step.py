@@ -335,3 +335,34 @@ def attach_static_steps(model, max_batch: int = DEFAULT_MAX_BATCH, max_query: in
     if warm_up:
         steps.warm_up()
     return steps
+
+
+STATIC_STEP_MODES = ("auto", "on", "off")
+
+
+def prepare_static_steps(model, mode: str = "auto", cuda_graphs: bool = True,
+                         max_batch: int = DEFAULT_MAX_BATCH) -> Optional[StaticSteps]:
+    """Give a loaded model its static-shape steps as the options ask, warmed up (slots allocated, graphs captured,
+    buckets timed) before it takes work; what the engine calls where it loads a decoder (``rayspec.pipeline``).
+
+    Args:
+        mode: "auto": static steps on a CUDA device when ``cuda_graphs`` (the default on a GPU), none elsewhere (a
+            CPU keeps its dynamic steps, which are faster there); "on": static steps on any device (graphs on CUDA
+            only, and only with ``cuda_graphs``; on a CPU a test and benchmark option); "off": none.
+        cuda_graphs: capture the steps as CUDA graphs (``--no-cuda-graphs``: off).
+        max_batch: the largest batch bucket (``--max-graph-batch``).
+
+    Returns:
+        The attached steps (``.stats`` holds the capture time and memory), or None (none wanted, a model whose
+        decoder was released, or steps attached already).
+
+    Raises:
+        ValueError: an unknown ``mode``.
+    """
+    if mode not in STATIC_STEP_MODES:
+        raise ValueError(f"static steps: {mode!r} is not one of {', '.join(STATIC_STEP_MODES)}")
+    cuda = model.device.type == "cuda"
+    wanted = mode == "on" or (mode == "auto" and cuda and cuda_graphs)
+    if not wanted or not model.has_decoder or model.static_steps is not None:
+        return None
+    return attach_static_steps(model, max_batch=max_batch, graphs=cuda and cuda_graphs)
