@@ -173,7 +173,7 @@ def _hf_assisted(target, draft, audio, cap) -> Hypothesis:
     try:
         out = GenerationMixin.generate(
             target.model, input_features=dfeats, encoder_outputs=BaseModelOutput(last_hidden_state=enc.states),
-            decoder_input_ids=torch.tensor([target.prompt_ids]), assistant_model=draft.model,
+            decoder_input_ids=torch.tensor([target.prompt_ids], device=target.device), assistant_model=draft.model,
             max_new_tokens=cap + 1, do_sample=False, suppress_tokens=target.suppress_tokens,
             begin_suppress_tokens=target.begin_suppress_tokens, eos_token_id=target.eos_token_id,
             pad_token_id=target.eos_token_id,
