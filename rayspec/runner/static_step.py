@@ -111,7 +111,8 @@ class StepStats:
     graph_steps: int = 0
     eager_steps: int = 0
     declined_caches: int = 0  # caches made outside the slots (slots held, or too large): their steps run dynamically
-    capture_seconds: float = 0.0
+    capture_seconds: float = 0.0  # CUDA-graph capture (warm_up)
+    warm_up_seconds: float = 0.0  # all of warm_up: slots, capture, timing the buckets
     graphs: int = 0
     memory_bytes: int = 0  # KV slots + captured graphs' pool (CUDA: memory allocated by warm_up)
     cost_ms: dict = field(default_factory=dict)  # (batch bucket, query bucket) -> wall ms of one step
@@ -296,6 +297,7 @@ class StaticSteps:
         for key in self._keys():
             self.stats.cost_ms[key] = self._time(key, repeats)
         self._slots()["cross_mask"][0].zero_()
+        self.stats.warm_up_seconds = time.perf_counter() - start
         return self.stats
 
     def _keys(self) -> list[tuple[int, int]]:
