@@ -181,3 +181,22 @@ def test_transcriber_takes_static_steps_from_its_options(tmp_path, samples_manif
             assert steps.stats.eager_steps > 0 and set(steps.stats.cost_ms)  # warmed up at load
     for key in ("text", "target_forward_passes", "draft_forward_passes", "draft_tokens_accepted", "error"):
         assert {k: r[key] for k, r in rows["on"].items()} == {k: r[key] for k, r in rows["auto"].items()}, key
+
+
+def test_device_front_end_matches_the_feature_extractor(tiny_fixed):
+    """The batched torch.stft front end (what a CUDA device runs), here on the CPU, gives the extractor's per-utterance
+    features: Whisper's own 30 s extractor and a fixed-window tiny model's."""
+    import numpy as np
+    from transformers import WhisperFeatureExtractor
+
+    from rayspec.models.features import log_mel
+
+    audios = AUDIO[:3] + [np.zeros(1600, dtype=np.float32)]
+    stock = WhisperFeatureExtractor(feature_size=80)  # openai/whisper-base's front end
+    want = np.stack([stock(a, sampling_rate=16000, return_tensors="np", padding="max_length")["input_features"][0]
+                     for a in audios])
+    np.testing.assert_allclose(log_mel(stock, audios, "cpu").numpy(), want, atol=2e-5)
+    feats, lengths = tiny_fixed.features(audios)
+    got, got_lengths = tiny_fixed.features_on_device(audios)
+    torch.testing.assert_close(got, feats, atol=2e-5, rtol=0)
+    assert got_lengths.tolist() == lengths.tolist()

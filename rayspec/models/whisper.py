@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from ..runner.attention import decode_attention
 from .cache import DecoderCache
 from .errors import ModelLoadError
+from .features import log_mel, supports
 from .linear import PackedLinear, linear, linear_layer, pack_linears
 from .registry import resolve_model
 
@@ -468,6 +469,8 @@ class WhisperASR:
                 raise ValueError(
                     f"audio of {len(audio) / self.sample_rate:.1f} s exceeds the model's {self.max_audio_seconds:.1f} s"
                 )
+        if self.device.type == "cuda" and not self.encoder_masking and self.frame_stack == 1 and supports(fe):
+            return self.features_on_device(audios)
         padding = dict(padding="longest", truncation=False) if self.encoder_masking else dict(padding="max_length")
 
         def one(audio):
@@ -487,6 +490,16 @@ class WhisperASR:
             torch.from_numpy(batch).to(self.device, self.dtype),
             torch.tensor(lengths, dtype=torch.long, device=self.device),
         )
+
+    def features_on_device(self, audios: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`features` of a fixed-window model computed on its device, the batch at once
+        (:func:`~rayspec.models.features.log_mel`: ``torch.stft``); what :meth:`features` runs on a CUDA device.
+        Same result to float32 rounding; lengths as :meth:`features`'. A CPU keeps the extractor's per-utterance
+        path (no faster there)."""
+        hop = self.feature_extractor.hop_length
+        lengths = [min(self.max_frames, -(-len(a) // hop)) for a in audios]
+        feats = log_mel(self.feature_extractor, audios, self.device)
+        return feats.to(self.dtype), torch.tensor(lengths, dtype=torch.long, device=self.device)
 
     def encode(self, features: torch.Tensor, frame_lengths: torch.Tensor) -> EncoderOutput:
         """Run the encoder over a padded batch.
