@@ -29,6 +29,7 @@ slots) and stays off unless asked for (``force``): the CPU's default path is the
 
 from __future__ import annotations
 
+import logging
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 """New tokens per row a static step runs at (1: a plain decoding step; more: a verification pass)."""
 DEFAULT_MAX_BATCH = 64
+LOG = logging.getLogger("rayspec.runner")
 DEFAULT_MAX_QUERY = 64
 
 
@@ -367,4 +369,9 @@ def prepare_static_steps(model, mode: str = "auto", cuda_graphs: bool = True,
     wanted = mode == "on" or (mode == "auto" and cuda and cuda_graphs)
     if not wanted or not model.has_decoder or model.static_steps is not None:
         return None
-    return attach_static_steps(model, max_batch=max_batch, graphs=cuda and cuda_graphs)
+    steps = attach_static_steps(model, max_batch=max_batch, graphs=cuda and cuda_graphs)
+    st = steps.stats
+    LOG.info("%s: static decoder steps up to batch %d, %d CUDA graphs captured in %.2f s (warm-up %.2f s), "
+             "%.0f MiB held", model.name or "model", steps.max_batch, st.graphs, st.capture_seconds,
+             st.warm_up_seconds, st.memory_bytes / 2**20)
+    return steps
