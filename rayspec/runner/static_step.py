@@ -144,6 +144,9 @@ class StaticSteps:
         self.max_batch, self.max_query = self.batch_buckets[-1], self.query_buckets[-1]
         self.capacity = model.max_target_positions + self.max_query
         self.source_positions = int(model.config.max_source_positions)
+        # fixed-window models (real Whisper) attend to all S encoder positions: their steps take no cross mask, so
+        # cross-attention may use the flash kernel; rows of a shorter window (--short-window) run dynamically
+        self.cross_masked = bool(model.encoder_masking)
         self.device = model.device
         self.graphs_enabled = self.device.type == "cuda" if graphs is None else bool(graphs and
                                                                                        self.device.type == "cuda")
@@ -218,10 +221,12 @@ class StaticSteps:
 
     def accepts(self, cache: DecoderCache, shape: Sequence[int]) -> bool:
         """Whether a step over ``shape`` (``(B, Q)``) of ``cache`` runs here: the cache lives in the slots, the
-        shape is within the buckets, and no gradients are wanted (steps here are inference only)."""
+        shape is within the buckets, it runs in inference mode (the slots are inference tensors), and (a
+        fixed-window model) every row has the whole encoder window."""
         b, q = shape
         return (cache._buffers is not None and cache._buffers is self._storage and b <= self.max_batch
-                and q <= self.max_query and not torch.is_grad_enabled())
+                and q <= self.max_query and torch.is_inference_mode_enabled()
+                and (self.cross_masked or int(cache.cross_lengths.min()) >= self.source_positions))
 
     # ------------------------------------------------------------------ steps
     def step(self, inputs: StepInputs) -> torch.Tensor:
@@ -233,8 +238,10 @@ class StaticSteps:
         bb, qb = inputs.tokens.shape
         positions, write, visible = attention_layout(inputs.lengths, qb, self.capacity, inputs.ancestors,
                                                      inputs.depths, m.max_target_positions, self.capacity - 1)
-        mask = slots["cross_mask"][0][:bb]
-        mask = mask | ~mask.any(-1, keepdim=True)  # a padded row sees every position (no empty softmax)
+        mask = None
+        if self.cross_masked:
+            mask = slots["cross_mask"][0][:bb]
+            mask = mask | ~mask.any(-1, keepdim=True)  # a padded row sees every position (no empty softmax)
         rows = lambda ts: [t[:bb] for t in ts]  # noqa: E731
         return m.decoder_layers(inputs.tokens, positions, write, visible, rows(slots["self_k"]),
                                 rows(slots["self_v"]), self.capacity, rows(slots["cross_k"]),
