@@ -218,3 +218,30 @@ def test_speculation_pays_where_the_measured_verify_pass_is_cheap_enough():
     assert speculation_pays(gpu, 3, 7, accepted=1.0) is None  # bucket 4 not measured
     assert speculation_pays(SimpleNamespace(device=torch.device("cpu")), 1, 7, 1.0) is None
     assert speculation_pays(None, 1, 7, 1.0) is None
+
+
+def test_gpu_bench_suite_writes_every_table(tmp_path, tiny_fixed, monkeypatch):
+    """rayspec bench --suite gpu --random-weights end to end on the CPU, a tiny fixed-window model standing in for
+    whisper-base's architecture (scripts/gpu_bench.sh runs the real size): every table is written, the static and
+    dynamic steps give the same tokens."""
+    import json
+
+    import rayspec.bench.gpu as gpu
+    from rayspec.cli import main
+
+    monkeypatch.setattr(gpu, "random_models", lambda device, dtype: (tiny_fixed, None, None))
+    monkeypatch.setattr(gpu, "RANDOM_CLIP_S", 2.0)
+    out = tmp_path / "gpu"
+    try:
+        assert main(["bench", "--suite", "gpu", "--random-weights", "--clips", "3", "--batch-sizes", "1", "2",
+                     "--tokens", "16", "--cold-methods", "", "--no-hf", "-o", str(out)]) == 0
+    finally:
+        tiny_fixed.set_ignore_eos(False)
+    for name in ("bench-gpu", "bench-gpu-peers", "bench-gpu-passes", "bench-gpu-cold"):
+        assert (out / f"{name}.md").exists() and (out / f"{name}.csv").exists()
+    rows = (out / "bench-gpu.md").read_text().splitlines()
+    assert sum("| ar | static |" in r for r in rows) == 2 and sum("| ar | dynamic |" in r for r in rows) == 2
+    assert "| rayspec | rayspec ar (static) | 2 | 3 |" in (out / "bench-gpu-peers.md").read_text()
+    assert "3/3" in (out / "bench-gpu-peers.md").read_text()
+    assert json.loads((out / "gpu-env.json").read_text())["random_weights"] is True
+    assert tiny_fixed.static_steps is None  # detached after the suite
