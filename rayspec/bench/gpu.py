@@ -128,7 +128,10 @@ def _set_steps(models, on: bool, max_batch: int) -> tuple[str, float, int]:
             seconds, held = seconds + steps.stats.warm_up_seconds, held + steps.stats.memory_bytes
     if not on:
         return "dynamic", 0.0, 0
-    return ("graphs" if models[0].static_steps.graphs_enabled else "static"), seconds, held
+    steps = models[0].static_steps
+    if steps.stats.capture_error:
+        print(f"capture failed: {steps.stats.capture_error}", file=sys.stderr)
+    return ("graphs" if steps.graphs_enabled else "static"), seconds, held
 
 
 def _rounds(hyps, batches) -> int:

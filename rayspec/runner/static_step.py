@@ -115,6 +115,7 @@ class StepStats:
     declined_caches: int = 0  # caches made outside the slots (slots held, or too large): their steps run dynamically
     capture_seconds: float = 0.0  # CUDA-graph capture (warm_up)
     warm_up_seconds: float = 0.0  # all of warm_up: slots, capture, timing the buckets
+    capture_error: str = ""  # why capture failed (the steps then run eagerly), if it did
     graphs: int = 0
     memory_bytes: int = 0  # KV slots + captured graphs' pool (CUDA: memory allocated by warm_up)
     cost_ms: dict = field(default_factory=dict)  # (batch bucket, query bucket) -> wall ms of one step
@@ -128,19 +129,21 @@ class StaticSteps:
 
     Args:
         model: the model (any device; its decoder must be present).
-        max_batch: the largest batch bucket (``bucket(max_batch)`` rows of slots); larger batches run dynamically.
-        max_query: the largest query bucket; longer verification passes run dynamically.
+        max_batch: the largest batch bucket (``bucket(max_batch)`` rows of slots, at most the last of
+            :data:`BATCH_BUCKETS`); larger batches run dynamically.
+        max_query: the largest query bucket (at most the last of :data:`QUERY_BUCKETS`); longer verification passes
+            run dynamically.
         graphs: capture CUDA graphs in :meth:`warm_up` (default: on a CUDA device); ignored elsewhere.
 
     Raises:
-        ValueError: ``max_batch`` or ``max_query`` outside the buckets.
+        ValueError: ``max_batch`` or ``max_query`` below 1.
     """
 
     def __init__(self, model, max_batch: int = DEFAULT_MAX_BATCH, max_query: int = DEFAULT_MAX_QUERY,
                  graphs: Optional[bool] = None) -> None:
         self.model = model
-        self.batch_buckets = buckets_upto(max_batch, BATCH_BUCKETS)
-        self.query_buckets = buckets_upto(max_query, QUERY_BUCKETS)
+        self.batch_buckets = buckets_upto(min(max_batch, BATCH_BUCKETS[-1]), BATCH_BUCKETS)
+        self.query_buckets = buckets_upto(min(max_query, QUERY_BUCKETS[-1]), QUERY_BUCKETS)
         self.max_batch, self.max_query = self.batch_buckets[-1], self.query_buckets[-1]
         self.capacity = model.max_target_positions + self.max_query
         self.source_positions = int(model.config.max_source_positions)
@@ -299,7 +302,12 @@ class StaticSteps:
         if self.graphs_enabled:
             from .cuda_graphs import capture_steps
 
-            self._graphs = capture_steps(self, sorted(self._keys(), reverse=True))
+            try:
+                self._graphs = capture_steps(self, sorted(self._keys(), reverse=True))
+            except Exception as exc:  # noqa: BLE001 - a capture that fails leaves the static steps, run eagerly
+                self._graphs, self.graphs_enabled = {}, False
+                self.stats.capture_error = f"{type(exc).__name__}: {exc}"[:300]
+                LOG.warning("CUDA-graph capture failed, static steps run eagerly: %s", self.stats.capture_error)
         self.stats.capture_seconds = time.perf_counter() - start
         self.stats.graphs = len(self._graphs)
         self.stats.memory_bytes = (torch.cuda.memory_allocated(self.device) - before) if cuda else self.slot_bytes()
