@@ -191,9 +191,11 @@ def _hf_generate(target, audios, caps, variant: str, forced: bool):
     return rows
 
 
-def transformers_rows(target, audios, cfg: DecodeOptions, batch_sizes, repeats: int, forced: bool) -> list[dict]:
-    """Rows of each :data:`HF_VARIANTS` at each batch size (best of ``repeats`` after a warm-up batch); a variant
-    that raises is one row with its error (the later batch sizes of a variant that failed are skipped)."""
+def transformers_rows(target, audios, cfg: DecodeOptions, batch_sizes, repeats: int, forced: bool,
+                      variants=HF_VARIANTS) -> list[dict]:
+    """Rows of each of ``variants`` (:data:`HF_VARIANTS`) at each batch size (best of ``repeats`` after a warm-up
+    batch); a variant that raises is one row with its error (the later batch sizes of a variant that failed are
+    skipped)."""
     import transformers
 
     from ..decoding.common import token_cap
@@ -202,7 +204,7 @@ def transformers_rows(target, audios, cfg: DecodeOptions, batch_sizes, repeats: 
     limit = target.max_target_positions - len(target.prompt_ids) - 1
     out = []
     forward = target.model.forward
-    for variant in HF_VARIANTS:
+    for variant in variants:
         error = None
         if variant.endswith("compile"):
             target.model.forward = torch.compile(forward, mode="reduce-overhead")
@@ -391,27 +393,38 @@ def cmd_bench_gpu(args) -> int:
     cfgs = configs(args, random)
     batch_sizes = tuple(args.batch_sizes)
     max_batch = max(batch_sizes)
-    rows, capture = [], {}
-    for on in (True, False):  # graphs (or static) first, then dynamic: the same models, round-robin inside each
-        got, (label, seconds, held) = rayspec_rows(models, audios, refs, cfgs, batch_sizes, args.repeats, on,
-                                                   max_batch)
-        rows += got
-        capture[label] = (seconds, held)
-    _set_steps(models, False, max_batch)
-    peers = [] if args.no_hf else transformers_rows(target, audios, cfgs[0][1], batch_sizes, args.repeats, random)
-    passes = pass_rows(target, audios[0], batch_sizes, max_batch)
-    cold = cold_rows(args, [m for m in args.cold_methods.split(",") if m]) if args.cold_methods else []
+    os.makedirs(args.output, exist_ok=True)
     device = torch.cuda.get_device_name(target.device) if target.device.type == "cuda" else "cpu"
     import transformers
 
     env = dict(device=device, torch=torch.__version__, transformers=transformers.__version__,
                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command=" ".join(["rayspec", *sys.argv[1:]]),
                dtype=args.dtype, threads=torch.get_num_threads(), random_weights=random)
-    os.makedirs(args.output, exist_ok=True)
     with open(os.path.join(args.output, "gpu-env.json"), "w") as f:
         json.dump(env, f, indent=1)
     audio_s = sum(len(a) for a in audios) / target.sample_rate
     title = (f"gpu: {target.name}, {args.dtype}, {device}, {len(audios)} clips ({audio_s:.0f} s; batches >= "
              f"{BIG_BATCH} x{COPIES}), wall = best of {args.repeats}")
-    print(write_tables(args.output, title, rows, peers, passes, cold, capture))
+    rows, capture, peers, passes, cold = [], {}, [], [], []
+    write = lambda: write_tables(args.output, title, rows, peers, passes, cold, capture)  # noqa: E731
+    # Stages by importance, the tables rewritten after each, so a run cut short (a device call's time limit) keeps
+    # what it measured: warm rows, cold rows, transformers, pass costs, transformers + torch.compile last.
+    for on in (True, False):  # graphs (or static) first, then dynamic: the same models, round-robin inside each
+        got, (label, seconds, held) = rayspec_rows(models, audios, refs, cfgs, batch_sizes, args.repeats, on,
+                                                   max_batch)
+        rows += got
+        capture[label] = (seconds, held)
+        write()
+    _set_steps(models, False, max_batch)
+    methods = [m for m in args.cold_methods.split(",") if m and m in dict(cfgs)]
+    cold += cold_rows(args, methods) if methods else []
+    write()
+    hf = (lambda variants: transformers_rows(target, audios, cfgs[0][1], batch_sizes, args.repeats, random,
+                                             variants))
+    peers += [] if args.no_hf else hf(HF_VARIANTS[:2])
+    write()
+    passes += pass_rows(target, audios[0], batch_sizes, max_batch)
+    write()
+    peers += [] if args.no_hf else hf(HF_VARIANTS[2:])
+    print(write())
     return 0
