@@ -347,7 +347,8 @@ def write_tables(out_dir: str, title: str, rows: list[dict], peers: list[dict], 
     peer_cells = []
     for r in peers + [r for r in rows if r["config"] == "ar"]:
         ref = ar.get(("dynamic", r["batch"])) or next(iter(ar.values()), None)
-        same = "-" if "tokens" not in r or ref is None else f"{sum(a == b for a, b in zip(r['tokens'], ref))}/{r['utts']}"
+        same = ("-" if "tokens" not in r or ref is None
+                else f"{sum(a == b for a, b in zip(r['tokens'], ref))}/{r['utts']}")
         label = r["config"] if r["engine"] == "transformers" else f"rayspec ar ({r['steps']})"
         peer_cells.append([r["engine"], label, r["batch"], r["utts"], _f(r.get("wall_s"), "{:.3f}"),
                            _f(r.get("rtfx"), "{:.1f}"), same, r.get("error", "")])

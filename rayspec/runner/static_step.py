@@ -176,8 +176,11 @@ class StaticSteps:
         if self._storage is None:
             m, dev, dt = self.model, self.device, self.model.dtype
             n = len(m._half("decoder").layers)
-            kv = lambda c: [torch.zeros((self.max_batch, m.num_heads, c, m.head_dim), dtype=dt, device=dev)  # noqa: E731
-                            for _ in range(n)]
+
+            def kv(c: int) -> list[torch.Tensor]:
+                return [torch.zeros((self.max_batch, m.num_heads, c, m.head_dim), dtype=dt, device=dev)
+                        for _ in range(n)]
+
             self._storage = {"self_k": kv(self.capacity), "self_v": kv(self.capacity),
                              "cross_k": kv(self.source_positions), "cross_v": kv(self.source_positions),
                              "cross_mask": [torch.zeros((self.max_batch, 1, 1, self.source_positions),
