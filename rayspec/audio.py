@@ -6,8 +6,6 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-import soundfile as sf
-import soxr
 
 DEFAULT_MAX_SECONDS = 4 * 3600.0  # a guard: longer recordings are segmented up to this (see rayspec.vad)
 DEFAULT_MIN_SECONDS = 0.05  # 800 samples at 16 kHz: two STFT windows; shorter holds no word
@@ -88,6 +86,9 @@ def load_audio(source, sample_rate: int = 16000, limits: AudioLimits = AudioLimi
         raise AudioError(f"audio file is empty (0 bytes): {name}", "empty")
     if size > limits.max_bytes:
         raise AudioTooLargeError(f"audio file is {size} bytes, over the limit of {limits.max_bytes}: {name}")
+    import soundfile as sf  # here, not at import: the library's decoding path runs without it (a GPU host's
+    import soxr  # benchmark of pre-packed arrays, rayspec bench --suite gpu --random-weights)
+
     try:
         with sf.SoundFile(source) as f:
             seconds = f.frames / f.samplerate

@@ -62,6 +62,11 @@ class DecodeOptions:
             no-speech gate is off (``<|nospeech|>``'s probability rises in a short window: four AN4 clips of
             spelled words, 2.8-5 s, were dropped at 0.65-0.73; VAD still drops recordings without speech). Every
             method stays exact against ``ar`` at the same setting.
+        static_steps: "auto" (static-shape decoder steps on a CUDA device with ``cuda_graphs``, none on a CPU),
+            "on" (on any device; graphs only on CUDA) or "off" (:mod:`rayspec.runner.static_step`). The tokens are
+            the same either way.
+        cuda_graphs: capture each (batch bucket, query bucket) step as a CUDA graph when the model loads.
+        max_graph_batch: the largest batch bucket with static steps and graphs; larger batches run dynamically.
     """
 
     method: str = "ar"
@@ -77,10 +82,17 @@ class DecodeOptions:
     compression_ratio_threshold: float = 2.4
     short_window_s: float = 0.0
     speculate_max_rows: Optional[int] = None
+    static_steps: str = "auto"
+    cuda_graphs: bool = True
+    max_graph_batch: int = 64
 
     def __post_init__(self):
         if self.speculate_max_rows is not None and self.speculate_max_rows < 0:
             raise ValueError(f"speculate_max_rows must be >= 0 (0: no limit), got {self.speculate_max_rows}")
+        if self.static_steps not in ("auto", "on", "off"):
+            raise ValueError(f"static_steps must be auto, on or off, got {self.static_steps!r}")
+        if self.max_graph_batch < 1:
+            raise ValueError(f"max_graph_batch must be >= 1, got {self.max_graph_batch}")
         if self.short_window_s < 0:
             raise ValueError(f"short_window_s must be >= 0 (0: the full window), got {self.short_window_s}")
         if self.method not in METHODS:

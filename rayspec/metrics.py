@@ -10,8 +10,6 @@ from functools import lru_cache
 from importlib import resources
 from typing import Sequence
 
-import jiwer
-
 
 @lru_cache(maxsize=1)
 def normalizer():
@@ -62,6 +60,8 @@ def error_rates(references: Sequence[str], hypotheses: Sequence[str], normalized
     Raises:
         ValueError: different numbers of references and hypotheses.
     """
+    import jiwer  # here, not at import: decoding and benchmarking run without it where nothing is scored
+
     if len(references) != len(hypotheses):
         raise ValueError(f"{len(references)} references but {len(hypotheses)} hypotheses")
     fold = normalize if normalized else (lambda text: " ".join((text or "").lower().split()))

@@ -123,6 +123,17 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     m.add_argument("--typical-epsilon", type=float, default=0.09,
                    help="typical acceptance keeps tokens with probability > min(epsilon, delta * exp(-entropy))")
     m.add_argument("--typical-delta", type=float, default=0.3, help="see --typical-epsilon")
+    e = p.add_argument_group("device (GPU) engine")
+    e.add_argument("--cuda-graphs", action=argparse.BooleanOptionalAction, default=True,
+                   help="on a CUDA device, run decoder steps at static shapes (KV slots, batch and query-length "
+                        "buckets) captured as CUDA graphs when the model loads (default on; the tokens are the same "
+                        "either way). --no-cuda-graphs: dynamic steps, as on a CPU")
+    e.add_argument("--max-graph-batch", type=int, default=64, metavar="ROWS",
+                   help="largest batch bucket with static steps and graphs (1, 2, 4, ... up to ROWS; larger batches "
+                        "run dynamically; default 64)")
+    e.add_argument("--static-steps", choices=["auto", "on", "off"], default="auto",
+                   help="static-shape decoder steps: auto (on CUDA with --cuda-graphs), on (any device, e.g. to test "
+                        "them on a CPU, where they are slower), off (default auto)")
     b = p.add_argument_group("batching")
     b.add_argument("--batch-tokens", type=int, default=BatchBudget.tokens,
                    help="token budget per batch: rows x (padded encoder positions + expected tokens); a stock "
@@ -192,7 +203,9 @@ def decode_options(args):
                          vad=not args.no_vad, segments=args.segments, language=args.language, task=args.task,
                          no_speech_threshold=args.no_speech_threshold,
                          compression_ratio_threshold=args.compression_ratio_threshold,
-                         short_window_s=args.short_window, speculate_max_rows=max_rows_value(args.speculate_max_rows))
+                         short_window_s=args.short_window, speculate_max_rows=max_rows_value(args.speculate_max_rows),
+                         static_steps=args.static_steps, cuda_graphs=args.cuda_graphs,
+                         max_graph_batch=args.max_graph_batch)
 
 
 def build_transcriber(args):

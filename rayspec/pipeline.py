@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Optional
 
 import numpy as np
@@ -40,6 +40,7 @@ from .models.ctc import CTCHead
 from .models.registry import DEFAULT_TARGET, default_drafter
 from .models.whisper import EncoderOutput, WhisperASR
 from .results import ResultRow, ResultWriter
+from .runner.static_step import prepare_static_steps
 from .spec.loop import Proposer
 from .vad import SegmentOptions, has_speech, segments
 
@@ -262,6 +263,7 @@ class Drafter:
             self.draft = WhisperASR.from_pretrained(draft or default_drafter(self.target.name, "draft"), device, dtype,
                                                     encoder_dtype).pack_for_inference()
             check_compatible(self.target, self.draft)
+            prepare_static_steps(self.draft, options.static_steps, options.cuda_graphs, options.max_graph_batch)
         self.limits = limits or AudioLimits()
 
     @property
@@ -326,6 +328,9 @@ class TargetDecoder:
 
     def __init__(self, target: WhisperASR, options: DecodeOptions) -> None:
         self.target, self.options = target, options
+        # static-shape steps (and on CUDA their graphs) captured now, before any job: rayspec.runner.static_step
+        self.static_steps = prepare_static_steps(target, options.static_steps, options.cuda_graphs,
+                                                 options.max_graph_batch)
 
     def decode(self, batch: EncodedBatch, proposers: Optional[ProposerFactory] = None) -> list[ResultRow]:
         """One result row per utterance of ``batch``: error rows for the audio the drafting side could not use,
@@ -415,6 +420,17 @@ class Transcriber:
         self.drafter = Drafter(target, draft, options, ctc, device, dtype, limits, encoder_dtype)
         self.decoder = TargetDecoder(self.drafter.target, options)
         self.options = options
+        self.warm_up_s = self.warm_up() if self.target.device.type == "cuda" else 0.0
+
+    def warm_up(self, seconds: float = 1.0) -> float:
+        """Decode ``seconds`` of noise with the configured method (no VAD), so that a GPU's one-time costs (CUDA
+        context, cuBLAS handles and workspaces, kernel selection of the encoder's shapes) are paid at load, before
+        the first job: Serve replicas and Ray actors built on a :class:`Transcriber` call it when they start (on a
+        CUDA device; the static steps' graphs were captured by :class:`TargetDecoder` already). Returns wall s."""
+        t0 = time.perf_counter()
+        noise = 0.01 * np.random.default_rng(0).standard_normal(int(seconds * self.sample_rate)).astype(np.float32)
+        decode_batch(self.target, replace(self.options, vad=False), [noise], [seconds], self.draft, self.ctc)
+        return time.perf_counter() - t0
 
     @property
     def target(self) -> WhisperASR:

@@ -173,7 +173,7 @@ def _hf_assisted(target, draft, audio, cap) -> Hypothesis:
     try:
         out = GenerationMixin.generate(
             target.model, input_features=dfeats, encoder_outputs=BaseModelOutput(last_hidden_state=enc.states),
-            decoder_input_ids=torch.tensor([target.prompt_ids]), assistant_model=draft.model,
+            decoder_input_ids=torch.tensor([target.prompt_ids], device=target.device), assistant_model=draft.model,
             max_new_tokens=cap + 1, do_sample=False, suppress_tokens=target.suppress_tokens,
             begin_suppress_tokens=target.begin_suppress_tokens, eos_token_id=target.eos_token_id,
             pad_token_id=target.eos_token_id,
@@ -226,7 +226,7 @@ def _run(name, options, models, audios, durations, batches, timings: dict) -> li
 
 
 def run_bench(models, audios, references, configs, batch_sizes=(1, 16), hf_assisted=False, progress=True,
-              repeats: int = 1):
+              repeats: int = 1, keep: Optional[dict] = None):
     """Run ``configs`` (name, :class:`~rayspec.pipeline.DecodeOptions`; the first must be AR) at each batch size.
 
     Args:
@@ -235,6 +235,7 @@ def run_bench(models, audios, references, configs, batch_sizes=(1, 16), hf_assis
         repeats: timed runs per configuration after the warm-ups, taken round-robin over the configurations; the
             fastest of each counts (as ``timeit`` does: slower runs measure the machine's interference, not the
             decoder).
+        keep: if given, filled with each configuration's hypotheses (by name; of the last batch size).
 
     Returns:
         :class:`BenchRow` s; speed-ups and NFE reductions are relative to the AR row of the same batch size.
@@ -259,6 +260,8 @@ def run_bench(models, audios, references, configs, batch_sizes=(1, 16), hf_assis
                 wall = time.perf_counter() - t0
                 if wall < walls[name]:
                     walls[name], splits[name] = wall, timings
+        if keep is not None:
+            keep.update(results)
         reference = None
         for name, _ in todo:
             hyps, wall = results[name], walls[name]

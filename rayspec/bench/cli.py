@@ -23,6 +23,10 @@ def cmd_bench(args) -> int:
         from .peers import cmd_bench_peers
 
         return cmd_bench_peers(args)
+    if args.suite == "gpu":
+        from .gpu import cmd_bench_gpu
+
+        return cmd_bench_gpu(args)
     if args.suite == "whisper":
         from .whisper import cmd_bench_whisper
 
@@ -59,10 +63,13 @@ def add_bench_parser(sub) -> None:
                     "engine against vLLM and transformers on the published Whisper architectures, same audio, "
                     "same threads, same tokens per utterance; needs scripts/setup-vllm.sh for the vLLM rows), "
                     "whisper (real Whisper on rayspec's engine: WER, space-free CER, RTFx, and token identity "
-                    "against transformers' generate and CTranslate2 on the same features).",
+                    "against transformers' generate and CTranslate2 on the same features), gpu (the engine on one "
+                    "device: ar and every method at --batch-sizes with static steps / CUDA graphs on and off, cold "
+                    "and warm, per-pass costs, transformers' generate, static cache and compile as peers; "
+                    "scripts/gpu_bench.sh runs it in one call).",
     )
     p.add_argument("manifests", nargs="*", help="manifests (with references for WER) or folders of audio")
-    p.add_argument("--suite", choices=["spec", "ssd", "medusa", "methods", "tts", "voicechat", "peers", "whisper"],
+    p.add_argument("--suite", choices=["spec", "ssd", "medusa", "methods", "tts", "voicechat", "peers", "whisper", "gpu"],
                    default="spec")
     p.add_argument("-o", "--output", default="bench", help="output folder (default: bench)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
@@ -133,6 +140,15 @@ def add_bench_parser(sub) -> None:
                         "--peer-models model) with this many requests in flight, e.g. 1 8 32 (default: off)")
     w.add_argument("--serve-tokens-per-second", type=float, default=8.0,
                    help="serve load: token cap per second of audio on both servers (default 8)")
+    g = p.add_argument_group("gpu suite (manifests: optional with --random-weights; --tokens, --repeats, --no-hf)")
+    g.add_argument("--random-weights", action="store_true",
+                   help="whisper-base's architecture with random weights, no drafters: speed only, every utterance "
+                        "forced to --tokens tokens (seeded noise clips unless a manifest is given)")
+    g.add_argument("--clips", type=int, default=40, help="the first N clips of the manifests (default 40)")
+    g.add_argument("--cold-methods", default="ar,ctc-draft",
+                   help="methods timed as the first job of a fresh process, comma-separated (default ar,ctc-draft; "
+                        "'' skips; --random-weights: ar only)")
+    g.add_argument("--cold-run", default="", help=argparse.SUPPRESS)  # METHOD:BATCH:on|off, the suite's subprocess
     from ..chat.commands import add_predgen_args
 
     add_predgen_args(v, tts=False)

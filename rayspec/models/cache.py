@@ -107,26 +107,11 @@ class DecoderCache:
         """
         if self.pending:
             raise ValueError("decoder called with pending cache positions: commit() them first")
-        b, dev = self.batch_size, self.device
-        if ancestors is None:
-            ancestors = torch.ones(q, q, dtype=torch.bool, device=dev).tril()
-        if depths is None:
-            depths = torch.arange(q, device=dev)
-        if ancestors.dim() == 2:
-            ancestors = ancestors.expand(b, q, q)
-        base = self.lengths
-        positions = base[:, None] + depths.expand(b, q)
-        if max_positions is not None:
-            positions = positions.clamp(max=max_positions - 1)
-        slots = base[:, None] + torch.arange(q, device=dev)
         top = int(self.host_lengths.max()) + q  # from the host copy: no device read
         if top > self.capacity:
             raise ValueError(f"decoder positions up to {top} exceed the cache capacity {self.capacity}")
-        rel = torch.arange(top, device=dev)[None, :] - base[:, None]  # [B, K]
-        is_new = (rel >= 0) & (rel < q)
-        anc = ancestors.gather(2, rel.clamp(0, q - 1)[:, None, :].expand(b, q, top))
-        visible = (rel < 0)[:, None, :] | (is_new[:, None, :] & anc)
-        return positions, slots, top, visible[:, None]
+        positions, slots, visible = attention_layout(self.lengths, q, top, ancestors, depths, max_positions)
+        return positions, slots, top, visible
 
     def _set_lengths(self, lengths: np.ndarray) -> None:
         self.host_lengths = np.asarray(lengths, dtype=np.int64).copy()
@@ -340,3 +325,45 @@ class DecoderCache:
                 cv[r, :, :n] = v.to(cv.device, cv.dtype)
             lengths[r] = n
         self._set_lengths(lengths)
+
+
+def attention_layout(lengths: torch.Tensor, q: int, top: int, ancestors: Optional[torch.Tensor] = None,
+                     depths: Optional[torch.Tensor] = None, max_positions: Optional[int] = None,
+                     max_slot: Optional[int] = None):
+    """Where ``Q`` new tokens per row go and what they see, from the rows' committed lengths alone: pure tensor
+    arithmetic of fixed shapes, no device read (what :meth:`DecoderCache.attention_layout` and the static-shape
+    step of :mod:`rayspec.runner.static_step` compute).
+
+    New token ``i`` of row ``b`` sits at position ``lengths[b] + depths[i]``, is written to slot ``lengths[b] + i``,
+    and attends to the row's committed slots ``< lengths[b]`` plus the new tokens ``j`` with ``ancestors[i, j]``.
+
+    Args:
+        lengths: int64 ``[B]`` committed positions per row (on the device).
+        q: new tokens per row; top: key slots to read (``>= max(lengths) + q`` for every real token to be seen).
+        ancestors: bool ``[Q, Q]`` or ``[B, Q, Q]``; default causal.
+        depths: int64 ``[Q]`` or ``[B, Q]``; default ``arange(Q)``.
+        max_positions: clamp positions below this (the model's position table; only padding reaches it).
+        max_slot: clamp slots to at most this (a static cache: only padding reaches it).
+
+    Returns:
+        ``(positions, slots, visible)``: int64 ``[B, Q]``, int64 ``[B, Q]``, bool ``[B, 1, Q, top]``.
+    """
+    b, dev = lengths.shape[0], lengths.device
+    if ancestors is None:
+        ancestors = torch.ones(q, q, dtype=torch.bool, device=dev).tril()
+    if depths is None:
+        depths = torch.arange(q, device=dev)
+    if ancestors.dim() == 2:
+        ancestors = ancestors.expand(b, q, q)
+    base = lengths[:, None]
+    positions = base + depths.expand(b, q)
+    if max_positions is not None:
+        positions = positions.clamp(max=max_positions - 1)
+    slots = base + torch.arange(q, device=dev)
+    if max_slot is not None:
+        slots = slots.clamp(max=max_slot)
+    rel = torch.arange(top, device=dev)[None, :] - base  # [B, K]
+    is_new = (rel >= 0) & (rel < q)
+    anc = ancestors.gather(2, rel.clamp(0, q - 1)[:, None, :].expand(b, q, top))
+    visible = (rel < 0)[:, None, :] | (is_new[:, None, :] & anc)
+    return positions, slots, visible[:, None]

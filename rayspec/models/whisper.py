@@ -33,8 +33,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..runner.attention import decode_attention
 from .cache import DecoderCache
 from .errors import ModelLoadError
+from .features import log_mel, supports
 from .linear import PackedLinear, linear, linear_layer, pack_linears
 from .registry import resolve_model
 
@@ -230,6 +232,9 @@ class WhisperASR:
         self.vocabulary = None if not ids else sorted({int(t) for t in ids if int(t) < self.vocab_size}
                                                       | {self.eos_token_id})
         self._readout = None  # (what it was made from, ids [S], weight [S, D], bias [S] or None): see readout_logits
+        # the static-shape decoder step (rayspec.runner.static_step.StaticSteps) when one is attached: it owns
+        # preallocated KV slots and, on CUDA, the captured graphs; None: every step runs at its own shapes
+        self.static_steps = None
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -464,6 +469,8 @@ class WhisperASR:
                 raise ValueError(
                     f"audio of {len(audio) / self.sample_rate:.1f} s exceeds the model's {self.max_audio_seconds:.1f} s"
                 )
+        if self.device.type == "cuda" and not self.encoder_masking and self.frame_stack == 1 and supports(fe):
+            return self.features_on_device(audios)
         padding = dict(padding="longest", truncation=False) if self.encoder_masking else dict(padding="max_length")
 
         def one(audio):
@@ -483,6 +490,16 @@ class WhisperASR:
             torch.from_numpy(batch).to(self.device, self.dtype),
             torch.tensor(lengths, dtype=torch.long, device=self.device),
         )
+
+    def features_on_device(self, audios: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`features` of a fixed-window model computed on its device, the batch at once
+        (:func:`~rayspec.models.features.log_mel`: ``torch.stft``); what :meth:`features` runs on a CUDA device.
+        Same result to float32 rounding; lengths as :meth:`features`'. A CPU keeps the extractor's per-utterance
+        path (no faster there)."""
+        hop = self.feature_extractor.hop_length
+        lengths = [min(self.max_frames, -(-len(a) // hop)) for a in audios]
+        feats = log_mel(self.feature_extractor, audios, self.device)
+        return feats.to(self.dtype), torch.tensor(lengths, dtype=torch.long, device=self.device)
 
     def encode(self, features: torch.Tensor, frame_lengths: torch.Tensor) -> EncoderOutput:
         """Run the encoder over a padded batch.
@@ -581,6 +598,10 @@ class WhisperASR:
                 :meth:`fill_cross` to fill, row by row, before a row is decoded: a draft that will draft for few of
                 the rows (``--speculate-max-rows``) computes them for those rows only.
         """
+        if self.static_steps is not None:  # KV slots of the static-shape step, when free and large enough
+            cache = self.static_steps.new_cache(encoder_output, capacity, cross)
+            if cache is not None:
+                return cache
         dec = self._half("decoder")
         states = encoder_output.states
         b, s, _ = states.shape
@@ -663,15 +684,41 @@ class WhisperASR:
         Raises:
             ValueError: the cache has pending positions, or positions beyond its capacity.
         """
-        dec = self._half("decoder")
+        if self.static_steps is not None and self.static_steps.accepts(cache, tokens.shape):
+            return self.static_steps.decode_hidden(cache, tokens, ancestors, depths, hidden_from)
         b, q = tokens.shape
         # Callers cap real tokens below max_target_positions; only padding may reach past it, and is clamped.
         positions, slots, top, visible = cache.attention_layout(q, ancestors, depths, self.max_target_positions)
+        cross_k, cross_v, cross_mask = cache.cross()
+        with decode_attention(tokens.device):
+            hidden = self.decoder_layers(tokens, positions, slots, visible, cache.self_k, cache.self_v, top, cross_k,
+                                         cross_v, cross_mask)
+        cache.pending = q
+        return hidden[:, hidden_from:]
 
+    def decoder_layers(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                       visible: torch.Tensor, self_k: list[torch.Tensor], self_v: list[torch.Tensor], top: int,
+                       cross_k: list[torch.Tensor], cross_v: list[torch.Tensor],
+                       cross_mask: Optional[torch.Tensor]) -> torch.Tensor:
+        """The decoder's layers over new tokens at given positions, shapes fixed by the arguments alone (no device
+        read, no branch on tensor values): what :meth:`decode_hidden` and the static-shape step
+        (:mod:`rayspec.runner.static_step`) run.
+
+        Args:
+            tokens, positions, slots: int64 ``[B, Q]``: the new tokens, their decoder positions and the key/value
+                slots they are written to (``scatter_`` into ``self_k`` / ``self_v``, in place).
+            visible: bool ``[B, 1, Q, top]``, which key slots each new token attends to.
+            self_k, self_v: per layer ``[B, H, C, Dh]`` self-attention keys/values (``C >= top``).
+            cross_k, cross_v: per layer ``[B, H, S, Dh]``; cross_mask: bool ``[B, 1, 1, S]`` or None.
+
+        Returns:
+            Float ``[B, Q, D]``, the last layer's states after the final layer norm.
+        """
+        dec = self._half("decoder")
+        b, q = tokens.shape
         x = dec.embed_tokens(tokens) * dec.embed_scale + dec.embed_positions.weight[positions]
         x = _dropout(x, dec.dropout, dec.training)
         write = slots[:, None, :, None].expand(b, self.num_heads, q, self.head_dim)
-        cross_k, cross_v, cross_mask = cache.cross()
         # Layers are run through their weights (linear_layer / F.layer_norm), not their modules' __call__: the same
         # arithmetic, without the module-call overhead that dominates a CPU decoder step of a small model at batch 1,
         # and with the products through packed weights on a CPU (rayspec.models.linear).
@@ -679,10 +726,10 @@ class WhisperASR:
             attn = layer.self_attn
             h = _layer_norm(layer.self_attn_layer_norm, x)
             qh = self._heads(linear_layer(attn.q_proj, h) * attn.scaling)
-            cache.self_k[i].scatter_(2, write, self._heads(linear_layer(attn.k_proj, h)))
-            cache.self_v[i].scatter_(2, write, self._heads(linear_layer(attn.v_proj, h)))
-            k = cache.self_k[i][:, :, :top]
-            v = cache.self_v[i][:, :, :top]
+            self_k[i].scatter_(2, write, self._heads(linear_layer(attn.k_proj, h)))
+            self_v[i].scatter_(2, write, self._heads(linear_layer(attn.v_proj, h)))
+            k = self_k[i][:, :, :top]
+            v = self_v[i][:, :, :top]
             x = x + _dropout(self._attend(attn, qh, k, v, visible), layer.dropout, layer.training)
 
             cross = layer.encoder_attn
@@ -694,8 +741,7 @@ class WhisperASR:
             h = layer.activation_fn(linear_layer(layer.fc1, _layer_norm(layer.final_layer_norm, x)))
             h = _dropout(h, layer.activation_dropout, layer.training)
             x = x + _dropout(linear_layer(layer.fc2, h), layer.dropout, layer.training)
-        cache.pending = q
-        return _layer_norm(dec.layer_norm, x[:, hidden_from:])
+        return _layer_norm(dec.layer_norm, x)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, q, _ = x.shape

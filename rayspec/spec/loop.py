@@ -6,7 +6,9 @@ next token); draft-model speculation, the SSD fallback and Medusa differ only in
 One round, for every live row (rows keep different lengths in the ragged KV cache):
 
 1. Propose: the proposer returns a :class:`~rayspec.spec.tree.DraftTree` per row (nothing without a proposer, or
-   in a round with more live rows than ``speculate_max_rows``: there the round is a plain target step).
+   in a round with more live rows than ``speculate_max_rows``, or, on a device whose static steps measured their
+   pass costs at warm-up, where a verification pass would cost more than the steps it saves,
+   :func:`speculation_pays`: there the round is a plain target step).
 2. Verify: the row's context (tokens the target has not seen; the last is the root) and its draft tree are flattened
    into :class:`~rayspec.spec.tree.TokenTrees`, copied to the device once, and scored in ONE target pass under tree
    attention; the acceptance rule's per-node verdicts and argmaxes come back in ONE transfer
@@ -54,6 +56,31 @@ def speculate_max_rows(device: torch.device, rows: Optional[int] = None) -> int:
             raise ValueError(f"speculate_max_rows must be >= 0 (0: no limit), got {rows}")
         return rows
     return CPU_SPECULATE_MAX_ROWS if torch.device(device).type == "cpu" else 0
+
+
+def speculation_pays(steps, rows: int, max_nodes: int, accepted: float) -> Optional[bool]:
+    """Whether a round of ``rows`` live rows should verify drafts, from the target's measured pass costs (the
+    generalisation of :data:`CPU_SPECULATE_MAX_ROWS`'s fixed cap to any device): a verification pass over up to
+    ``1 + max_nodes`` new tokens per row must cost at most what the ``1 + accepted`` one-token steps it replaces
+    would (``accepted``: draft tokens accepted per speculating row and round so far). The drafter's own passes are
+    not counted (a CTC head or Medusa heads cost little beside a target pass on a GPU; a draft decoder is the
+    exception, so ``--speculate-max-rows`` still caps it when given).
+
+    Args:
+        steps: the target's :class:`~rayspec.runner.static_step.StaticSteps` with bucket costs measured at warm-up
+            (``pass_cost``), or None.
+
+    Returns:
+        True / False, or None where nothing was measured (no steps, a CPU, or shapes past the buckets): the caller's
+        fixed rule decides.
+    """
+    if steps is None or steps.device.type == "cpu" or max_nodes < 1:
+        return None
+    verify = steps.pass_cost(rows, min(1 + max_nodes, steps.max_query))
+    step = steps.pass_cost(rows, 1)
+    if verify is None or step is None:
+        return None
+    return verify <= step * (1.0 + accepted)
 
 
 def _lazy_projection(hidden: torch.Tensor) -> bool:
@@ -211,6 +238,8 @@ class VerifyLoop:
         self.target, self.proposer, self.rule = target, proposer, rule
         self.max_nodes, self.route = max_nodes, route
         self.max_rows = speculate_max_rows(target.device, max_rows)
+        self.measured = max_rows is None  # auto: measured pass costs decide where there are some (speculation_pays)
+        self._accepted = [1.0, 1]  # draft tokens accepted, speculating row-rounds (a prior of one token per round)
         self.eos = target.eos_token_id
 
     @torch.inference_mode()
@@ -359,6 +388,10 @@ class VerifyLoop:
             proposals = [Proposal() for _ in live]
         else:
             speculate = not self.max_rows or len(live) <= self.max_rows
+            if speculate and self.measured:
+                pays = speculation_pays(getattr(self.target, "static_steps", None), len(live), self.max_nodes,
+                                        self._accepted[0] / self._accepted[1])
+                speculate = speculate if pays is None else pays
             requests = [DraftRequest(r.index, list(r.seq), r.room, speculate) for r in live]
             proposals = (self.proposer.propose(requests, cache.cross()) if getattr(self.proposer, "needs_cross", False)
                          else self.proposer.propose(requests))
@@ -413,6 +446,9 @@ class VerifyLoop:
                 s.rounds += 1
                 s.draft_tokens_proposed += len(prop.tree)
                 s.draft_tokens_accepted += len(path)
+                if len(prop.tree):
+                    self._accepted[0] += len(path)
+                    self._accepted[1] += 1
             feedback.append(Feedback(r.index, [a - root - 1 for a in path], None if last is None else last[k]))
             r.target_len = len(r.seq) + len(accepted)
             for tok in accepted + [int(result.next_tokens[k])]:

@@ -1,0 +1,54 @@
+"""Whisper's log-mel front end computed on the model's device, a batch at once.
+
+On a GPU the per-utterance front end on the host (transformers' ``WhisperFeatureExtractor``, one STFT per clip) is a
+visible share of a batch's time once the decoder is fast (whisper-base, H200, batch 64: features + encoder 0.44 of
+1.30 s, the note ``shared/notes/gpu.md``). :func:`log_mel` computes the same features with ``torch.stft`` over the
+whole padded batch on the device: the extractor's recipe (Radford et al. 2022, "Robust Speech Recognition via
+Large-Scale Weak Supervision", arXiv:2212.04356, section 2.2: 25 ms Hann windows with a 10 ms stride, 80 mel bins,
+log10 magnitudes clipped 8 below the maximum, scaled to about [-1, 1]), with the extractor's own mel filter bank.
+Each row is padded with zeros to the model's 30 s window first, as the extractor pads it, so a row's features do not
+depend on its batch-mates.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+
+def supports(feature_extractor) -> bool:
+    """Whether :func:`log_mel` reproduces ``feature_extractor``: no dither and no waveform normalisation (the
+    defaults of every Whisper checkpoint's extractor)."""
+    return not getattr(feature_extractor, "dither", 0.0) and not getattr(feature_extractor, "do_normalize", False)
+
+
+def log_mel(feature_extractor, audios: Sequence[np.ndarray], device) -> torch.Tensor:
+    """Log-mel features of waveforms, each zero-padded (or cut) to the extractor's ``n_samples``, computed on
+    ``device``: float32 ``[B, n_mels, n_samples // hop_length]``, what ``feature_extractor(audio,
+    padding="max_length")["input_features"]`` holds per row (to float32 rounding: STFT kernels differ by device).
+
+    Args:
+        feature_extractor: a ``WhisperFeatureExtractor`` (``n_fft``, ``hop_length``, ``n_samples``, ``mel_filters``
+            ``[n_fft // 2 + 1, n_mels]``); audios: float32 mono waveforms at its sampling rate.
+
+    Raises:
+        ValueError: an extractor :func:`supports` rejects.
+    """
+    fe = feature_extractor
+    if not supports(fe):
+        raise ValueError("log_mel reproduces extractors without dither or normalisation only")
+    batch = np.zeros((len(audios), fe.n_samples), dtype=np.float32)
+    for i, a in enumerate(audios):
+        n = min(len(a), fe.n_samples)
+        batch[i, :n] = a[:n]
+    wave = torch.from_numpy(batch).to(device, non_blocking=True)
+    window = torch.hann_window(fe.n_fft, device=device)
+    spec = torch.stft(wave, fe.n_fft, fe.hop_length, window=window, return_complex=True)
+    power = spec[..., :-1].abs() ** 2  # [B, F, T]: the last frame dropped, as the extractor does
+    filters = torch.as_tensor(np.asarray(fe.mel_filters), dtype=torch.float32, device=device)  # [F, M]
+    mel = torch.matmul(filters.T, power)  # [B, M, T]
+    logs = mel.clamp(min=1e-10).log10()
+    logs = torch.maximum(logs, logs.amax(dim=(1, 2), keepdim=True) - 8.0)
+    return (logs + 4.0) / 4.0

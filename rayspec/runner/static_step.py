@@ -1,0 +1,395 @@
+"""Static-shape decoder steps: preallocated KV slots, batch and query buckets, masks for the live part.
+
+A decoder step of rayspec's ragged cache has shapes that change every round: the batch shrinks and grows
+(continuous batching), a verification pass reads ``max(lengths) + Q`` key slots, and ``Q`` (the context plus a draft
+chain or token tree) differs from round to round. On a GPU that makes every step a new set of kernel launches from
+Python (whisper-base: ~191 launches, ~0.5 ms of kernels in a 4 ms step, the note ``shared/notes/gpu.md``) and keeps
+it from being captured as a CUDA graph. :class:`StaticSteps` runs the same step at a few fixed shapes instead, as
+vLLM's model runner and CTranslate2 do for small decoders:
+
+* **Slots**: every layer's self-attention keys/values live in one buffer of ``[max_batch, H, C, Dh]``, ``C`` the
+  decoder's positions (448 for Whisper) plus the largest query bucket, and the cross-attention keys/values in
+  ``[max_batch, H, S, Dh]`` (``S`` the encoder's positions) with a bool mask of the real ones. A cache made by
+  :meth:`StaticSteps.new_cache` is a view of the first rows of those buffers
+  (:class:`~rayspec.models.cache.DecoderCache` with its reserved buffers set to them), so dropping, refilling
+  (continuous batching's :meth:`~rayspec.models.cache.DecoderCache.place`) and growing the batch move rows inside the
+  buffers and never reallocate them.
+* **Buckets**: a step over ``B`` rows and ``Q`` new tokens runs at ``(bucket(B), bucket(Q))`` (powers of two, see
+  :data:`BATCH_BUCKETS` and :data:`QUERY_BUCKETS`); padded rows have no committed positions and padded tokens attend
+  to themselves alone, so nothing real sees them, and their keys/values land in slots past every real one.
+* **Masks**: every step reads all ``C`` key slots and ``S`` encoder positions, the live part chosen by masks computed
+  on the device from the rows' committed lengths (:func:`~rayspec.models.cache.attention_layout`): no host read, no
+  data-dependent shape and no branch on a tensor's value, so the step compiles under
+  ``torch.compile(fullgraph=True)`` and is captured as a CUDA graph (:mod:`rayspec.runner.cuda_graphs`).
+
+In float32 a static step gives the tokens of the dynamic one (masked keys add exact zeros to the softmax; the tests
+check every method at batch 1 and 4, continuous refill included). On a CPU it is slower (it attends over all ``C``
+slots) and stays off unless asked for (``force``): the CPU's default path is the dynamic step.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import numpy as np
+import torch
+
+from ..models.cache import DecoderCache, attention_layout
+from .attention import decode_attention
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+"""Batch sizes a static step runs at: a step over ``B`` rows runs at the smallest bucket ``>= B``."""
+QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+"""New tokens per row a static step runs at (1: a plain decoding step; more: a verification pass)."""
+DEFAULT_MAX_BATCH = 64
+LOG = logging.getLogger("rayspec.runner")
+DEFAULT_MAX_QUERY = 64
+
+
+def bucket(n: int, buckets: Sequence[int]) -> int:
+    """The smallest of ``buckets`` (ascending) that is ``>= n``.
+
+    Raises:
+        ValueError: ``n`` above the largest bucket, or below 1.
+    """
+    if n < 1 or n > buckets[-1]:
+        raise ValueError(f"{n} is outside the buckets 1..{buckets[-1]}")
+    return next(b for b in buckets if b >= n)
+
+
+def buckets_upto(limit: int, buckets: Sequence[int]) -> tuple[int, ...]:
+    """The buckets up to and including ``bucket(limit)``."""
+    top = bucket(limit, buckets)
+    return tuple(b for b in buckets if b <= top)
+
+
+@dataclass
+class StepInputs:
+    """The inputs of one ``(batch bucket, query bucket)`` step: int64 tokens ``[Bb, Qb]``, bool ancestors
+    ``[Bb, Qb, Qb]``, int64 depths ``[Bb, Qb]`` and int64 committed lengths ``[Bb]``, on the model's device. A captured
+    graph reads these very tensors, so a step copies its inputs into them."""
+
+    tokens: torch.Tensor
+    ancestors: torch.Tensor
+    depths: torch.Tensor
+    lengths: torch.Tensor
+
+    @staticmethod
+    def empty(bb: int, qb: int, device) -> "StepInputs":
+        eye = torch.eye(qb, dtype=torch.bool, device=device).expand(bb, qb, qb).contiguous()
+        return StepInputs(torch.zeros((bb, qb), dtype=torch.long, device=device), eye,
+                          torch.arange(qb, device=device).expand(bb, qb).contiguous(),
+                          torch.zeros(bb, dtype=torch.long, device=device))
+
+    def fill(self, tokens: torch.Tensor, ancestors: Optional[torch.Tensor], depths: Optional[torch.Tensor],
+             lengths: torch.Tensor) -> None:
+        """Copy a step's ``[B, Q]`` inputs into the first rows/columns; the rest is padding (token 0, identity
+        ancestors, depths ``arange(Qb)``, no committed positions)."""
+        b, q = tokens.shape
+        qb = self.tokens.shape[1]
+        self.tokens.zero_()
+        self.tokens[:b, :q] = tokens
+        self.ancestors.copy_(torch.eye(qb, dtype=torch.bool, device=self.tokens.device))
+        if ancestors is None:
+            self.ancestors[:b, :q, :q] = torch.ones(q, q, dtype=torch.bool, device=tokens.device).tril()
+        else:
+            self.ancestors[:b, :q, :q] = ancestors
+        self.depths.copy_(torch.arange(qb, device=self.tokens.device))
+        if depths is not None:
+            self.depths[:b, :q] = depths
+        self.lengths.zero_()
+        self.lengths[:b] = lengths
+
+
+@dataclass
+class StepStats:
+    """Counters of a :class:`StaticSteps`: steps run as a captured graph, steps run eagerly at static shapes, steps
+    left to the dynamic path (cache not in the slots, or shapes past the largest bucket), and warm-up figures."""
+
+    graph_steps: int = 0
+    eager_steps: int = 0
+    declined_caches: int = 0  # caches made outside the slots (slots held, or too large): their steps run dynamically
+    capture_seconds: float = 0.0  # CUDA-graph capture (warm_up)
+    warm_up_seconds: float = 0.0  # all of warm_up: slots, capture, timing the buckets
+    capture_error: str = ""  # why capture failed (the steps then run eagerly), if it did
+    graphs: int = 0
+    memory_bytes: int = 0  # KV slots + captured graphs' pool (CUDA: memory allocated by warm_up)
+    cost_ms: dict = field(default_factory=dict)  # (batch bucket, query bucket) -> wall ms of one step
+
+
+class StaticSteps:
+    """Static-shape decoder steps of one :class:`~rayspec.models.whisper.WhisperASR` (see the module docstring),
+    attached to it with :meth:`attach`: the model's ``new_cache`` then hands out caches in these KV slots (one cache
+    at a time: a second one asked for while the first lives is an ordinary cache) and its ``decode_hidden`` runs
+    their steps here.
+
+    Args:
+        model: the model (any device; its decoder must be present).
+        max_batch: the largest batch bucket (``bucket(max_batch)`` rows of slots, at most the last of
+            :data:`BATCH_BUCKETS`); larger batches run dynamically.
+        max_query: the largest query bucket (at most the last of :data:`QUERY_BUCKETS`); longer verification passes
+            run dynamically.
+        graphs: capture CUDA graphs in :meth:`warm_up` (default: on a CUDA device); ignored elsewhere.
+
+    Raises:
+        ValueError: ``max_batch`` or ``max_query`` below 1.
+    """
+
+    def __init__(self, model, max_batch: int = DEFAULT_MAX_BATCH, max_query: int = DEFAULT_MAX_QUERY,
+                 graphs: Optional[bool] = None) -> None:
+        self.model = model
+        self.batch_buckets = buckets_upto(min(max_batch, BATCH_BUCKETS[-1]), BATCH_BUCKETS)
+        self.query_buckets = buckets_upto(min(max_query, QUERY_BUCKETS[-1]), QUERY_BUCKETS)
+        self.max_batch, self.max_query = self.batch_buckets[-1], self.query_buckets[-1]
+        self.capacity = model.max_target_positions + self.max_query
+        self.source_positions = int(model.config.max_source_positions)
+        # fixed-window models (real Whisper) attend to all S encoder positions: their steps take no cross mask, so
+        # cross-attention may use the flash kernel; rows of a shorter window (--short-window) run dynamically
+        self.cross_masked = bool(model.encoder_masking)
+        self.device = model.device
+        self.graphs_enabled = self.device.type == "cuda" if graphs is None else bool(graphs and
+                                                                                       self.device.type == "cuda")
+        self.stats = StepStats()
+        self._storage: Optional[dict] = None  # DecoderCache._buffers layout: name -> per-layer tensors
+        self._owner = None  # weakref to the cache that holds the slots
+        self._inputs: dict = {}  # (bb, qb) -> StepInputs
+        self._graphs: dict = {}  # (bb, qb) -> rayspec.runner.cuda_graphs.CapturedStep
+
+    # ------------------------------------------------------------------ attaching
+    def attach(self) -> "StaticSteps":
+        """Make the model use these steps (``model.static_steps = self``). Returns ``self``."""
+        self.model.static_steps = self
+        return self
+
+    def detach(self) -> None:
+        """Back to dynamic steps only; frees the slots and graphs."""
+        if self.model.static_steps is self:
+            self.model.static_steps = None
+        self._storage, self._graphs, self._inputs = None, {}, {}
+
+    # ------------------------------------------------------------------ slots
+    def _slots(self) -> dict:
+        if self._storage is None:
+            m, dev, dt = self.model, self.device, self.model.dtype
+            n = len(m._half("decoder").layers)
+
+            def kv(c: int) -> list[torch.Tensor]:
+                return [torch.zeros((self.max_batch, m.num_heads, c, m.head_dim), dtype=dt, device=dev)
+                        for _ in range(n)]
+
+            self._storage = {"self_k": kv(self.capacity), "self_v": kv(self.capacity),
+                             "cross_k": kv(self.source_positions), "cross_v": kv(self.source_positions),
+                             "cross_mask": [torch.zeros((self.max_batch, 1, 1, self.source_positions),
+                                                        dtype=torch.bool, device=dev)]}
+        return self._storage
+
+    def slot_bytes(self) -> int:
+        """Bytes the KV slots hold (0 before the first cache or warm-up allocates them)."""
+        return 0 if self._storage is None else sum(t.numel() * t.element_size()
+                                                   for ts in self._storage.values() for t in ts)
+
+    def _free(self) -> bool:
+        return self._owner is None or self._owner() is None
+
+    def new_cache(self, encoder_output, capacity: int, cross: bool = True) -> Optional[DecoderCache]:
+        """A cache in the KV slots for the rows of ``encoder_output`` (what the model's ``new_cache`` returns), or
+        None where it cannot be: the slots are held by a live cache, or the batch, its encoder positions or
+        ``capacity`` exceed them. Arguments as :meth:`~rayspec.models.whisper.WhisperASR.new_cache`."""
+        states = encoder_output.states
+        b, s, _ = states.shape
+        if not self._free() or b > self.max_batch or s > self.source_positions or capacity > self.capacity:
+            self.stats.declined_caches += 1
+            return None
+        m, slots = self.model, self._slots()
+        if cross:
+            for i, (ck, cv) in enumerate(zip(slots["cross_k"], slots["cross_v"])):
+                k, v = m.cross_attention_kv(states, i)
+                ck[:b, :, :s] = k
+                cv[:b, :, :s] = v
+        mask = slots["cross_mask"][0]
+        mask[:b] = False
+        if encoder_output.masked:
+            real = encoder_output.lengths.tolist()  # the one device read per batch, as the dynamic cache
+            mask[:b, 0, 0, :s] = torch.arange(s, device=self.device)[None, :] < encoder_output.lengths[:, None]
+        else:
+            real = [s] * b
+            mask[:b, ..., :s] = True
+        view = {name: [t[:b] for t in ts] for name, ts in slots.items()}
+        cache = DecoderCache.empty(view["self_k"], view["self_v"], view["cross_k"], view["cross_v"],
+                                   view["cross_mask"][0], self.device, real)
+        cache._buffers = slots
+        self._owner = weakref.ref(cache)
+        return cache
+
+    def accepts(self, cache: DecoderCache, shape: Sequence[int]) -> bool:
+        """Whether a step over ``shape`` (``(B, Q)``) of ``cache`` runs here: the cache lives in the slots, the
+        shape is within the buckets, it runs in inference mode (the slots are inference tensors), and (a
+        fixed-window model) every row has the whole encoder window."""
+        b, q = shape
+        return (cache._buffers is not None and cache._buffers is self._storage and b <= self.max_batch
+                and q <= self.max_query and torch.is_inference_mode_enabled()
+                and (self.cross_masked or int(cache.cross_lengths.min()) >= self.source_positions))
+
+    # ------------------------------------------------------------------ steps
+    def step(self, inputs: StepInputs) -> torch.Tensor:
+        """The decoder over one bucket's inputs (shapes fixed by ``inputs``): float ``[Bb, Qb, D]`` hidden states
+        after the final layer norm; new keys/values are written into the slots at each row's
+        ``lengths + arange(Qb)``. No host read and no branch on tensor values (it compiles with
+        ``torch.compile(fullgraph=True)``)."""
+        slots, m = self._slots(), self.model
+        bb, qb = inputs.tokens.shape
+        positions, write, visible = attention_layout(inputs.lengths, qb, self.capacity, inputs.ancestors,
+                                                     inputs.depths, m.max_target_positions, self.capacity - 1)
+        mask = None
+        if self.cross_masked:
+            mask = slots["cross_mask"][0][:bb]
+            mask = mask | ~mask.any(-1, keepdim=True)  # a padded row sees every position (no empty softmax)
+        rows = lambda ts: [t[:bb] for t in ts]  # noqa: E731
+        return m.decoder_layers(inputs.tokens, positions, write, visible, rows(slots["self_k"]),
+                                rows(slots["self_v"]), self.capacity, rows(slots["cross_k"]),
+                                rows(slots["cross_v"]), mask)
+
+    def inputs(self, bb: int, qb: int) -> StepInputs:
+        """The (persistent) input buffers of bucket ``(bb, qb)``."""
+        key = (bb, qb)
+        if key not in self._inputs:
+            self._inputs[key] = StepInputs.empty(bb, qb, self.device)
+        return self._inputs[key]
+
+    def decode_hidden(self, cache: DecoderCache, tokens: torch.Tensor, ancestors: Optional[torch.Tensor] = None,
+                      depths: Optional[torch.Tensor] = None, hidden_from: int = 0) -> torch.Tensor:
+        """:meth:`~rayspec.models.whisper.WhisperASR.decode_hidden` at bucketed shapes (its arguments, result and
+        errors): the step is replayed as a CUDA graph when one was captured for its buckets, else run eagerly."""
+        if cache.pending:
+            raise ValueError("decoder called with pending cache positions: commit() them first")
+        b, q = tokens.shape
+        top = int(cache.host_lengths.max()) + q
+        if top > self.capacity:
+            raise ValueError(f"decoder positions up to {top} exceed the cache capacity {self.capacity}")
+        bb, qb = bucket(b, self.batch_buckets), bucket(q, self.query_buckets)
+        inputs = self.inputs(bb, qb)
+        inputs.fill(tokens, ancestors, depths, cache.lengths)
+        graph = self._graphs.get((bb, qb))
+        if graph is not None:
+            out = graph.replay()
+            self.stats.graph_steps += 1
+        else:
+            with decode_attention(self.device):
+                out = self.step(inputs)
+            self.stats.eager_steps += 1
+        cache.pending = q
+        # a copy: a graph's output buffer is overwritten by its next replay
+        return out[:b, hidden_from:q].clone()
+
+    # ------------------------------------------------------------------ warm-up
+    @torch.inference_mode()
+    def warm_up(self, repeats: int = 3) -> StepStats:
+        """Allocate the slots, capture one CUDA graph per ``(batch bucket, query bucket)`` (when graphs are on;
+        largest first, sharing one memory pool, as vLLM captures) and time one step of each bucket (``cost_ms``,
+        the median wall ms of ``repeats`` steps, for :meth:`pass_cost`). Records capture seconds and the memory
+        the slots and graphs hold in :attr:`stats`.
+
+        Raises:
+            RuntimeError: the slots are held by a live cache (warm up before decoding).
+        """
+        if not self._free():
+            raise RuntimeError("warm_up needs the KV slots free: call it before decoding")
+        cuda = self.device.type == "cuda"
+        before = torch.cuda.memory_allocated(self.device) if cuda else 0
+        self._slots()
+        start = time.perf_counter()
+        if self.graphs_enabled:
+            from .cuda_graphs import capture_steps
+
+            try:
+                self._graphs = capture_steps(self, sorted(self._keys(), reverse=True))
+            except Exception as exc:  # noqa: BLE001 - a capture that fails leaves the static steps, run eagerly
+                self._graphs, self.graphs_enabled = {}, False
+                self.stats.capture_error = f"{type(exc).__name__}: {exc}"[:300]
+                LOG.warning("CUDA-graph capture failed, static steps run eagerly: %s", self.stats.capture_error)
+        self.stats.capture_seconds = time.perf_counter() - start
+        self.stats.graphs = len(self._graphs)
+        self.stats.memory_bytes = (torch.cuda.memory_allocated(self.device) - before) if cuda else self.slot_bytes()
+        for key in self._keys():
+            self.stats.cost_ms[key] = self._time(key, repeats)
+        self._slots()["cross_mask"][0].zero_()
+        self.stats.warm_up_seconds = time.perf_counter() - start
+        return self.stats
+
+    def _keys(self) -> list[tuple[int, int]]:
+        return [(bb, qb) for bb in self.batch_buckets for qb in self.query_buckets]
+
+    def _time(self, key: tuple[int, int], repeats: int) -> float:
+        inputs, graph = self.inputs(*key), self._graphs.get(key)
+        times = []
+        for _ in range(max(1, repeats)):
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            t0 = time.perf_counter()
+            if graph is not None:
+                graph.replay()
+            else:
+                with decode_attention(self.device):
+                    self.step(inputs)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            times.append(time.perf_counter() - t0)
+        return 1000 * float(np.median(times))
+
+    def pass_cost(self, rows: int, q: int) -> Optional[float]:
+        """Measured wall ms of a step over ``rows`` rows and ``q`` new tokens (at their buckets), or None when not
+        measured (no :meth:`warm_up`, or shapes past the buckets)."""
+        if rows > self.max_batch or q > self.max_query or rows < 1 or q < 1:
+            return None
+        return self.stats.cost_ms.get((bucket(rows, self.batch_buckets), bucket(q, self.query_buckets)))
+
+
+def attach_static_steps(model, max_batch: int = DEFAULT_MAX_BATCH, max_query: int = DEFAULT_MAX_QUERY,
+                        graphs: Optional[bool] = None, warm_up: bool = True) -> StaticSteps:
+    """Attach :class:`StaticSteps` to ``model`` (a :class:`~rayspec.models.whisper.WhisperASR` with a decoder) and,
+    with ``warm_up``, allocate its slots, capture its graphs and time its buckets now (at load, before any job).
+    Returns the steps (``.stats`` has the capture time and memory)."""
+    steps = StaticSteps(model, max_batch, max_query, graphs).attach()
+    if warm_up:
+        steps.warm_up()
+    return steps
+
+
+STATIC_STEP_MODES = ("auto", "on", "off")
+
+
+def prepare_static_steps(model, mode: str = "auto", cuda_graphs: bool = True,
+                         max_batch: int = DEFAULT_MAX_BATCH) -> Optional[StaticSteps]:
+    """Give a loaded model its static-shape steps as the options ask, warmed up (slots allocated, graphs captured,
+    buckets timed) before it takes work; what the engine calls where it loads a decoder (``rayspec.pipeline``).
+
+    Args:
+        mode: "auto": static steps on a CUDA device when ``cuda_graphs`` (the default on a GPU), none elsewhere (a
+            CPU keeps its dynamic steps, which are faster there); "on": static steps on any device (graphs on CUDA
+            only, and only with ``cuda_graphs``; on a CPU a test and benchmark option); "off": none.
+        cuda_graphs: capture the steps as CUDA graphs (``--no-cuda-graphs``: off).
+        max_batch: the largest batch bucket (``--max-graph-batch``).
+
+    Returns:
+        The attached steps (``.stats`` holds the capture time and memory), or None (none wanted, a model whose
+        decoder was released, or steps attached already).
+
+    Raises:
+        ValueError: an unknown ``mode``.
+    """
+    if mode not in STATIC_STEP_MODES:
+        raise ValueError(f"static steps: {mode!r} is not one of {', '.join(STATIC_STEP_MODES)}")
+    cuda = model.device.type == "cuda"
+    wanted = mode == "on" or (mode == "auto" and cuda and cuda_graphs)
+    if not wanted or not model.has_decoder or model.static_steps is not None:
+        return None
+    steps = attach_static_steps(model, max_batch=max_batch, graphs=cuda and cuda_graphs)
+    st = steps.stats
+    LOG.info("%s: static decoder steps up to batch %d, %d CUDA graphs captured in %.2f s (warm-up %.2f s), "
+             "%.0f MiB held", model.name or "model", steps.max_batch, st.graphs, st.capture_seconds,
+             st.warm_up_seconds, st.memory_bytes / 2**20)
+    return steps

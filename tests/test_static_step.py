@@ -1,0 +1,258 @@
+"""Static-shape decoder steps (rayspec.runner.static_step): KV slots, batch/query buckets and masks give the tokens
+and counters of the dynamic path for every method at batch 1 and 4, continuous refill included; the step has no
+host sync (it compiles with fullgraph=True)."""
+
+import pytest
+import torch
+
+from rayspec.decoding.ar import greedy_decode
+from rayspec.decoding.proposer import DraftProposer
+from rayspec.decoding.speculative import SpeculationOptions, draft_loop, speculative_decode
+from rayspec.runner.static_step import BATCH_BUCKETS, StaticSteps, attach_static_steps, bucket
+from rayspec.spec.loop import Admission, VerifyLoop
+from test_continuous import AUDIO, CAPS, SSD_EXACT, _admissions, _encode, _ssd_chunks
+
+STATS = ("target_forward_passes", "draft_forward_passes", "draft_tokens_proposed", "draft_tokens_accepted")
+
+
+def _key(hyps):
+    return [(h.tokens, h.route, h.finished) + tuple(getattr(h.stats, k) for k in STATS) for h in hyps]
+
+
+def _batches(fn, batch):
+    """``fn(audios, caps)`` over the corpus in batches of ``batch`` rows."""
+    out = []
+    for s in range(0, len(AUDIO), batch):
+        out += fn(AUDIO[s : s + batch], CAPS[s : s + batch])
+    return _key(out)
+
+
+def _stream(loop, admissions, slots=3):
+    got = dict(loop.decode_stream(admissions, slots, max_cap=max(CAPS)))
+    return _key([got[k] for k in sorted(got)])
+
+
+def _every_method(target, draft, every=True):
+    """Every method's hypotheses (tokens, route, counters) at batch 1 and 4 and as a continuous stream of 3 slots
+    (``every=False``: ar and draft only)."""
+    from test_medusa import _heads
+
+    from rayspec.decoding.medusa_proposer import CPU_TREE, MedusaProposer
+    from rayspec.decoding.ssd import SSDDecoder, SSDOptions
+    from rayspec.methods import _ctc_draft_loop
+
+    spec = SpeculationOptions(tree=True)
+    heads = _heads(target)
+    out = {}
+    for b in (1, 4):
+        out["ar", b] = _batches(lambda a, c: greedy_decode(target, _encode(target, a), c), b)
+        out["draft", b] = _batches(lambda a, c: speculative_decode(target, _encode(target, a), draft,
+                                                                   _encode(draft, a), c, spec), b)
+        if every:
+            out["medusa", b] = _batches(lambda a, c: VerifyLoop(target, MedusaProposer(target, heads, CPU_TREE),
+                                                                max_nodes=len(CPU_TREE), route="medusa")
+                                        .decode(_encode(target, a), c), b)
+    out["ar", "stream"] = _stream(VerifyLoop(target), _admissions(target))
+    out["draft", "stream"] = _stream(draft_loop(target, DraftProposer(draft, None, [max(CAPS)], spec), spec),
+                                     _admissions(target, draft))
+    if not every:
+        return out
+    out["medusa", "stream"] = _stream(VerifyLoop(target, MedusaProposer(target, heads, CPU_TREE),
+                                                 max_nodes=len(CPU_TREE), route="medusa"), _admissions(target))
+    chunks = list(_ssd_chunks(target, draft))  # batches of 4 rows
+    out["ctc-draft", 4] = _key([h for ids, enc, caps, drafts, _ in chunks
+                                for h in _ctc_draft_loop(target, drafts.tokens).decode(enc, caps)])
+    out["ctc-draft", "stream"] = _stream(_ctc_draft_loop(target, []), (Admission(ids, enc, caps, drafts.tokens)
+                                                                       for ids, enc, caps, drafts, _ in chunks))
+    decoder = SSDDecoder(target, SSDOptions(**dict(SSD_EXACT, fallback="draft")))
+    ssd = []
+    for ids, enc, caps, drafts, draft_enc in chunks:
+        hyps, parked = decoder.first_pass(enc, caps, drafts)
+        if parked:
+            rows = torch.tensor([x.index for x in parked])
+            proposer = DraftProposer(draft, draft_enc.select(rows), [x.cap for x in parked], SpeculationOptions())
+            for x, h in zip(parked, decoder.fallback(enc, parked, proposer)):
+                hyps[x.index] = h
+        ssd += hyps
+    out["ssd", 4] = _key(ssd)
+    out["ssd", "stream"] = _stream(decoder.loop(DraftProposer(draft, None, [max(CAPS)], SpeculationOptions())),
+                                   (decoder.admission(*c) for c in chunks))
+    return out
+
+
+@pytest.fixture
+def short_corpus(monkeypatch):
+    """test_continuous's corpus cut to 8 clips and 24 tokens (CI time): still ragged, with a row of cap 0."""
+    import test_continuous
+
+    monkeypatch.setattr(test_continuous, "AUDIO", AUDIO[:8])
+    monkeypatch.setattr(test_continuous, "CAPS", [min(c, 24) for c in CAPS[:7]] + [0])
+    for name in ("AUDIO", "CAPS"):
+        monkeypatch.setitem(globals(), name, getattr(test_continuous, name))
+
+
+@pytest.mark.parametrize("fixture", ["tiny_target", "tiny_fixed"])
+def test_static_steps_give_the_dynamic_tokens_for_every_method(request, fixture, tiny_draft, short_corpus):
+    """ar, draft, medusa, ctc-draft and ssd on a masking model; ar and draft (itself as its draft) on a fixed-window
+    one (real Whisper's layout)."""
+    target = request.getfixturevalue(fixture)
+    draft, every = (tiny_draft, True) if fixture == "tiny_target" else (target, False)
+    with torch.inference_mode():
+        dynamic = _every_method(target, draft, every)
+        steps = [StaticSteps(m, max_batch=4, max_query=16).attach() for m in {id(target): target,
+                                                                              id(draft): draft}.values()]
+        try:
+            static = _every_method(target, draft, every)
+        finally:
+            for s in steps:
+                s.detach()
+    assert static.keys() == dynamic.keys()
+    for key in dynamic:
+        assert static[key] == dynamic[key], key
+    target_steps = steps[0].stats
+    assert target_steps.eager_steps > 100 and target_steps.graph_steps == 0
+    assert target_steps.declined_caches < target_steps.eager_steps / 10  # nearly every cache lived in the slots
+
+
+def test_slots_are_reused_and_padding_stays_out_of_sight(tiny_target):
+    """One cache at a time holds the slots; a stream's refills and growth never reallocate them; a batch of 3 rows
+    runs at bucket 4 and a query of 3 at bucket 4."""
+    steps = StaticSteps(tiny_target, max_batch=8, max_query=8).attach()
+    try:
+        with torch.inference_mode():
+            enc = _encode(tiny_target, AUDIO[:3])
+            cache = tiny_target.new_cache(enc, 20)
+            ptr = steps._slots()["self_k"][0].data_ptr()
+            assert cache.self_k[0].data_ptr() == ptr and cache.batch_size == 3
+            assert tiny_target.new_cache(enc, 20)._buffers is not steps._slots()  # held: an ordinary cache
+            assert steps.stats.declined_caches == 1
+            del cache
+            hyps = VerifyLoop(tiny_target).decode(enc, [5, 5, 5])
+            assert tiny_target.new_cache(enc, 20).self_k[0].data_ptr() == ptr  # freed with the loop's cache
+        assert {key[0] for key in steps._inputs} == {4} and steps.stats.eager_steps == 5  # 3 rows: bucket 4; 5 passes
+        assert (4, 2) in steps._inputs  # the first pass: a 2-token prompt
+        assert steps.stats.declined_caches == 1 and len(hyps) == 3
+    finally:
+        steps.detach()
+
+
+def test_buckets():
+    assert [bucket(n, BATCH_BUCKETS) for n in (1, 2, 3, 5, 16, 17, 64)] == [1, 2, 4, 8, 16, 32, 64]
+    with pytest.raises(ValueError):
+        bucket(0, BATCH_BUCKETS)
+
+
+def test_warm_up_times_every_bucket_and_reports_memory(tiny_target):
+    steps = attach_static_steps(tiny_target, max_batch=2, max_query=4)
+    try:
+        assert set(steps.stats.cost_ms) == {(b, q) for b in (1, 2) for q in (1, 2, 4)}
+        assert steps.stats.memory_bytes == steps.slot_bytes() > 0 and steps.stats.graphs == 0  # no CUDA here
+        assert steps.pass_cost(2, 3) == steps.stats.cost_ms[2, 4] and steps.pass_cost(3, 1) is None
+    finally:
+        steps.detach()
+
+
+def test_static_step_compiles_without_graph_breaks(tiny_target):
+    """The proxy for CUDA-graph capture on a CPU: one bucket's step compiles with fullgraph=True (no graph break, so
+    no host sync or data-dependent shape) and matches the eager step."""
+    steps = StaticSteps(tiny_target, max_batch=2, max_query=4).attach()
+    try:
+        with torch.inference_mode():
+            enc = _encode(tiny_target, AUDIO[:2])
+            cache = tiny_target.new_cache(enc, 20)
+            inputs = steps.inputs(2, 4)
+            inputs.fill(torch.tensor([[1, 2, 3], [4, 5, 6]]), None, None, cache.lengths)
+            eager = steps.step(inputs).clone()
+            torch._dynamo.reset()
+            compiled = torch.compile(steps.step, fullgraph=True, dynamic=False)
+            got = compiled(inputs)
+        torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
+    finally:
+        steps.detach()
+
+
+def test_transcriber_takes_static_steps_from_its_options(tmp_path, samples_manifest, tiny_target, tiny_draft):
+    """--static-steps on (any device) gives the rows of the default (dynamic on a CPU) through run_corpus's
+    continuous stream; auto keeps a CPU on dynamic steps."""
+    from test_continuous import _run
+
+    from rayspec.manifest import read_manifest
+    from rayspec.pipeline import DecodeOptions, Transcriber
+
+    utts = read_manifest(samples_manifest)
+    rows = {}
+    for mode in ("auto", "on"):
+        transcriber = Transcriber(tiny_target.model.name_or_path, tiny_draft.model.name_or_path,
+                                  DecodeOptions("draft", max_tokens_per_second=4, static_steps=mode,
+                                                max_graph_batch=4))
+        steps = transcriber.decoder.static_steps
+        assert (steps is None) == (mode == "auto") and (transcriber.draft.static_steps is None) == (mode == "auto")
+        rows[mode] = _run(tmp_path, mode, utts, transcriber, True)
+        if steps is not None:
+            assert steps.stats.eager_steps > 0 and set(steps.stats.cost_ms)  # warmed up at load
+    for key in ("text", "target_forward_passes", "draft_forward_passes", "draft_tokens_accepted", "error"):
+        assert {k: r[key] for k, r in rows["on"].items()} == {k: r[key] for k, r in rows["auto"].items()}, key
+
+
+def test_device_front_end_matches_the_feature_extractor(tiny_fixed):
+    """The batched torch.stft front end (what a CUDA device runs), here on the CPU, gives the extractor's per-utterance
+    features: Whisper's own 30 s extractor and a fixed-window tiny model's."""
+    import numpy as np
+    from transformers import WhisperFeatureExtractor
+
+    from rayspec.models.features import log_mel
+
+    audios = AUDIO[:3] + [np.zeros(1600, dtype=np.float32)]
+    stock = WhisperFeatureExtractor(feature_size=80)  # openai/whisper-base's front end
+    want = np.stack([stock(a, sampling_rate=16000, return_tensors="np", padding="max_length")["input_features"][0]
+                     for a in audios])
+    np.testing.assert_allclose(log_mel(stock, audios, "cpu").numpy(), want, atol=2e-5)
+    feats, lengths = tiny_fixed.features(audios)
+    got, got_lengths = tiny_fixed.features_on_device(audios)
+    torch.testing.assert_close(got, feats, atol=2e-5, rtol=0)
+    assert got_lengths.tolist() == lengths.tolist()
+
+
+def test_speculation_pays_where_the_measured_verify_pass_is_cheap_enough():
+    """The measured rule: verify when a (1 + nodes)-token pass costs at most (1 + accepted) one-token steps; no
+    rule on a CPU or without measurements (the fixed row cap decides there)."""
+    from types import SimpleNamespace
+
+    from rayspec.spec.loop import speculation_pays
+
+    cost = {(1, 1): 1.0, (1, 8): 1.2, (64, 1): 2.0, (64, 8): 9.0}
+    gpu = SimpleNamespace(device=torch.device("cuda"), max_query=16,
+                          pass_cost=lambda rows, q: cost.get((bucket(rows, BATCH_BUCKETS), 8 if q > 1 else 1)))
+    assert speculation_pays(gpu, 1, 7, accepted=1.0) is True  # 1.2 <= 2 x 1.0
+    assert speculation_pays(gpu, 40, 7, accepted=1.0) is False  # 9.0 > 2 x 2.0
+    assert speculation_pays(gpu, 40, 7, accepted=4.0) is True  # 9.0 <= 5 x 2.0
+    assert speculation_pays(gpu, 3, 7, accepted=1.0) is None  # bucket 4 not measured
+    assert speculation_pays(SimpleNamespace(device=torch.device("cpu")), 1, 7, 1.0) is None
+    assert speculation_pays(None, 1, 7, 1.0) is None
+
+
+def test_gpu_bench_suite_writes_every_table(tmp_path, tiny_fixed, monkeypatch):
+    """rayspec bench --suite gpu --random-weights end to end on the CPU, a tiny fixed-window model standing in for
+    whisper-base's architecture (scripts/gpu_bench.sh runs the real size): every table is written, the static and
+    dynamic steps give the same tokens."""
+    import json
+
+    import rayspec.bench.gpu as gpu
+    from rayspec.cli import main
+
+    monkeypatch.setattr(gpu, "random_models", lambda device, dtype: (tiny_fixed, None, None))
+    monkeypatch.setattr(gpu, "RANDOM_CLIP_S", 2.0)
+    out = tmp_path / "gpu"
+    try:
+        assert main(["bench", "--suite", "gpu", "--random-weights", "--clips", "3", "--batch-sizes", "1", "2",
+                     "--tokens", "16", "--cold-methods", "", "--no-hf", "-o", str(out)]) == 0
+    finally:
+        tiny_fixed.set_ignore_eos(False)
+    for name in ("bench-gpu", "bench-gpu-peers", "bench-gpu-passes", "bench-gpu-cold"):
+        assert (out / f"{name}.md").exists() and (out / f"{name}.csv").exists()
+    rows = (out / "bench-gpu.md").read_text().splitlines()
+    assert sum("| ar | static |" in r for r in rows) == 2 and sum("| ar | dynamic |" in r for r in rows) == 2
+    assert "| rayspec | rayspec ar (static) | 2 | 3 |" in (out / "bench-gpu-peers.md").read_text()
+    assert "3/3" in (out / "bench-gpu-peers.md").read_text()
+    assert json.loads((out / "gpu-env.json").read_text())["random_weights"] is True
+    assert tiny_fixed.static_steps is None  # detached after the suite
