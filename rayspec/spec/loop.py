@@ -218,7 +218,7 @@ class VerifyLoop:
                  max_nodes: int = 0, route: str = "ar", max_rows: Optional[int] = None) -> None:
         self.tt = target.timestamp_tokens
         self.target, self.rule = target, rule
-        self.proposer = wrap_proposer(proposer, self.tt, len(target.prompt_ids), target.eos_token_id)
+        self.proposer = wrap_proposer(proposer, self.tt, target.prompt_ids, target.eos_token_id)
         self.max_nodes = max_nodes + (EXTRA_NODES if self.proposer is not proposer else 0)
         self.route = route
         self.max_rows = speculate_max_rows(target.device, max_rows)
@@ -259,8 +259,8 @@ class VerifyLoop:
         return [r.hyp for r in rows]
 
     @torch.inference_mode()
-    def decode_stream(self, source: Iterable[Optional[Admission]], slots: int,
-                      max_cap: int) -> Iterator[tuple[Any, Hypothesis]]:
+    def decode_stream(self, source: Iterable[Optional[Admission]], slots: int, max_cap: int,
+                      max_prompt: Optional[int] = None) -> Iterator[tuple[Any, Hypothesis]]:
         """Continuous batching: decode the rows of ``source`` with up to ``slots`` rows live at once; the slot of a
         finished row is refilled from ``source`` before the next round (Orca's iteration-level scheduling, Yu et al.
         2022), so the batch stays full until the source runs dry; a batch below ``slots`` rows (an online source
@@ -278,6 +278,8 @@ class VerifyLoop:
             source: :class:`Admission` s (or None, see above), in the order their rows should start.
             slots: most rows decoded at once (the batch size).
             max_cap: the largest cap any row will have (sizes the KV cache).
+            max_prompt: the longest prompt any row will have (default: the target's own prompt; longer with
+                ``<|startofprev|>`` text, :mod:`rayspec.longform`).
 
         Yields:
             ``(id, hypothesis)`` per row as it finishes (not in source order).
@@ -291,7 +293,7 @@ class VerifyLoop:
             raise ValueError(f"{type(self.proposer).__name__} cannot take rows mid-batch (no admit method)")
         t = self.target
         prompt = list(t.prompt_ids)
-        capacity = len(prompt) + max_cap + self.max_nodes + 2
+        capacity = (max_prompt or len(prompt)) + max_cap + self.max_nodes + 2
         rows = iter(source)
         waiting: list[Optional[Admission]] = [None]
         instant: list[tuple[Any, Hypothesis]] = []  # rows with nothing to generate

@@ -187,13 +187,18 @@ class TimestampProposer:
     target's. Feedback is mapped back to the drafter's own nodes. Rows not in timestamp mode pass through unchanged.
     Other attributes (``admit``, ``needs_hidden``, ``needs_cross``) are the wrapped proposer's.
 
+    A prompt that carries previous text (``<|startofprev|> ... <|startoftranscript|> ...``, Whisper's long-form
+    conditioning) is shown to the drafter from ``<|startoftranscript|>`` on.
+
     Args:
-        inner: the wrapped proposer; tt: the target's timestamp tokens; prompt_len: the length of the target's
-            prompt with ``<|notimestamps|>`` (what the drafter sees); eos: the target's EOS id.
+        inner: the wrapped proposer; tt: the target's timestamp tokens; prompt: the target's prompt with
+            ``<|notimestamps|>`` (what the drafter sees; it starts with ``<|startoftranscript|>``); eos: the
+            target's EOS id.
     """
 
-    def __init__(self, inner, tt: TimestampTokens, prompt_len: int, eos: int) -> None:
-        self.inner, self.tt, self.prompt_len, self.eos = inner, tt, prompt_len, eos
+    def __init__(self, inner, tt: TimestampTokens, prompt: Sequence[int], eos: int) -> None:
+        self.inner, self.tt, self.prompt_len, self.eos = inner, tt, len(prompt), eos
+        self.sot = prompt[0]
         self._added: dict = {}  # row key -> (timestamp nodes before the drafter's tree, index of the EOS node)
 
     def __getattr__(self, name):
@@ -203,10 +208,11 @@ class TimestampProposer:
         tt, p = self.tt, self.prompt_len
         views, added = [], {}
         for r in requests:
-            if tt.no_timestamps in r.seq[:p]:
-                views.append(r)
+            seq = r.seq if r.seq[0] == self.sot else r.seq[r.seq.index(self.sot):]  # without previous text
+            if tt.no_timestamps in seq[:p]:
+                views.append(dataclasses.replace(r, seq=seq) if seq is not r.seq else r)
                 continue
-            gen = r.seq[p - 1 :]
+            gen = seq[p - 1 :]
             pre = []
             if r.speculate:
                 if not gen:
@@ -215,7 +221,7 @@ class TimestampProposer:
                     pre = [gen[-1]]
             added[r.index] = (pre, bool(gen))
             text = [t for t in gen if t < tt.begin]
-            views.append(dataclasses.replace(r, seq=r.seq[: p - 1] + [tt.no_timestamps] + text,
+            views.append(dataclasses.replace(r, seq=seq[: p - 1] + [tt.no_timestamps] + text,
                                              room=max(1, r.room - len(pre))))
         props = self.inner.propose(views, *args)
         self._added = {}
@@ -251,8 +257,8 @@ class TimestampProposer:
         self.inner.update(mapped)
 
 
-def wrap_proposer(proposer, tt: Optional[TimestampTokens], prompt_len: int, eos: int):
+def wrap_proposer(proposer, tt: Optional[TimestampTokens], prompt: Sequence[int], eos: int):
     """``proposer`` wrapped in :class:`TimestampProposer` (None and models without timestamps: as it is)."""
     if proposer is None or tt is None:
         return proposer
-    return TimestampProposer(proposer, tt, prompt_len, eos)
+    return TimestampProposer(proposer, tt, prompt, eos)
