@@ -103,11 +103,15 @@ class Feedback:
         index: the row's batch index; accepted: indices into the proposal's ``tree`` of the kept root path.
         hidden: for proposers with ``needs_hidden``, the target's last decoder hidden state ``[D]`` (device) at the
             end of the kept path: the state that predicted the row's newest token (Medusa heads read it).
+        timestamp: for rows in timestamp mode, the target's most likely timestamp token at the end of the kept path
+            (before the timestamp rules): where a segment ending there would end
+            (:class:`~rayspec.spec.timestamps.TimestampProposer` guesses a segment's end from it).
     """
 
     index: int
     accepted: list[int]
     hidden: Optional[torch.Tensor] = None
+    timestamp: Optional[int] = None
 
 
 @dataclass
@@ -397,10 +401,13 @@ class VerifyLoop:
         else:
             logits = t.project(hidden)
             masked = t.suppress(logits, first=dev.host["first"])
+            extra = None
             if any(stamped):  # (in place: a copy where suppress left the logits as they were)
+                if self.proposer is not None:  # each node's likeliest timestamp, read with the verdicts
+                    extra = (logits[..., self.tt.begin:].argmax(-1) + self.tt.begin)[None]
                 bounds = rule_bounds(dev.host, [r.hyp.tokens for r in live], stamped, self.tt)
                 masked = apply_rules(masked if masked is not logits else logits.clone(), bounds, self.tt)
-            scores = score_tree(masked, dev, self.rule)
+            scores = score_tree(masked, dev, self.rule, extra)
         no_speech = None
         if fresh and t.no_speech_token_id is not None:  # one more read, in a row's first round only
             at = torch.tensor(fresh, device=cache.device)
@@ -431,7 +438,8 @@ class VerifyLoop:
                 s.rounds += 1
                 s.draft_tokens_proposed += len(prop.tree)
                 s.draft_tokens_accepted += len(path)
-            feedback.append(Feedback(r.index, [a - root - 1 for a in path], None if last is None else last[k]))
+            stamp = int(scores[2][k, path[-1] if path else root]) if len(scores) > 2 and r.timestamps else None
+            feedback.append(Feedback(r.index, [a - root - 1 for a in path], None if last is None else last[k], stamp))
             r.target_len = len(r.seq) + len(accepted)
             for tok in accepted + [int(result.next_tokens[k])]:
                 if tok == self.eos:

@@ -184,7 +184,10 @@ class TimestampProposer:
     target most often emits: a row's first token ``<|0.00|>``, and after a segment's end timestamp ``t`` (which must
     be followed by a timestamp or EOT) the next segment's start ``t`` again, with EOT as a second branch. The
     drafter's tree hangs under the added timestamp; the verifier decides as for any draft, so the output stays the
-    target's. Feedback is mapped back to the drafter's own nodes. Rows not in timestamp mode pass through unchanged.
+    target's. Where the drafter proposes EOS after text, a segment's end timestamp must usually come first: a
+    second branch proposes the target's likeliest timestamp at the end of the last verified path (from the
+    feedback; the time a segment ending there would end) followed by EOS. Feedback is mapped back to the drafter's
+    own nodes. Rows not in timestamp mode pass through unchanged.
     Other attributes (``admit``, ``needs_hidden``, ``needs_cross``) are the wrapped proposer's.
 
     A prompt that carries previous text (``<|startofprev|> ... <|startoftranscript|> ...``, Whisper's long-form
@@ -199,7 +202,8 @@ class TimestampProposer:
     def __init__(self, inner, tt: TimestampTokens, prompt: Sequence[int], eos: int) -> None:
         self.inner, self.tt, self.prompt_len, self.eos = inner, tt, len(prompt), eos
         self.sot = prompt[0]
-        self._added: dict = {}  # row key -> (timestamp nodes before the drafter's tree, index of the EOS node)
+        self._added: dict = {}  # row key -> (timestamp nodes before the drafter's tree, end of the drafter's nodes)
+        self._stamp: dict = {}  # row key -> the target's likeliest timestamp at the end of its last kept path
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -228,31 +232,37 @@ class TimestampProposer:
         out = []
         for r, prop in zip(requests, props):
             pre, started = added.get(r.index, (None, False))
-            if not pre:
-                if pre is not None:
-                    self._added[r.index] = (0, None)
+            if pre is None:
                 out.append(prop)
                 continue
             n = len(pre)
             tokens = list(pre) + list(prop.tree.tokens)
             parents = list(range(-1, n - 1)) + [q + n if q >= 0 else n - 1 for q in prop.tree.parents]
-            eos_node = None
-            if started:  # after a segment's end: EOT is the other choice
-                eos_node = len(tokens)
+            guess = self._stamp.get(r.index)
+            ends = [i for i, t in enumerate(tokens) if t == self.eos and i >= n] if guess is not None else []
+            if ends:  # the drafter ends the text: a segment's end timestamp, then EOS, as the other branch
+                under = parents[ends[0]]
+                if (tokens[under] if under >= 0 else r.seq[-1]) < tt.begin:
+                    parents += [under, len(tokens)]
+                    tokens += [guess, self.eos]
+            if n and started:  # after a segment's end: EOT is the other choice
                 tokens.append(self.eos)
                 parents.append(-1)
-            self._added[r.index] = (n, eos_node)
-            out.append(dataclasses.replace(prop, tree=DraftTree(tuple(tokens), tuple(parents))))
+            self._added[r.index] = (n, n + len(prop.tree))  # the drafter's nodes: n .. n + len - 1
+            out.append(prop if len(tokens) == len(prop.tree) else
+                       dataclasses.replace(prop, tree=DraftTree(tuple(tokens), tuple(parents))))
         return out
 
     def update(self, feedback) -> None:
         mapped = []
         for f in feedback:
-            n, eos_node = self._added.get(f.index, (0, None))
-            if n:
+            if f.timestamp is not None:
+                self._stamp[f.index] = f.timestamp
+            n, size = self._added.get(f.index, (0, None))
+            if size is not None:  # keep the drafter's own nodes of the kept path (the added ones are not its)
                 path = f.accepted
-                inner = [a - n for a in path[n:]] if len(path) >= n and path[:n] == list(range(n)) else []
-                f = dataclasses.replace(f, accepted=inner)
+                inner = path[n:] if path[:n] == list(range(n)) else []
+                f = dataclasses.replace(f, accepted=[a - n for a in inner if a < size])
             mapped.append(f)
         self.inner.update(mapped)
 
