@@ -26,6 +26,7 @@ from .models.whisper import EncoderOutput, WhisperASR
 from .spec.acceptance import GREEDY, AcceptanceRule
 from .spec.loop import Admission, Proposer, VerifyLoop
 
+TIMESTAMPS = ("none", "segment", "word")
 ProposerFactory = Callable[[list[int], list[int]], Proposer]
 """``(rows, caps) -> proposer`` over those rows (indices into the batch, in that order) with those token caps."""
 
@@ -44,6 +45,15 @@ class DecodeOptions:
         vad: skip recordings without speech (empty text, route "no_speech"); long recordings are cut in pauses
             either way.
         segments: fill each row's ``segments`` column (start, end, text of every decoded segment).
+        timestamps: "none", "segment" (decode with Whisper's timestamp tokens, every method under its timestamp
+            rules, :mod:`rayspec.spec.timestamps`; ``segments`` then holds the timed segments) or "word" (also
+            ``words``: openai/whisper's word timing from the alignment heads, :func:`rayspec.timing.word_timestamps`,
+            one extra target pass per batch).
+        long_form: how a recording longer than the model's window is decoded: "vad" (cut in pauses, the windows
+            decoded independently) or "sequential" (Whisper's own algorithm, :mod:`rayspec.longform`: each window
+            starts where the previous one's last complete segment ended; timed segments).
+        condition_on_previous_text: with ``long_form="sequential"``, each window's prompt carries the text decoded
+            before it (``<|startofprev|>``), as Whisper's ``condition_on_previous_text``.
         language: the decoder prompt's language code for multilingual models ("en"), or "auto": detected per
             segment from one decoder pass over ``<|startoftranscript|>`` (openai/whisper's ``detect_language``).
         task: "transcribe" or "translate" (into English; multilingual models).
@@ -76,6 +86,9 @@ class DecodeOptions:
     medusa: Optional[MedusaOptions] = None
     vad: bool = True
     segments: bool = False
+    timestamps: str = "none"
+    long_form: str = "vad"
+    condition_on_previous_text: bool = True
     language: str = "en"
     task: str = "transcribe"
     no_speech_threshold: Optional[float] = 0.6
@@ -97,6 +110,12 @@ class DecodeOptions:
             raise ValueError(f"short_window_s must be >= 0 (0: the full window), got {self.short_window_s}")
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(sorted(METHODS))}")
+        if self.timestamps not in TIMESTAMPS:
+            raise ValueError(f"unknown timestamps {self.timestamps!r}: {', '.join(TIMESTAMPS)}")
+        if self.long_form not in ("vad", "sequential"):
+            raise ValueError(f"unknown long_form {self.long_form!r}: vad or sequential")
+        if self.long_form == "sequential" and self.method == "ssd":
+            raise ValueError("long_form='sequential' supports ar, draft, medusa and ctc-draft, not ssd")
         if self.task not in ("transcribe", "translate"):
             raise ValueError(f"unknown task {self.task!r}: transcribe or translate")
         if self.method == "ssd" and self.ssd is None:

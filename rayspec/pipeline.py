@@ -34,6 +34,7 @@ from .batching import BatchBudget, budget_for_model, plan_batches
 from .decoding.common import DecodeStats, Hypothesis, compression_ratio, token_cap
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
 from .decoding.ssd import ctc_drafts
+from .longform import decode_sequential
 from .manifest import Utterance
 from .methods import METHODS, DecodeOptions, Encoded, ProposerFactory
 from .models.ctc import CTCHead
@@ -42,6 +43,7 @@ from .models.whisper import EncoderOutput, WhisperASR
 from .results import ResultRow, ResultWriter
 from .runner.static_step import prepare_static_steps
 from .spec.loop import Proposer
+from .timing import parse_segments, word_timestamps
 from .vad import SegmentOptions, has_speech, segments
 
 def needs_draft(options: DecodeOptions) -> bool:
@@ -61,6 +63,8 @@ def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
     feats, lengths = target.features(audios)
     enc = target.encode(target.short_window(feats, lengths, options.short_window_s), lengths)
     enc.prompts = row_prompts(target, options, enc)
+    if options.timestamps == "word":  # the word-timing pass reuses the decoder's cross-attention keys/values
+        enc.cross = {}
     limit = target.max_target_positions - len(target.prompt_ids) - 1
     out = Encoded(enc, [token_cap(d, options.max_tokens_per_second, limit) for d in durations])
     if METHODS[options.method].needs_ctc:
@@ -80,10 +84,13 @@ def row_prompts(target: WhisperASR, options: DecodeOptions, enc: EncoderOutput) 
         ModelLoadError: a language or task the model does not have.
     """
     b = enc.states.shape[0]
+    stamps = options.timestamps != "none"
     if options.language == "auto" and target.multilingual:
-        return target.detect_language(enc, options.task)[1] if target.has_decoder else None
+        if not target.has_decoder:
+            return None
+        return [target.prompt_for(c, options.task, stamps) for c in target.detect_language(enc, options.task)[0]]
     language = None if options.language == "auto" else options.language
-    return [target.prompt_for(language, options.task)] * b
+    return [target.prompt_for(language, options.task, stamps)] * b
 
 
 def local_proposers(draft: WhisperASR, encoded: Encoded, options: SpeculationOptions) -> ProposerFactory:
@@ -253,7 +260,8 @@ class Drafter:
         self.options = options
         self.target = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, dtype, encoder_dtype)
         self.target.pack_for_inference()
-        self.target.prompt_for(None if options.language == "auto" else options.language, options.task)  # checked
+        self.target.prompt_for(None if options.language == "auto" else options.language, options.task,
+                               options.timestamps != "none")  # checked
         self.draft = self.ctc = None
         if METHODS[options.method].needs_ctc:
             self.ctc = CTCHead.from_pretrained(ctc or default_drafter(self.target.name, "ctc"), device).to(dtype)
@@ -353,6 +361,7 @@ class TargetDecoder:
         for r, i in enumerate(batch.owners):
             owned.setdefault(i, []).append(r)
         total = sum(batch.durations[i] for i in owned) or 1.0
+        words = self._words(batch, hyps)
         prompts = batch.encoded.target.prompts if batch.encoded is not None else None
         for i, rs in owned.items():
             d = batch.durations[i]
@@ -366,10 +375,23 @@ class TargetDecoder:
             rows[i] = self._row(batch.utterances[i], h, seconds * d / total, batch.draft_model, duration=d)
             if prompts is not None:
                 rows[i].language = self._language(prompts[rs[0]])
-            if self.options.segments:
+            if self.options.timestamps != "none":
+                rows[i].segments = [seg for r in spoken for seg in parse_segments(
+                    hyps[r].tokens, self.target.timestamp_tokens, self.target.decode_text, batch.spans[r][0],
+                    batch.spans[r][1] - batch.spans[r][0])]
+                if words is not None:
+                    rows[i].words = [w for r in spoken for w in words[r]]
+            elif self.options.segments:
                 rows[i].segments = [{"start_s": batch.spans[r][0], "end_s": batch.spans[r][1],
                                      "text": self.target.decode_text(hyps[r].tokens)} for r in spoken]
         return rows
+
+    def _words(self, batch: EncodedBatch, hyps: list[Hypothesis]) -> Optional[list[list[dict]]]:
+        """With ``timestamps="word"``, per encoded row its words (one batched teacher-forced target pass)."""
+        if self.options.timestamps != "word" or batch.encoded is None or not hyps:
+            return None
+        enc = batch.encoded.target.to(self.target.device, self.target.dtype)
+        return word_timestamps(self.target, enc, [h.tokens for h in hyps], [a for a, _ in batch.spans])
 
     def _no_speech(self, h: Hypothesis) -> bool:
         threshold = None if self.options.short_window_s else self.options.no_speech_threshold  # see DecodeOptions
@@ -469,6 +491,8 @@ class Transcriber:
             utterances: the batch; audios: their waveforms if already loaded (see :meth:`Drafter.encode`).
         """
         try:
+            if self.options.long_form == "sequential":
+                return self._sequential(utterances, audios)
             batch = self.drafter.encode(utterances, audios)
             proposers = self.drafter.proposers(batch.encoded) if batch.encoded and self.draft else None
             return self.decoder.decode(batch, proposers)
@@ -478,6 +502,29 @@ class Transcriber:
             return [row for i, u in enumerate(utterances)
                     for row in self.transcribe([u], None if audios is None else [audios[i]])]
 
+
+    def _sequential(self, utterances: list[Utterance], audios: Optional[list[np.ndarray]]) -> list[ResultRow]:
+        """:meth:`transcribe` with Whisper's sequential long-form algorithm (:func:`~rayspec.longform.decode_sequential`:
+        every file's windows in one continuous batch); bad audio becomes an error row."""
+        t0 = time.perf_counter()
+        rate, dec = self.sample_rate, self.decoder
+        name = self.draft.name if self.draft else ""
+        rows: list[Optional[ResultRow]] = [None] * len(utterances)
+        loaded, where = [], []
+        for i, u in enumerate(utterances):
+            try:
+                loaded.append(load_audio(u.audio, rate, self.limits) if audios is None else audios[i])
+                where.append(i)
+            except AudioError as exc:
+                rows[i] = dec._row(u, None, 0.0, name, error=str(exc), code=exc.code)
+        if loaded:
+            encode = lambda options, a, d: encode_audio(self.target, options, a, d, self.draft, self.ctc)  # noqa: E731
+            results = decode_sequential(self.target, self.options, loaded, len(loaded), encode, self.draft)
+            seconds, total = time.perf_counter() - t0, sum(len(a) for a in loaded)
+            for i, a, (h, segs) in zip(where, loaded, results):
+                rows[i] = dec._row(utterances[i], h, seconds * len(a) / total, name, duration=len(a) / rate)
+                rows[i].segments = segs
+        return rows
 
     def transcribe_stream(self, batches: Iterable[Optional[tuple[list[Utterance], Optional[list[np.ndarray]]]]],
                           slots: int) -> Iterator[tuple[int, list[ResultRow]]]:
@@ -498,6 +545,13 @@ class Transcriber:
             ``(k, rows)`` once per batch, ``k`` its position among the batches given (Nones not counted), as the
             batch's last row finishes (not in input order).
         """
+        if self.options.long_form == "sequential":  # each batch's windows stream within decode_sequential
+            k = 0
+            for item in batches:
+                if item is not None:
+                    yield k, self.transcribe(*item)
+                    k += 1
+            return
         t = self.target
         pending: dict[int, tuple[tuple, EncodedBatch, list[Optional[Hypothesis]]]] = {}  # k -> (batch, encoded, hyps)
         finished: list[tuple[int, list[ResultRow]]] = []  # batches done without the decoder (errors, no speech)

@@ -54,6 +54,8 @@ SCHEMA = pa.schema(
         pa.field("error_code", pa.string()),
         pa.field("segments", pa.list_(pa.struct([("start_s", pa.float64()), ("end_s", pa.float64()),
                                                  ("text", pa.string())]))),
+        pa.field("words", pa.list_(pa.struct([("word", pa.string()), ("start_s", pa.float64()),
+                                              ("end_s", pa.float64()), ("probability", pa.float64())]))),
     ]
 )
 RETRIED_ERROR_CODES = ("internal",)
@@ -68,7 +70,9 @@ class ResultRow:
     :class:`~rayspec.audio.AudioError` code, or "internal") set when the utterance failed; ``decode_s`` is the
     utterance's share of its batch's wall time (seconds), split by audio duration. ``mode`` is "exact" (identical to
     the target's greedy output) or "lossy". ``segments`` (with ``--segments``) lists ``{start_s, end_s, text}`` of
-    every decoded segment (one for audio within the model's window). ``language`` is the decoder prompt's language
+    every decoded segment (one for audio within the model's window; with ``--timestamps segment|word`` the segments
+    Whisper's timestamp tokens delimit, in seconds from the file's start), ``words`` (``--timestamps word``)
+    ``{word, start_s, end_s, probability}`` of every word. ``language`` is the decoder prompt's language
     (detected per segment with ``--language auto``: the first segment's; None for English-only models), ``no_speech_prob`` the target's
     ``<|nospeech|>`` probability in its first pass (the largest over an utterance's segments; above
     ``--no-speech-threshold`` a segment is dropped, route "no_speech"), ``compression_ratio`` the text's zlib ratio
@@ -104,6 +108,7 @@ class ResultRow:
     error: Optional[str] = None
     error_code: Optional[str] = None
     segments: Optional[list] = None
+    words: Optional[list] = None
 
 
 assert [f.name for f in fields(ResultRow)] == SCHEMA.names

@@ -39,6 +39,7 @@ from .errors import ModelLoadError
 from .features import log_mel, supports
 from .linear import PackedLinear, linear, linear_layer, pack_linears
 from .registry import resolve_model
+from ..spec.timestamps import TimestampTokens
 
 
 @dataclass
@@ -52,12 +53,16 @@ class EncoderOutput:
         masked: whether padded positions must be masked in cross-attention (False for fixed-window models).
         prompts: ``B`` decoder prompts (token ids, all of one length: the language token may differ per row, see
             :meth:`WhisperASR.detect_language`), or None for the model's :attr:`WhisperASR.prompt_ids` on every row.
+        cross: None, or a dict in which :meth:`WhisperASR.new_cache` keeps the decoder's cross-attention keys/values
+            of these rows once computed, so that a second decoder pass over the same rows (word timestamps,
+            :mod:`rayspec.timing`) does not recompute them; kept through :meth:`to` when the states stay the same.
     """
 
     states: torch.Tensor
     lengths: torch.Tensor
     masked: bool
     prompts: Optional[list[list[int]]] = None
+    cross: Optional[dict] = None
 
     def select(self, rows: torch.Tensor) -> "EncoderOutput":
         """Rows ``rows`` (int64 ``[B']``) of this batch."""
@@ -67,8 +72,9 @@ class EncoderOutput:
 
     def to(self, device, dtype: Optional[torch.dtype] = None) -> "EncoderOutput":
         """This batch on ``device``, its states cast to ``dtype`` if given (lengths stay int64)."""
-        return EncoderOutput(self.states.to(device=device, dtype=dtype or self.states.dtype), self.lengths.to(device),
-                             self.masked, self.prompts)
+        states = self.states.to(device=device, dtype=dtype or self.states.dtype)
+        return EncoderOutput(states, self.lengths.to(device), self.masked, self.prompts,
+                             self.cross if states is self.states else None)
 
     def row_prompts(self, default: Sequence[int]) -> list[list[int]]:
         """The decoder prompt of each row: :attr:`prompts`, or ``default`` for every row."""
@@ -375,13 +381,16 @@ class WhisperASR:
                 return i
         return None
 
-    def prompt_for(self, language: Optional[str] = None, task: str = "transcribe") -> list[int]:
+    def prompt_for(self, language: Optional[str] = None, task: str = "transcribe", timestamps: bool = False
+                   ) -> list[int]:
         """Whisper's decoder prompt: ``<|startoftranscript|> [<|lang|> <|task|>] <|notimestamps|>``.
 
         Args:
             language: a language code ("en", "fr", ...) for multilingual models (default: the generation config's,
                 else "en"); an English-only model takes None or "en".
             task: "transcribe" or "translate" (to English; multilingual models only).
+            timestamps: decode with timestamp tokens: the prompt without ``<|notimestamps|>`` (the verify loop then
+                applies Whisper's timestamp rules, :mod:`rayspec.spec.timestamps`).
 
         Raises:
             ModelLoadError: a language or task this model does not have (e.g. "fr" on an English-only model).
@@ -401,9 +410,20 @@ class WhisperASR:
         elif language not in (None, "en") or task != "transcribe":
             raise ModelLoadError(f"{self.name or 'the model'} is English-only: --language {language} --task {task} "
                                  "needs a multilingual model (e.g. whisper-base)")
-        if getattr(gc, "no_timestamps_token_id", None) is not None:
+        if timestamps and self.timestamp_tokens is None:
+            raise ModelLoadError(f"{self.name or 'the model'} has no timestamp tokens")
+        if getattr(gc, "no_timestamps_token_id", None) is not None and not timestamps:
             prompt.append(int(gc.no_timestamps_token_id))
         return prompt
+
+    @functools.cached_property
+    def timestamp_tokens(self):
+        """The :class:`~rayspec.spec.timestamps.TimestampTokens` of this vocabulary (timestamps follow
+        ``<|notimestamps|>``, as in every Whisper vocabulary), or None for a model without them."""
+        no_ts = getattr(self.generation_config, "no_timestamps_token_id", None)
+        if no_ts is None or int(no_ts) + 1 >= self.vocab_size:
+            return None
+        return TimestampTokens(int(no_ts), int(no_ts) + 1, self.eos_token_id, self.vocab_size)
 
     def no_speech_probability(self, sot_logits: torch.Tensor) -> Optional[torch.Tensor]:
         """Float32 ``[B]`` probability of ``<|nospeech|>`` at ``<|startoftranscript|>`` (openai/whisper's
@@ -588,7 +608,8 @@ class WhisperASR:
         return features[..., : min(features.shape[-1], int(seconds * fps))]
 
     # ------------------------------------------------------------------ decoder
-    def new_cache(self, encoder_output: EncoderOutput, capacity: int, cross: bool = True) -> DecoderCache:
+    def new_cache(self, encoder_output: EncoderOutput, capacity: int, cross: bool = True,
+                  shared: bool = False) -> DecoderCache:
         """An empty decoder cache for a batch, with cross-attention keys/values precomputed.
 
         Args:
@@ -597,6 +618,8 @@ class WhisperASR:
             cross: False leaves the cross-attention keys/values uncomputed (uninitialised memory) for
                 :meth:`fill_cross` to fill, row by row, before a row is decoded: a draft that will draft for few of
                 the rows (``--speculate-max-rows``) computes them for those rows only.
+            shared: with ``encoder_output.cross`` (see :class:`EncoderOutput`), use the kept keys/values themselves
+                rather than copies: for a caller that never drops, moves or writes rows of the cache.
         """
         if self.static_steps is not None:  # KV slots of the static-shape step, when free and large enough
             cache = self.static_steps.new_cache(encoder_output, capacity, cross)
@@ -606,8 +629,13 @@ class WhisperASR:
         states = encoder_output.states
         b, s, _ = states.shape
         cross_k, cross_v, self_k, self_v = [], [], [], []
+        memo = encoder_output.cross if cross else None
+        if memo is not None and id(self) not in memo:
+            memo[id(self)] = [self.cross_attention_kv(states, i) for i in range(len(dec.layers))]
         for i in range(len(dec.layers)):
-            if cross:
+            if memo is not None:  # the decoder drops and moves cache rows in place: it gets copies
+                k, v = memo[id(self)][i] if shared else (t.clone() for t in memo[id(self)][i])
+            elif cross:
                 k, v = self.cross_attention_kv(states, i)
             else:
                 k, v = (states.new_empty((b, self.num_heads, s, self.head_dim)) for _ in range(2))
@@ -661,6 +689,8 @@ class WhisperASR:
         ancestors: Optional[torch.Tensor] = None,
         depths: Optional[torch.Tensor] = None,
         hidden_from: int = 0,
+        cross_heads: Optional[dict[int, list[int]]] = None,
+        cross_out: Optional[list] = None,
     ) -> torch.Tensor:
         """Run the decoder over ``Q`` new tokens per row; their keys/values become pending in ``cache``.
 
@@ -676,6 +706,9 @@ class WhisperASR:
             ancestors: bool ``[Q, Q]`` or ``[B, Q, Q]``; default causal.
             depths: int64 ``[Q]`` or ``[B, Q]``; default ``arange(Q)``.
             hidden_from: return the states of new tokens ``hidden_from ..`` only.
+            cross_heads, cross_out: ``{layer: [head, ...]}``; for each such layer (in order) the cross-attention
+                logits of those heads (scaled query . key, before the softmax; float ``[B, h, Q, S]``) are appended to
+                the list ``cross_out`` (word timestamps read the alignment heads, :mod:`rayspec.timing`).
 
         Returns:
             Float ``[B, Q - hidden_from, D]``: the last decoder layer's states after the final layer norm, what the
@@ -735,6 +768,9 @@ class WhisperASR:
             cross = layer.encoder_attn
             h = _layer_norm(layer.encoder_attn_layer_norm, x)
             qh = self._heads(linear_layer(cross.q_proj, h) * cross.scaling)
+            if cross_heads is not None and i in cross_heads:
+                pick = torch.tensor(cross_heads[i], device=qh.device)
+                cross_out.append(qh.index_select(1, pick) @ cross_k[i].index_select(1, pick).transpose(-1, -2))
             out = self._attend(cross, qh, cross_k[i], cross_v[i], cross_mask)
             x = x + _dropout(out, layer.dropout, layer.training)
 
@@ -777,10 +813,23 @@ class WhisperASR:
             out = torch.where(first, out + self._begin_suppress[tokens], out)
         return out
 
+    def timestamp_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits of the timestamp tokens alone (no suppression): hidden ``[..., D]`` -> float ``[..., T]``, a
+        ``T``-row slice of the output projection (whisper-base: 1,501 of 51,865 rows).
+
+        Raises:
+            RuntimeError: a model without timestamp tokens.
+        """
+        tt = self.timestamp_tokens
+        if tt is None:
+            raise RuntimeError(f"{self.name or 'this model'} has no timestamp tokens")
+        proj = self.model.proj_out
+        return F.linear(hidden, proj.weight[tt.begin:], None if proj.bias is None else proj.bias[tt.begin:])
+
     def shortlist_bound(self, hidden: torch.Tensor) -> torch.Tensor:
         """A lower bound of each row's largest suppressed logit, from a fraction of the projection: the largest
         logit over the first :data:`SHORTLIST_TOKENS` token ids (BPE ids are in merge order, so the common tokens
-        come first) that neither suppress list bans. hidden ``[..., D]`` -> float ``[...]``. Greedy verification uses
+        come first) that neither suppress list bans, timestamp tokens excluded. hidden ``[..., D]`` -> float ``[...]``. Greedy verification uses
         it to skip the full projection where a draft token cannot be the argmax
         (:func:`rayspec.spec.acceptance.score_greedy_lazily`)."""
         proj = self.model.proj_out
@@ -790,7 +839,8 @@ class WhisperASR:
             for bias in key[1:]:
                 if bias is not None:
                     banned |= torch.isinf(bias)
-            ids = torch.arange(min(SHORTLIST_TOKENS, self.vocab_size), device=banned.device)
+            tt = self.timestamp_tokens  # timestamps are left out: the timestamp rules ban them at most positions
+            ids = torch.arange(min(SHORTLIST_TOKENS, self.vocab_size if tt is None else tt.begin), device=banned.device)
             ids = ids[~banned[ids]]
             self._shortlist = (key, proj.weight[ids].contiguous(),
                                None if proj.bias is None else proj.bias[ids].contiguous())
@@ -879,8 +929,10 @@ class WhisperASR:
         return module
 
     def decode_text(self, ids: Sequence[int]) -> str:
-        """Text of generated ids (special tokens dropped)."""
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True).strip()
+        """Text of generated ids (special and timestamp tokens dropped)."""
+        tt = self.timestamp_tokens
+        ids = [i for i in ids if i < tt.begin] if tt is not None else list(ids)
+        return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
     def count_parameters(self) -> int:
         packed = sum(m.in_features * m.out_features for m in self.model.modules() if isinstance(m, PackedLinear))

@@ -32,6 +32,7 @@ import torch
 from ..decoding.common import Hypothesis
 from ..models.whisper import EncoderOutput, WhisperASR
 from .acceptance import GREEDY, AcceptanceRule, accept_tree, score_greedy_lazily, score_tree
+from .timestamps import EXTRA_NODES, apply_rules, rule_bounds, wrap_proposer
 from .tree import DraftTree, TokenTrees
 
 # greedy verification projects to the vocabulary only where it can matter (score_greedy_lazily) from this many
@@ -129,11 +130,15 @@ class Feedback:
         index: the row's batch index; accepted: indices into the proposal's ``tree`` of the kept root path.
         hidden: for proposers with ``needs_hidden``, the target's last decoder hidden state ``[D]`` (device) at the
             end of the kept path: the state that predicted the row's newest token (Medusa heads read it).
+        timestamp: for rows in timestamp mode, the target's most likely timestamp token at the end of the kept path
+            (before the timestamp rules): where a segment ending there would end
+            (:class:`~rayspec.spec.timestamps.TimestampProposer` guesses a segment's end from it).
     """
 
     index: int
     accepted: list[int]
     hidden: Optional[torch.Tensor] = None
+    timestamp: Optional[int] = None
 
 
 @dataclass
@@ -202,15 +207,16 @@ class _Row:
     hyp: Hypothesis
     seq: list[int]  # prompt + emitted tokens
     target_len: int = 0  # leading tokens of seq whose keys/values the target cache holds
+    timestamps: bool = False  # the prompt lacks <|notimestamps|>: Whisper's timestamp rules apply
 
     @property
     def room(self) -> int:
         return self.cap - len(self.hyp.tokens)
 
 
-def _new_row(key, cap: int, start: Optional[Hypothesis], prompt: list[int], route: str) -> _Row:
+def _new_row(key, cap: int, start: Optional[Hypothesis], prompt: list[int], route: str, tt) -> _Row:
     hyp = start if start is not None else Hypothesis([], False, route)
-    return _Row(key, int(cap), hyp, prompt + hyp.tokens)
+    return _Row(key, int(cap), hyp, prompt + hyp.tokens, timestamps=tt is not None and tt.in_timestamp_mode(prompt))
 
 
 def _done(hyp: Hypothesis, cap: int) -> bool:
@@ -226,6 +232,12 @@ class VerifyLoop:
         rule: how draft tokens are accepted (:data:`~rayspec.spec.acceptance.GREEDY`: exact).
         max_nodes: most draft nodes a proposal may hold (sizes the KV cache's room for pending positions).
         route: the hypotheses' route ("ar", "draft", ...).
+
+    Rows whose prompt lacks ``<|notimestamps|>`` decode with Whisper's timestamp rules at every verified node
+    (:mod:`rayspec.spec.timestamps`), and the proposer is wrapped so that text-only drafters still speculate
+    (:class:`~rayspec.spec.timestamps.TimestampProposer`).
+
+    Args:
         max_rows: speculate only in rounds with at most this many live rows (0: always); None: the device's
             default (:func:`speculate_max_rows`). Either way the tokens are the same.
 
@@ -235,8 +247,11 @@ class VerifyLoop:
 
     def __init__(self, target: WhisperASR, proposer: Optional[Proposer] = None, rule: AcceptanceRule = GREEDY,
                  max_nodes: int = 0, route: str = "ar", max_rows: Optional[int] = None) -> None:
-        self.target, self.proposer, self.rule = target, proposer, rule
-        self.max_nodes, self.route = max_nodes, route
+        self.tt = target.timestamp_tokens
+        self.target, self.rule = target, rule
+        self.proposer = wrap_proposer(proposer, self.tt, target.prompt_ids, target.eos_token_id)
+        self.max_nodes = max_nodes + (EXTRA_NODES if self.proposer is not proposer else 0)
+        self.route = route
         self.max_rows = speculate_max_rows(target.device, max_rows)
         self.measured = max_rows is None  # auto: measured pass costs decide where there are some (speculation_pays)
         self._accepted = [1.0, 1]  # draft tokens accepted, speculating row-rounds (a prior of one token per round)
@@ -266,7 +281,7 @@ class VerifyLoop:
         prompts = enc.row_prompts(t.prompt_ids)
         start = start or [None] * len(caps)
         cache = t.new_cache(enc, len(prompts[0]) + max(caps) + self.max_nodes + 2)
-        rows = [_new_row(i, c, h, p, self.route) for i, (c, h, p) in enumerate(zip(caps, start, prompts))]
+        rows = [_new_row(i, c, h, p, self.route, self.tt) for i, (c, h, p) in enumerate(zip(caps, start, prompts))]
         if prefix_kv is not None:
             _import_prefixes(cache, list(range(len(rows))), rows, prefix_kv)
         live = _drop(cache, rows, [k for k, r in enumerate(rows) if _done(r.hyp, r.cap)])
@@ -277,8 +292,8 @@ class VerifyLoop:
         return [r.hyp for r in rows]
 
     @torch.inference_mode()
-    def decode_stream(self, source: Iterable[Optional[Admission]], slots: int,
-                      max_cap: int) -> Iterator[tuple[Any, Hypothesis]]:
+    def decode_stream(self, source: Iterable[Optional[Admission]], slots: int, max_cap: int,
+                      max_prompt: Optional[int] = None) -> Iterator[tuple[Any, Hypothesis]]:
         """Continuous batching: decode the rows of ``source`` with up to ``slots`` rows live at once; the slot of a
         finished row is refilled from ``source`` before the next round (Orca's iteration-level scheduling, Yu et al.
         2022), so the batch stays full until the source runs dry; a batch below ``slots`` rows (an online source
@@ -296,6 +311,8 @@ class VerifyLoop:
             source: :class:`Admission` s (or None, see above), in the order their rows should start.
             slots: most rows decoded at once (the batch size).
             max_cap: the largest cap any row will have (sizes the KV cache).
+            max_prompt: the longest prompt any row will have (default: the target's own prompt; longer with
+                ``<|startofprev|>`` text, :mod:`rayspec.longform`).
 
         Yields:
             ``(id, hypothesis)`` per row as it finishes (not in source order).
@@ -309,7 +326,7 @@ class VerifyLoop:
             raise ValueError(f"{type(self.proposer).__name__} cannot take rows mid-batch (no admit method)")
         t = self.target
         prompt = list(t.prompt_ids)
-        capacity = len(prompt) + max_cap + self.max_nodes + 2
+        capacity = (max_prompt or len(prompt)) + max_cap + self.max_nodes + 2
         rows = iter(source)
         waiting: list[Optional[Admission]] = [None]
         instant: list[tuple[Any, Hypothesis]] = []  # rows with nothing to generate
@@ -346,7 +363,7 @@ class VerifyLoop:
                     cache.place(at, t.new_cache(part.enc, 1))
                 if self.proposer is not None:
                     self.proposer.admit(at, part.ids, part.extra)
-                new = [_new_row(key, cap, h, p, self.route) for key, cap, h, p in
+                new = [_new_row(key, cap, h, p, self.route, self.tt) for key, cap, h, p in
                        zip(part.ids, part.caps, part.start or [None] * len(part), part.enc.row_prompts(prompt))]
                 if part.prefix_kv is not None:
                     _import_prefixes(cache, at, new, part.prefix_kv)
@@ -411,11 +428,23 @@ class VerifyLoop:
         hidden = t.decode_hidden(cache, dev.tokens, dev.ancestors, dev.depths)  # [B, Q, D]
         fresh = [k for k, r in enumerate(live) if r.target_len == 0]  # first pass: node 0 is <|startoftranscript|>
         logits = None  # [B, Q, V] unless the lazy projection skips most of it
+        stamped = [r.timestamps for r in live]
+        bounds = rule_bounds(dev.host, [r.hyp.tokens for r in live], stamped, self.tt) if any(stamped) else None
+        guess = bounds is not None and self.proposer is not None  # each node's likeliest timestamp, for proposals
         if self.rule.kind == "greedy" and _lazy_projection(hidden):
-            scores = score_greedy_lazily(hidden, dev, t)
+            scores = score_greedy_lazily(hidden, dev, t, None if bounds is None else (bounds, self.tt))
+            if guess:  # (the lazy path runs on a CPU: reading back costs nothing)
+                stamps = t.timestamp_logits(hidden).argmax(-1) + self.tt.begin
+                scores = np.concatenate([scores, stamps.cpu().numpy()[None]])
         else:
             logits = t.project(hidden)
-            scores = score_tree(t.suppress(logits, first=dev.host["first"]), dev, self.rule)
+            masked = t.suppress(logits, first=dev.host["first"])
+            extra = None
+            if bounds is not None:  # (in place: a copy where suppress left the logits as they were)
+                if guess:  # read back with the verdicts
+                    extra = (logits[..., self.tt.begin:].argmax(-1) + self.tt.begin)[None]
+                masked = apply_rules(masked if masked is not logits else logits.clone(), bounds, self.tt)
+            scores = score_tree(masked, dev, self.rule, extra)
         no_speech = None
         if fresh and t.no_speech_token_id is not None:  # one more read, in a row's first round only
             at = torch.tensor(fresh, device=cache.device)
@@ -449,7 +478,8 @@ class VerifyLoop:
                 if len(prop.tree):
                     self._accepted[0] += len(path)
                     self._accepted[1] += 1
-            feedback.append(Feedback(r.index, [a - root - 1 for a in path], None if last is None else last[k]))
+            stamp = int(scores[2][k, path[-1] if path else root]) if len(scores) > 2 and r.timestamps else None
+            feedback.append(Feedback(r.index, [a - root - 1 for a in path], None if last is None else last[k], stamp))
             r.target_len = len(r.seq) + len(accepted)
             for tok in accepted + [int(result.next_tokens[k])]:
                 if tok == self.eos:
