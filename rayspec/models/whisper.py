@@ -717,7 +717,7 @@ class WhisperASR:
         Raises:
             ValueError: the cache has pending positions, or positions beyond its capacity.
         """
-        if self.static_steps is not None and self.static_steps.accepts(cache, tokens.shape):
+        if cross_heads is None and self.static_steps is not None and self.static_steps.accepts(cache, tokens.shape):
             return self.static_steps.decode_hidden(cache, tokens, ancestors, depths, hidden_from)
         b, q = tokens.shape
         # Callers cap real tokens below max_target_positions; only padding may reach past it, and is clamped.
@@ -725,14 +725,15 @@ class WhisperASR:
         cross_k, cross_v, cross_mask = cache.cross()
         with decode_attention(tokens.device):
             hidden = self.decoder_layers(tokens, positions, slots, visible, cache.self_k, cache.self_v, top, cross_k,
-                                         cross_v, cross_mask)
+                                         cross_v, cross_mask, cross_heads, cross_out)
         cache.pending = q
         return hidden[:, hidden_from:]
 
     def decoder_layers(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                        visible: torch.Tensor, self_k: list[torch.Tensor], self_v: list[torch.Tensor], top: int,
                        cross_k: list[torch.Tensor], cross_v: list[torch.Tensor],
-                       cross_mask: Optional[torch.Tensor]) -> torch.Tensor:
+                       cross_mask: Optional[torch.Tensor], cross_heads: Optional[dict[int, list[int]]] = None,
+                       cross_out: Optional[list] = None) -> torch.Tensor:
         """The decoder's layers over new tokens at given positions, shapes fixed by the arguments alone (no device
         read, no branch on tensor values): what :meth:`decode_hidden` and the static-shape step
         (:mod:`rayspec.runner.static_step`) run.
@@ -743,6 +744,7 @@ class WhisperASR:
             visible: bool ``[B, 1, Q, top]``, which key slots each new token attends to.
             self_k, self_v: per layer ``[B, H, C, Dh]`` self-attention keys/values (``C >= top``).
             cross_k, cross_v: per layer ``[B, H, S, Dh]``; cross_mask: bool ``[B, 1, 1, S]`` or None.
+            cross_heads, cross_out: as :meth:`decode_hidden` (the alignment heads' cross-attention logits).
 
         Returns:
             Float ``[B, Q, D]``, the last layer's states after the final layer norm.
