@@ -54,6 +54,38 @@ def cues(row: dict, word_level: bool = False) -> list[tuple[float, float, str]]:
     return sorted((c for c in out if c[2]), key=lambda c: (c[0], c[1]))
 
 
+def whole_file_segments(row: dict) -> list[dict]:
+    """The row's ``segments``, or, where it has none (timestamps off) but has text, one segment over the whole
+    file (0 to ``duration_s``): what OpenAI's API returns for a file without timestamps."""
+    if row.get("segments"):
+        return list(row["segments"])
+    text = row.get("text") or ""
+    return [{"start_s": 0.0, "end_s": float(row.get("duration_s") or 0.0), "text": text}] if text.strip() else []
+
+
+def verbose_json(row: dict, granularities=("segment",), task: str = "transcribe", language: str = "english",
+                 encode=None) -> dict:
+    """OpenAI's ``verbose_json`` transcription body (``TranscriptionVerbose``) of a result row: ``task``,
+    ``language`` (its name), ``duration``, ``text``, and per ``granularities`` ``segments`` (``id``, ``seek`` =
+    start in 10 ms frames, ``start``, ``end`` seconds, ``text``, ``tokens``, ``temperature`` 0, ``avg_logprob``
+    None: not computed, ``compression_ratio``, ``no_speech_prob`` = the row's) and ``words`` (``word`` stripped,
+    ``start``, ``end``). ``encode``: text -> token ids for ``tokens`` (the target's tokenizer; None: ``[]``)."""
+    from .decoding.common import compression_ratio
+
+    body = {"task": task, "language": language, "duration": row.get("duration_s"), "text": row.get("text") or ""}
+    if "segment" in granularities:
+        body["segments"] = [
+            {"id": k, "seek": round(100 * s["start_s"]), "start": s["start_s"], "end": s["end_s"],
+             "text": s["text"], "tokens": list(encode(s["text"])) if encode else [], "temperature": 0.0,
+             "avg_logprob": None, "compression_ratio": compression_ratio(s["text"]),
+             "no_speech_prob": row.get("no_speech_prob")}
+            for k, s in enumerate(whole_file_segments(row))]
+    if "word" in granularities:
+        body["words"] = [{"word": w["word"].strip(), "start": w["start_s"], "end": w["end_s"]}
+                         for w in row.get("words") or []]
+    return body
+
+
 def subtitles(row: dict, word_level: bool = False):
     """A ``pysubs2.SSAFile`` of the row's :func:`cues` (times in integer milliseconds).
 
