@@ -81,3 +81,19 @@ def test_export_cli_tsv_json_and_clear_errors(tmp_path, capsys):
     assert err.count("\n") == 0 and "run rayspec transcribe with --timestamps segment" in err
     assert main(["export", untimed, "--format", "json", "-o", str(tmp_path / "x")]) == 0  # json needs no times
     assert main(["export", str(tmp_path / "missing.parquet"), "-o", str(tmp_path / "x")]) == 2
+
+
+def test_word_times_from_phoneme_durations_and_word_matching():
+    import numpy as np
+
+    from rayspec.bench.timestamps import match_words
+    from rayspec.bench.timestamps_data import reference_words, word_times
+
+    # "ab, c": BOS, pads, a stress mark before a, punctuation and a space between the words (1 frame = 0.01 s)
+    symbols = ["^", "_", "ˈ", "_", "a", "_", "b", "_", ",", "_", " ", "_", "c", "_", "$"]
+    frames = np.array([3, 1, 2, 1, 4, 1, 5, 1, 6, 1, 2, 1, 3, 2, 1])
+    times = word_times(symbols, frames, 0.01)
+    assert np.allclose(times, [(0.07, 0.17), (0.28, 0.31)])
+    assert reference_words("Well, it's done.") == ["Well", "it's", "done"]
+    assert reference_words("In 1850 the well-known") is None  # numbers and hyphens do not map one to one
+    assert match_words([" Well,", " its", " done."], ["Well", "it's", "done"]) == [(0, 0), (2, 2)]
