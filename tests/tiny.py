@@ -10,10 +10,12 @@ from rayspec.models.tokenizer import SPECIAL_TOKENS, build_char_tokenizer
 from rayspec.models.whisper import WhisperASR
 
 
-def make_tiny(path, d_model=64, layers=2, seed=0, masked=True, std=0.35, max_source_positions=125, hop=320):
-    """Write a tiny random Whisper model with the zoo's character tokenizer to ``path`` and load it."""
+def make_tiny(path, d_model=64, layers=2, seed=0, masked=True, std=0.35, max_source_positions=125, hop=320,
+              timestamps=0):
+    """Write a tiny random Whisper model with the zoo's character tokenizer to ``path`` and load it; ``timestamps``:
+    that many timestamp tokens ``<|0.00|>, <|0.02|>, ...`` after ``<|notimestamps|>``, as in Whisper's vocabulary."""
     torch.manual_seed(seed)
-    tok = build_char_tokenizer(str(path))
+    tok = build_char_tokenizer(str(path), timestamps)
     ids = dict(zip(SPECIAL_TOKENS, tok.convert_tokens_to_ids(SPECIAL_TOKENS)))
     eot, sot = ids["<|endoftext|>"], ids["<|startoftranscript|>"]
     space = tok.convert_tokens_to_ids("\u0120")

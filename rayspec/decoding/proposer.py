@@ -235,8 +235,10 @@ class DraftProposer:
             self.sent = {r.index: _Sent(self.valid.get(r.index, 0), [], 0, []) for r in requests}
             return [Proposal() for _ in requests]
         self._cross()  # every row is fed below
-        work = [_Work(r, _Sent(len(r.seq), [], 0, []), self.valid.get(r.index, 0), self.old_suffix.get(r.index, []),
-                      drafting=r.speculate) for r in requests]
+        # at least the newest token is fed (a row's sequence may not have grown past the kept draft tokens: with
+        # timestamps the drafter sees the text alone, rayspec.spec.timestamps.TimestampProposer)
+        work = [_Work(r, _Sent(len(r.seq), [], 0, []), min(self.valid.get(r.index, 0), len(r.seq) - 1),
+                      self.old_suffix.get(r.index, []), drafting=r.speculate) for r in requests]
         self.cache.crop([w.valid for w in work])
         self._trunk(work)
         if self.opt.tree and self.opt.tree_branches:

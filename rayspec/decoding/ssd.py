@@ -37,6 +37,7 @@ from ..models.ctc import CTCHead, max_frame_entropy
 from ..models.whisper import EncoderOutput, WhisperASR
 from ..spec.acceptance import AcceptanceRule, accept_tree, score_tree
 from ..spec.loop import Admission, Proposer, VerifyLoop
+from ..spec.timestamps import apply_rules, rule_bounds
 from ..spec.tree import DraftTree, TokenTrees
 from .common import Hypothesis
 from .ctc_proposer import CTC_MAX_DRAFT
@@ -162,17 +163,24 @@ class SSDDecoder:
         if not todo:
             return out, parked
         sub = enc.select(torch.tensor(todo, device=enc.states.device))
-        p = len(t.prompt_ids)
-        seqs = [hyps_ctc[i][: caps[i]] for i in todo]
+        prompts = sub.row_prompts(t.prompt_ids)
+        p = len(prompts[0])
+        tt = t.timestamp_tokens
+        stamped = [tt is not None and tt.in_timestamp_mode(q) for q in prompts]
+        # In timestamp mode the hypothesis gets the usual first timestamp, <|0.00|>, before it
+        seqs = [(([tt.begin] if on else []) + hyps_ctc[i])[: caps[i]] for i, on in zip(todo, stamped)]
         # One target pass scores each hypothesis + EOS as a chain after the prompt (eq. 4); eq. 5-6 pick the
         # verified prefix, and the target's argmax after it is known from the same pass (eq. 7).
-        trees = TokenTrees.build(sub.row_prompts(t.prompt_ids), [DraftTree.chain(s + [eos]) for s in seqs])
+        trees = TokenTrees.build(prompts, [DraftTree.chain(s + [eos]) for s in seqs])
         cache = t.new_cache(sub, int(trees.sizes.max()) + 1)
         dev = trees.to_device(eos, np.full(len(todo), p - 1), cache.device)
         raw = t.decode(cache, dev.tokens, dev.ancestors, dev.depths)
         no_speech = t.no_speech_probability(raw[:, 0])  # node 0 is <|startoftranscript|>
         no_speech = [None] * len(todo) if no_speech is None else no_speech.tolist()
         logits = t.suppress(raw, first=dev.host["first"])
+        if any(stamped):  # the timestamp rules at every node (rayspec.spec.timestamps)
+            bounds = rule_bounds(dev.host, [[]] * len(todo), stamped, tt)
+            logits = apply_rules(logits, torch.from_numpy(bounds).to(cache.device, non_blocking=True), tt)
         result = accept_tree(dev.host, score_tree(logits, dev, self.opt.rule))
         keep_len = []
         for k, (i, s) in enumerate(zip(todo, seqs)):

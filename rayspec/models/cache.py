@@ -246,6 +246,7 @@ class DecoderCache:
         s, s_new = (self.cross_k[0].shape[2], new.cross_k[0].shape[2]) if self.cross_k else (0, 0)
         if s_new > s:  # pad the buffers (new positions masked), so that reserved rows keep their room
             self._explicit_mask()
+            self.reserve(self.batch_size)  # a cache with a mask of its own may have no buffers yet
             buf = self._buffers
             grow = lambda ts: [torch.nn.functional.pad(t, (0, 0, 0, s_new - s)) for t in ts]  # noqa: E731
             buf["cross_k"], buf["cross_v"] = grow(buf["cross_k"]), grow(buf["cross_v"])

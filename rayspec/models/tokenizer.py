@@ -32,16 +32,20 @@ def normalize_transcript(text: str) -> str:
     return re.sub(r"\s+", " ", text).strip()
 
 
-def build_char_tokenizer(out_dir: str):
+def build_char_tokenizer(out_dir: str, timestamps: int = 0):
     """Write and load a character-level Whisper tokenizer (28 characters + 9 Whisper special tokens).
 
     The vocabulary is byte-level BPE with no merges, so each character is one token and the tokenizer is a real
     ``WhisperTokenizer``: ``<|startoftranscript|> <|notimestamps|>`` prompts, ``<|endoftext|>`` ends.
 
+    ``timestamps``: that many timestamp tokens (``<|0.00|>``, ``<|0.02|>``, ...) after the special tokens, as Whisper's
+    vocabulary has them (the zoo's drafters have none; tests of timestamp decoding use them).
+
     Returns:
         The loaded tokenizer (also saved to ``out_dir`` with ``save_pretrained``).
     """
-    return _bpe_whisper_tokenizer({c: i for i, c in enumerate(ALPHABET + SPACE)}, [], SPECIAL_TOKENS, out_dir)
+    stamps = [f"<|{i * 0.02:.2f}|>" for i in range(timestamps)]
+    return _bpe_whisper_tokenizer({c: i for i, c in enumerate(ALPHABET + SPACE)}, [], SPECIAL_TOKENS + stamps, out_dir)
 
 
 def _bpe_whisper_tokenizer(vocab: dict, merges: list, specials: list[str], out_dir: str):

@@ -37,6 +37,7 @@ from .cache import DecoderCache
 from .errors import ModelLoadError
 from .linear import PackedLinear, linear, linear_layer, pack_linears
 from .registry import resolve_model
+from ..spec.timestamps import TimestampTokens
 
 
 @dataclass
@@ -370,13 +371,16 @@ class WhisperASR:
                 return i
         return None
 
-    def prompt_for(self, language: Optional[str] = None, task: str = "transcribe") -> list[int]:
+    def prompt_for(self, language: Optional[str] = None, task: str = "transcribe", timestamps: bool = False
+                   ) -> list[int]:
         """Whisper's decoder prompt: ``<|startoftranscript|> [<|lang|> <|task|>] <|notimestamps|>``.
 
         Args:
             language: a language code ("en", "fr", ...) for multilingual models (default: the generation config's,
                 else "en"); an English-only model takes None or "en".
             task: "transcribe" or "translate" (to English; multilingual models only).
+            timestamps: decode with timestamp tokens: the prompt without ``<|notimestamps|>`` (the verify loop then
+                applies Whisper's timestamp rules, :mod:`rayspec.spec.timestamps`).
 
         Raises:
             ModelLoadError: a language or task this model does not have (e.g. "fr" on an English-only model).
@@ -396,9 +400,20 @@ class WhisperASR:
         elif language not in (None, "en") or task != "transcribe":
             raise ModelLoadError(f"{self.name or 'the model'} is English-only: --language {language} --task {task} "
                                  "needs a multilingual model (e.g. whisper-base)")
-        if getattr(gc, "no_timestamps_token_id", None) is not None:
+        if timestamps and self.timestamp_tokens is None:
+            raise ModelLoadError(f"{self.name or 'the model'} has no timestamp tokens")
+        if getattr(gc, "no_timestamps_token_id", None) is not None and not timestamps:
             prompt.append(int(gc.no_timestamps_token_id))
         return prompt
+
+    @functools.cached_property
+    def timestamp_tokens(self):
+        """The :class:`~rayspec.spec.timestamps.TimestampTokens` of this vocabulary (timestamps follow
+        ``<|notimestamps|>``, as in every Whisper vocabulary), or None for a model without them."""
+        no_ts = getattr(self.generation_config, "no_timestamps_token_id", None)
+        if no_ts is None or int(no_ts) + 1 >= self.vocab_size:
+            return None
+        return TimestampTokens(int(no_ts), int(no_ts) + 1, self.eos_token_id, self.vocab_size)
 
     def no_speech_probability(self, sot_logits: torch.Tensor) -> Optional[torch.Tensor]:
         """Float32 ``[B]`` probability of ``<|nospeech|>`` at ``<|startoftranscript|>`` (openai/whisper's
@@ -833,8 +848,10 @@ class WhisperASR:
         return module
 
     def decode_text(self, ids: Sequence[int]) -> str:
-        """Text of generated ids (special tokens dropped)."""
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True).strip()
+        """Text of generated ids (special and timestamp tokens dropped)."""
+        tt = self.timestamp_tokens
+        ids = [i for i in ids if i < tt.begin] if tt is not None else list(ids)
+        return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
     def count_parameters(self) -> int:
         packed = sum(m.in_features * m.out_features for m in self.model.modules() if isinstance(m, PackedLinear))

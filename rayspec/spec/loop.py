@@ -30,6 +30,7 @@ import torch
 from ..decoding.common import Hypothesis
 from ..models.whisper import EncoderOutput, WhisperASR
 from .acceptance import GREEDY, AcceptanceRule, accept_tree, score_greedy_lazily, score_tree
+from .timestamps import EXTRA_NODES, apply_rules, rule_bounds, wrap_proposer
 from .tree import DraftTree, TokenTrees
 
 # greedy verification projects to the vocabulary only where it can matter (score_greedy_lazily) from this many
@@ -175,15 +176,16 @@ class _Row:
     hyp: Hypothesis
     seq: list[int]  # prompt + emitted tokens
     target_len: int = 0  # leading tokens of seq whose keys/values the target cache holds
+    timestamps: bool = False  # the prompt lacks <|notimestamps|>: Whisper's timestamp rules apply
 
     @property
     def room(self) -> int:
         return self.cap - len(self.hyp.tokens)
 
 
-def _new_row(key, cap: int, start: Optional[Hypothesis], prompt: list[int], route: str) -> _Row:
+def _new_row(key, cap: int, start: Optional[Hypothesis], prompt: list[int], route: str, tt) -> _Row:
     hyp = start if start is not None else Hypothesis([], False, route)
-    return _Row(key, int(cap), hyp, prompt + hyp.tokens)
+    return _Row(key, int(cap), hyp, prompt + hyp.tokens, timestamps=tt is not None and tt.in_timestamp_mode(prompt))
 
 
 def _done(hyp: Hypothesis, cap: int) -> bool:
@@ -199,6 +201,12 @@ class VerifyLoop:
         rule: how draft tokens are accepted (:data:`~rayspec.spec.acceptance.GREEDY`: exact).
         max_nodes: most draft nodes a proposal may hold (sizes the KV cache's room for pending positions).
         route: the hypotheses' route ("ar", "draft", ...).
+
+    Rows whose prompt lacks ``<|notimestamps|>`` decode with Whisper's timestamp rules at every verified node
+    (:mod:`rayspec.spec.timestamps`), and the proposer is wrapped so that text-only drafters still speculate
+    (:class:`~rayspec.spec.timestamps.TimestampProposer`).
+
+    Args:
         max_rows: speculate only in rounds with at most this many live rows (0: always); None: the device's
             default (:func:`speculate_max_rows`). Either way the tokens are the same.
 
@@ -208,8 +216,11 @@ class VerifyLoop:
 
     def __init__(self, target: WhisperASR, proposer: Optional[Proposer] = None, rule: AcceptanceRule = GREEDY,
                  max_nodes: int = 0, route: str = "ar", max_rows: Optional[int] = None) -> None:
-        self.target, self.proposer, self.rule = target, proposer, rule
-        self.max_nodes, self.route = max_nodes, route
+        self.tt = target.timestamp_tokens
+        self.target, self.rule = target, rule
+        self.proposer = wrap_proposer(proposer, self.tt, len(target.prompt_ids), target.eos_token_id)
+        self.max_nodes = max_nodes + (EXTRA_NODES if self.proposer is not proposer else 0)
+        self.route = route
         self.max_rows = speculate_max_rows(target.device, max_rows)
         self.eos = target.eos_token_id
 
@@ -237,7 +248,7 @@ class VerifyLoop:
         prompts = enc.row_prompts(t.prompt_ids)
         start = start or [None] * len(caps)
         cache = t.new_cache(enc, len(prompts[0]) + max(caps) + self.max_nodes + 2)
-        rows = [_new_row(i, c, h, p, self.route) for i, (c, h, p) in enumerate(zip(caps, start, prompts))]
+        rows = [_new_row(i, c, h, p, self.route, self.tt) for i, (c, h, p) in enumerate(zip(caps, start, prompts))]
         if prefix_kv is not None:
             _import_prefixes(cache, list(range(len(rows))), rows, prefix_kv)
         live = _drop(cache, rows, [k for k, r in enumerate(rows) if _done(r.hyp, r.cap)])
@@ -317,7 +328,7 @@ class VerifyLoop:
                     cache.place(at, t.new_cache(part.enc, 1))
                 if self.proposer is not None:
                     self.proposer.admit(at, part.ids, part.extra)
-                new = [_new_row(key, cap, h, p, self.route) for key, cap, h, p in
+                new = [_new_row(key, cap, h, p, self.route, self.tt) for key, cap, h, p in
                        zip(part.ids, part.caps, part.start or [None] * len(part), part.enc.row_prompts(prompt))]
                 if part.prefix_kv is not None:
                     _import_prefixes(cache, at, new, part.prefix_kv)
@@ -378,11 +389,16 @@ class VerifyLoop:
         hidden = t.decode_hidden(cache, dev.tokens, dev.ancestors, dev.depths)  # [B, Q, D]
         fresh = [k for k, r in enumerate(live) if r.target_len == 0]  # first pass: node 0 is <|startoftranscript|>
         logits = None  # [B, Q, V] unless the lazy projection skips most of it
-        if self.rule.kind == "greedy" and _lazy_projection(hidden):
+        stamped = [r.timestamps for r in live]
+        if self.rule.kind == "greedy" and _lazy_projection(hidden) and not any(stamped):
             scores = score_greedy_lazily(hidden, dev, t)
         else:
             logits = t.project(hidden)
-            scores = score_tree(t.suppress(logits, first=dev.host["first"]), dev, self.rule)
+            masked = t.suppress(logits, first=dev.host["first"])
+            if any(stamped):
+                bounds = rule_bounds(dev.host, [r.hyp.tokens for r in live], stamped, self.tt)
+                masked = apply_rules(masked, torch.from_numpy(bounds).to(cache.device, non_blocking=True), self.tt)
+            scores = score_tree(masked, dev, self.rule)
         no_speech = None
         if fresh and t.no_speech_token_id is not None:  # one more read, in a row's first round only
             at = torch.tensor(fresh, device=cache.device)

@@ -1,0 +1,216 @@
+"""Whisper's timestamp mode: the timestamp rules at every verified node (every method == ar, timestamps included),
+the rules against a direct transcription of openai/whisper's ApplyTimestampRules, segments from timestamp tokens,
+and the word-timing steps (DTW, word grouping)."""
+
+import numpy as np
+import pytest
+import torch
+
+from rayspec.decoding.ar import greedy_decode
+from rayspec.decoding.medusa_proposer import CPU_TREE, MedusaProposer
+from rayspec.decoding.proposer import DraftProposer, SpeculationOptions
+from rayspec.decoding.speculative import speculative_decode
+from rayspec.decoding.ssd import CTCDrafts, SSDDecoder, SSDOptions
+from rayspec.models.medusa import MedusaHeads
+from rayspec.spec.loop import Admission, VerifyLoop
+from rayspec.spec.timestamps import TimestampTokens, apply_rules, rule_bounds
+from rayspec.spec.tree import DraftTree, TokenTrees
+from tiny import make_noisy_copy, make_tiny, random_audio
+
+AUDIO = random_audio(8, seed=3)
+CAP = 40
+
+
+@pytest.fixture(scope="module")
+def ts_target(tmp_path_factory):
+    return make_tiny(tmp_path_factory.mktemp("ts_target"), timestamps=150, seed=0)
+
+
+@pytest.fixture(scope="module")
+def ts_draft(ts_target, tmp_path_factory):
+    return make_noisy_copy(ts_target, tmp_path_factory.mktemp("ts_draft"), noise=0.15)
+
+
+def _encode(model, audios, timestamps=True):
+    f, lengths = model.features(audios)
+    enc = model.encode(f, lengths)
+    enc.prompts = [model.prompt_for(timestamps=timestamps)] * len(audios)
+    return enc
+
+
+def _reference_rules(logits: torch.Tensor, sampled: list[int], tt: TimestampTokens) -> torch.Tensor:
+    """openai/whisper decoding.py ApplyTimestampRules.apply for one row, transcribed statement by statement."""
+    logits = logits.clone()
+    logits[tt.no_timestamps] = -np.inf
+    seq = list(sampled)
+    last_was_timestamp = len(seq) >= 1 and seq[-1] >= tt.begin
+    penultimate_was_timestamp = len(seq) < 2 or seq[-2] >= tt.begin
+    if last_was_timestamp:
+        if penultimate_was_timestamp:
+            logits[tt.begin:] = -np.inf
+        else:
+            logits[: tt.eot] = -np.inf
+    timestamps = [t for t in seq if t >= tt.begin]
+    if timestamps:
+        last = timestamps[-1] if last_was_timestamp and not penultimate_was_timestamp else timestamps[-1] + 1
+        logits[tt.begin: last] = -np.inf
+    if not seq:
+        logits[: tt.begin] = -np.inf
+        logits[tt.begin + tt.max_initial + 1:] = -np.inf
+    logprobs = torch.log_softmax(logits.float(), -1)
+    if logprobs[tt.begin:].logsumexp(-1) > logprobs[: tt.begin].max():
+        logits[: tt.begin] = -np.inf
+    return logits
+
+
+def _reference_decode(model, audio, cap):
+    """Greedy decoding without any cache: the full sequence each step, suppress lists, then the reference rules."""
+    tt = model.timestamp_tokens
+    enc = _encode(model, [audio])
+    seq, out = list(enc.prompts[0]), []
+    with torch.inference_mode():
+        for _ in range(cap):
+            cache = model.new_cache(enc, len(seq) + 1)
+            logits = model.decode(cache, torch.tensor([seq]))[0, -1]
+            logits = _reference_rules(model.suppress(logits, first=not out), out, tt)
+            tok = int(logits.argmax())
+            if tok == model.eos_token_id:
+                break
+            out.append(tok)
+            seq.append(tok)
+    return out
+
+
+def _ar(model, audios, batch=1):
+    out = []
+    with torch.inference_mode():
+        for s in range(0, len(audios), batch):
+            chunk = audios[s: s + batch]
+            out += [h.tokens for h in greedy_decode(model, _encode(model, chunk), [CAP] * len(chunk))]
+    return out
+
+
+@pytest.fixture(scope="module")
+def ar_tokens(ts_target):
+    return _ar(ts_target, AUDIO)
+
+
+def test_ar_follows_openai_whisper_rules(ts_target, ar_tokens):
+    tt = ts_target.timestamp_tokens
+    assert [_reference_decode(ts_target, a, CAP) for a in AUDIO[:3]] == ar_tokens[:3]
+    for toks in ar_tokens:  # the rows really use timestamps: a first one <= 1 s, pairs after text
+        assert tt.begin <= toks[0] <= tt.begin + tt.max_initial
+        assert sum(t >= tt.begin for t in toks) >= 3
+    assert _ar(ts_target, AUDIO, batch=4) == ar_tokens
+
+
+def test_rule_bounds_on_a_hand_computed_tree():
+    """Row: sampled ``<|0.00|> a``; draft tree: ``b`` -> ``<|0.10|>`` -> ``<|0.10|>``, and a branch ``<|0.06|>``."""
+    tt = TimestampTokens(no_timestamps=9, begin=10, eot=5, vocab_size=40, max_initial=3)
+    a, b = 1, 2
+    trees = TokenTrees.build([[a]], [DraftTree((b, 15, 15, 13), (-1, 0, 1, -1))])
+    lay = trees.padded(tt.eot)
+    text_hi, ts_lo, ts_hi, on = rule_bounds(lay, [[10, a]], [True], tt)[:, 0]
+    # nodes: root a | b | <|0.10|> (a segment's end) | <|0.10|> (a pair) | <|0.06|> (end, after a)
+    assert on.tolist() == [1, 1, 1, 1, 1]
+    assert text_hi.tolist() == [0, 0, tt.eot, 0, tt.eot]
+    assert ts_lo.tolist() == [11, 11, 15, 16, 13]
+    assert ts_hi.tolist() == [39, 39, 39, 9, 39]
+    # the first position: only <|0.00|> .. <|0.03|>
+    lay0 = TokenTrees.build([[7]], [DraftTree()]).padded(tt.eot)
+    bounds = torch.from_numpy(rule_bounds(lay0, [[]], [True], tt))
+    logits = apply_rules(torch.zeros(1, 1, 40), bounds, tt)[0, 0]
+    assert torch.isfinite(logits).nonzero().flatten().tolist() == [10, 11, 12, 13]
+    # forced timestamp: 30 timestamps at logit 0 outweigh a text token at logit 2 (log 30 > 2)
+    bounds = torch.from_numpy(rule_bounds(lay, [[10, a]], [True], tt))
+    x = torch.zeros(1, lay["tokens"].shape[1], 40)
+    x[..., a] = 2.0
+    out = apply_rules(x, bounds, tt)[0, 0]
+    assert torch.isinf(out[:10]).all() and torch.isfinite(out[11:]).all() and torch.isinf(out[tt.no_timestamps])
+    assert torch.equal(apply_rules(x, torch.from_numpy(rule_bounds(lay, [[10, a]], [False], tt)), tt), x)
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_draft_equals_ar_with_timestamps(ts_target, ts_draft, ar_tokens, batch):
+    got, stats = [], []
+    with torch.inference_mode():
+        for s in range(0, len(AUDIO), batch):
+            chunk = AUDIO[s: s + batch]
+            hyps = speculative_decode(ts_target, _encode(ts_target, chunk), ts_draft,
+                                      _encode(ts_draft, chunk, timestamps=False), [CAP] * len(chunk),
+                                      SpeculationOptions(max_draft=8, tree=True))
+            got += [h.tokens for h in hyps]
+            stats += [h.stats for h in hyps]
+    assert got == ar_tokens
+    assert sum(s.draft_tokens_accepted for s in stats) > 0
+
+
+def _text(tokens, tt):
+    return [t for t in tokens if t < tt.begin]
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_ctc_draft_and_ssd_equal_ar_with_timestamps(ts_target, ar_tokens, batch):
+    from rayspec.methods import _ctc_draft_loop, _ctc_proposer
+
+    tt = ts_target.timestamp_tokens
+    hyps = [_text(t, tt) for t in ar_tokens]  # the text of the AR output, one row corrupted, one cut short
+    hyps[1] = hyps[1][:3] + [4] + hyps[1][4:]
+    hyps[2] = hyps[2][:5]
+    got_ctc, got_ssd, accepted = [], [], 0
+    with torch.inference_mode():
+        for s in range(0, len(AUDIO), batch):
+            chunk, h = AUDIO[s: s + batch], hyps[s: s + batch]
+            enc = _encode(ts_target, chunk)
+            out = _ctc_draft_loop(ts_target, h).decode(enc, [CAP] * len(chunk))
+            got_ctc += [x.tokens for x in out]
+            accepted += sum(x.stats.draft_tokens_accepted for x in out)
+            for fallback in ("ar", "ctc"):
+                decoder = SSDDecoder(ts_target, SSDOptions(tau_ctc=0.0, tau_slm=0.1, exact=True, fallback=fallback))
+                first, parked = decoder.first_pass(enc, [CAP] * len(chunk), CTCDrafts(h, [1.0] * len(chunk)))
+                if parked:
+                    prop = _ctc_proposer(ts_target, [h[x.index] for x in parked]) if fallback == "ctc" else None
+                    for x, y in zip(parked, decoder.fallback(enc, parked, prop)):
+                        first[x.index] = y
+                got_ssd.append([x.tokens for x in first])
+    assert got_ctc == ar_tokens and accepted > 0
+    for fallback in range(2):
+        assert [t for part in got_ssd[fallback::2] for t in part] == ar_tokens
+
+
+@pytest.mark.parametrize("batch", [1, 4])
+def test_medusa_equals_ar_with_timestamps(ts_target, ar_tokens, batch):
+    torch.manual_seed(0)
+    cfg = ts_target.config
+    heads = MedusaHeads(cfg.d_model, 2)
+    with torch.no_grad():
+        for block in heads.blocks:
+            block.weight.normal_(0, 0.3)
+    got = []
+    with torch.inference_mode():
+        for s in range(0, len(AUDIO), batch):
+            chunk = AUDIO[s: s + batch]
+            loop = VerifyLoop(ts_target, MedusaProposer(ts_target, heads.eval(), CPU_TREE), max_nodes=len(CPU_TREE))
+            got += [h.tokens for h in loop.decode(_encode(ts_target, chunk), [CAP] * len(chunk))]
+    assert got == ar_tokens
+
+
+def test_continuous_batching_with_timestamps_and_without(ts_target, ts_draft, ar_tokens):
+    """A stream of rows with and without timestamps (per-row prompts) through draft speculation."""
+    with torch.inference_mode():
+        plain = [h.tokens for h in greedy_decode(ts_target, _encode(ts_target, AUDIO, False), [CAP] * len(AUDIO))]
+    opt = SpeculationOptions()
+
+    def source():
+        for k in range(0, 8, 2):
+            a = AUDIO[k: k + 2]
+            stamped = k % 4 == 0
+            enc = _encode(ts_target, a, stamped)
+            yield Admission([(k + i, stamped) for i in range(len(a))], enc, [CAP] * len(a),
+                            _encode(ts_draft, a, False))
+
+    with torch.inference_mode():
+        loop = VerifyLoop(ts_target, DraftProposer(ts_draft, None, [CAP], opt), max_nodes=opt.nodes_per_round)
+        got = dict(loop.decode_stream(source(), 3, max_cap=CAP))
+    for (k, stamped), h in got.items():
+        assert h.tokens == (ar_tokens[k] if stamped else plain[k]), (k, stamped)
