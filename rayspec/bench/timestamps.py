@@ -8,7 +8,8 @@ Three parts (``--sections``), each a table in ``<output>/bench-timestamps-<part>
   set (:func:`~rayspec.bench.timestamps_data.build_piper_set`: held-out sentences read by the Piper voice, whose
   phoneme durations give every word's true start and end). Predicted words are matched to the reference words
   after folding case and punctuation (:func:`match_words`: the longest common subsequence, difflib); each matched
-  word's start and end errors (absolute, ms) give mean, median and 90th percentile. On the LJSpeech clips of the
+  word's start and end errors (absolute, ms) give mean, median and 90th percentile. Both engines' words are scored
+  as ``rayspec export --format srt --word-level`` writes them and pysubs2 reads them back (whole milliseconds). On the LJSpeech clips of the
   ``speed`` part, the two engines' word times are also compared with each other (real speech has no true times).
 - ``speed``: each method of ``--ts-methods`` at batch 1 on the first ``--limit`` LJSpeech clips, with timestamps
   none, segment (and word for ar), and faster-whisper without timestamps, with segment and with word timestamps;
@@ -34,7 +35,7 @@ import os
 import platform
 import re
 import time
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Optional
 
 import numpy as np
@@ -79,6 +80,16 @@ class WordScore:
     end: list = field(default_factory=list)
     wer: float = float("nan")
     note: str = ""
+
+    def add_srt(self, row: dict, reference: list[dict]) -> None:
+        """Score one utterance through its word-level SRT subtitles (:func:`rayspec.export.render`, parsed back by
+        pysubs2): the times a subtitle user gets, in whole milliseconds."""
+        import pysubs2
+
+        from ..export import render
+
+        subs = pysubs2.SSAFile.from_string(render(row, "srt", word_level=True) or "\n", format_="srt")
+        self.add([{"word": e.plaintext, "start_s": e.start / 1000, "end_s": e.end / 1000} for e in subs], reference)
 
     def add(self, predicted: list[dict], reference: list[dict]) -> None:
         """Score one utterance: ``predicted`` and ``reference`` are ``[{word, start_s, end_s}]``."""
@@ -192,13 +203,13 @@ def words_part(piper_manifest: str, target: str, fw: FasterWhisperEngine, rs: Op
     else:
         rows, _ = rs.run(opts, utts, audios)
         for u, r in zip(utts, rows):
-            mine.add(r.words or [], truth[u.id])
+            mine.add_srt(asdict(r), truth[u.id])
         mine.wer = 100 * error_rates(refs, [r.text for r in rows]).wer
     scores.append(mine)
     theirs = WordScore(f"faster-whisper {fw.version}", data)
     outs, _ = fw.run(audios, "word")
     for u, o in zip(utts, outs):
-        theirs.add(o["words"], truth[u.id])
+        theirs.add_srt(o, truth[u.id])
     theirs.wer = 100 * error_rates(refs, [o["text"] for o in outs]).wer
     scores.append(theirs)
     return scores
