@@ -57,7 +57,7 @@ def test_openai_client_gets_segments_words_and_subtitles(ray_local, samples_mani
             assert [e.start for e in subs] == [round(1000 * s.start) for s in verbose.segments if s.text.strip()]
         if words_served:
             both = ask(response_format="verbose_json", timestamp_granularities=["word", "segment"])
-            assert both.segments and [w.word for w in both.words] == text.split()
+            assert both.segments and "".join(w.word for w in both.words) == "".join(text.split())
             assert all(0 <= w.start <= w.end <= both.duration + 0.01 for w in both.words)
         else:
             with pytest.raises(openai.BadRequestError, match="--timestamps word"):

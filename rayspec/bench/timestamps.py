@@ -459,6 +459,10 @@ def cmd_bench_timestamps(args) -> int:
         scores = words_part(piper, target, fw, engines.get("ar"))
     if "speed" in sections:
         speed_rows = speed_part(clips, args.limit or 40, target, methods, fw, engines, args.repeats)
+        walls = {r.timestamps: r.wall_s for r in speed_rows if r.method == "ar" and r.outputs}
+        cost = (f"- word timestamps' cost: (ar word - ar segment) / ar none = "
+                f"{100 * (walls['word'] - walls['segment']) / walls['none']:.1f}% (goal <= 15%).\n"
+                if {"none", "segment", "word"} <= set(walls) else "")
         extra = agreement(speed_rows)
         if extra is not None:
             scores.append(extra)
@@ -472,7 +476,7 @@ def cmd_bench_timestamps(args) -> int:
             "(goal >= 0.9). vs own no-timestamps wall: the row's wall over the same engine and method without "
             "timestamps (ar word: the cost of word times). same tokens as ar: clips whose text and segments "
             "(times included) equal ar's at the same setting. faster-whisper: CTranslate2 float32, greedy, file by "
-            "file, without_timestamps for 'none'.\n"))
+            "file, without_timestamps for 'none'.\n" + cost))
     if scores:
         texts_md.insert(0, word_table(
             scores, stem + "-words", f"timestamps: word start/end errors, {target}, {host}",
