@@ -26,6 +26,7 @@ from .models.whisper import EncoderOutput, WhisperASR
 from .spec.acceptance import GREEDY, AcceptanceRule
 from .spec.loop import Admission, Proposer, VerifyLoop
 
+TIMESTAMPS = ("none", "segment", "word")
 ProposerFactory = Callable[[list[int], list[int]], Proposer]
 """``(rows, caps) -> proposer`` over those rows (indices into the batch, in that order) with those token caps."""
 
@@ -44,6 +45,10 @@ class DecodeOptions:
         vad: skip recordings without speech (empty text, route "no_speech"); long recordings are cut in pauses
             either way.
         segments: fill each row's ``segments`` column (start, end, text of every decoded segment).
+        timestamps: "none", "segment" (decode with Whisper's timestamp tokens, every method under its timestamp
+            rules, :mod:`rayspec.spec.timestamps`; ``segments`` then holds the timed segments) or "word" (also
+            ``words``: openai/whisper's word timing from the alignment heads, :func:`rayspec.timing.word_timestamps`,
+            one extra target pass per batch).
         language: the decoder prompt's language code for multilingual models ("en"), or "auto": detected per
             segment from one decoder pass over ``<|startoftranscript|>`` (openai/whisper's ``detect_language``).
         task: "transcribe" or "translate" (into English; multilingual models).
@@ -71,6 +76,7 @@ class DecodeOptions:
     medusa: Optional[MedusaOptions] = None
     vad: bool = True
     segments: bool = False
+    timestamps: str = "none"
     language: str = "en"
     task: str = "transcribe"
     no_speech_threshold: Optional[float] = 0.6
@@ -85,6 +91,8 @@ class DecodeOptions:
             raise ValueError(f"short_window_s must be >= 0 (0: the full window), got {self.short_window_s}")
         if self.method not in METHODS:
             raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(sorted(METHODS))}")
+        if self.timestamps not in TIMESTAMPS:
+            raise ValueError(f"unknown timestamps {self.timestamps!r}: {', '.join(TIMESTAMPS)}")
         if self.task not in ("transcribe", "translate"):
             raise ValueError(f"unknown task {self.task!r}: transcribe or translate")
         if self.method == "ssd" and self.ssd is None:

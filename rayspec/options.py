@@ -144,6 +144,11 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "route no_speech, with no decoder pass)")
     a.add_argument("--segments", action="store_true",
                    help="fill the 'segments' column: start_s, end_s and text of each decoded segment")
+    a.add_argument("--timestamps", choices=["none", "segment", "word"], default="none",
+                   help="segment: decode with Whisper's timestamp tokens (every method stays exact against ar under "
+                        "Whisper's timestamp rules) and fill 'segments' with the timed segments; word: also 'words' "
+                        "(word, start_s, end_s, probability) from the alignment heads' cross-attention (openai/whisper's "
+                        "method, one extra target pass per batch). Default none")
 
 
 def _max_rows(value: str) -> str:
@@ -189,7 +194,8 @@ def decode_options(args):
     return DecodeOptions(args.method, args.max_tokens_per_second,
                          speculation_options(args) if args.method == "draft" else None,
                          ssd if args.method == "ssd" else None, medusa if args.method == "medusa" else None,
-                         vad=not args.no_vad, segments=args.segments, language=args.language, task=args.task,
+                         vad=not args.no_vad, segments=args.segments, timestamps=args.timestamps,
+                         language=args.language, task=args.task,
                          no_speech_threshold=args.no_speech_threshold,
                          compression_ratio_threshold=args.compression_ratio_threshold,
                          short_window_s=args.short_window, speculate_max_rows=max_rows_value(args.speculate_max_rows))

@@ -41,6 +41,7 @@ from .models.registry import DEFAULT_TARGET, default_drafter
 from .models.whisper import EncoderOutput, WhisperASR
 from .results import ResultRow, ResultWriter
 from .spec.loop import Proposer
+from .timing import parse_segments, word_timestamps
 from .vad import SegmentOptions, has_speech, segments
 
 def needs_draft(options: DecodeOptions) -> bool:
@@ -79,10 +80,13 @@ def row_prompts(target: WhisperASR, options: DecodeOptions, enc: EncoderOutput) 
         ModelLoadError: a language or task the model does not have.
     """
     b = enc.states.shape[0]
+    stamps = options.timestamps != "none"
     if options.language == "auto" and target.multilingual:
-        return target.detect_language(enc, options.task)[1] if target.has_decoder else None
+        if not target.has_decoder:
+            return None
+        return [target.prompt_for(c, options.task, stamps) for c in target.detect_language(enc, options.task)[0]]
     language = None if options.language == "auto" else options.language
-    return [target.prompt_for(language, options.task)] * b
+    return [target.prompt_for(language, options.task, stamps)] * b
 
 
 def local_proposers(draft: WhisperASR, encoded: Encoded, options: SpeculationOptions) -> ProposerFactory:
@@ -252,7 +256,8 @@ class Drafter:
         self.options = options
         self.target = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, dtype, encoder_dtype)
         self.target.pack_for_inference()
-        self.target.prompt_for(None if options.language == "auto" else options.language, options.task)  # checked
+        self.target.prompt_for(None if options.language == "auto" else options.language, options.task,
+                               options.timestamps != "none")  # checked
         self.draft = self.ctc = None
         if METHODS[options.method].needs_ctc:
             self.ctc = CTCHead.from_pretrained(ctc or default_drafter(self.target.name, "ctc"), device).to(dtype)
@@ -348,6 +353,7 @@ class TargetDecoder:
         for r, i in enumerate(batch.owners):
             owned.setdefault(i, []).append(r)
         total = sum(batch.durations[i] for i in owned) or 1.0
+        words = self._words(batch, hyps)
         prompts = batch.encoded.target.prompts if batch.encoded is not None else None
         for i, rs in owned.items():
             d = batch.durations[i]
@@ -361,10 +367,23 @@ class TargetDecoder:
             rows[i] = self._row(batch.utterances[i], h, seconds * d / total, batch.draft_model, duration=d)
             if prompts is not None:
                 rows[i].language = self._language(prompts[rs[0]])
-            if self.options.segments:
+            if self.options.timestamps != "none":
+                rows[i].segments = [seg for r in spoken for seg in parse_segments(
+                    hyps[r].tokens, self.target.timestamp_tokens, self.target.decode_text, batch.spans[r][0],
+                    batch.spans[r][1] - batch.spans[r][0])]
+                if words is not None:
+                    rows[i].words = [w for r in spoken for w in words[r]]
+            elif self.options.segments:
                 rows[i].segments = [{"start_s": batch.spans[r][0], "end_s": batch.spans[r][1],
                                      "text": self.target.decode_text(hyps[r].tokens)} for r in spoken]
         return rows
+
+    def _words(self, batch: EncodedBatch, hyps: list[Hypothesis]) -> Optional[list[list[dict]]]:
+        """With ``timestamps="word"``, per encoded row its words (one batched teacher-forced target pass)."""
+        if self.options.timestamps != "word" or batch.encoded is None or not hyps:
+            return None
+        enc = batch.encoded.target.to(self.target.device, self.target.dtype)
+        return word_timestamps(self.target, enc, [h.tokens for h in hyps], [a for a, _ in batch.spans])
 
     def _no_speech(self, h: Hypothesis) -> bool:
         threshold = None if self.options.short_window_s else self.options.no_speech_threshold  # see DecodeOptions

@@ -76,7 +76,8 @@ class ResultRow:
     the target's greedy output) or "lossy". ``segments`` lists ``{start_s, end_s, text}`` (:data:`SEGMENT`) of
     every timed segment (``--timestamps segment`` or ``word``: Whisper's timestamp tokens; ``--segments``: the
     decoded VAD segments), ``words`` lists ``{word, start_s, end_s, probability}`` (:data:`WORD`, ``--timestamps
-    word``); both in seconds from the start of the audio file, empty lists when not asked for (and in error rows). ``language`` is the decoder prompt's language
+    word``); both in seconds from the start of the audio file, empty lists when not asked for (and in error rows).
+    ``language`` is the decoder prompt's language
     (detected per segment with ``--language auto``: the first segment's; None for English-only models), ``no_speech_prob`` the target's
     ``<|nospeech|>`` probability in its first pass (the largest over an utterance's segments; above
     ``--no-speech-threshold`` a segment is dropped, route "no_speech"), ``compression_ratio`` the text's zlib ratio

@@ -214,3 +214,104 @@ def test_continuous_batching_with_timestamps_and_without(ts_target, ts_draft, ar
         got = dict(loop.decode_stream(source(), 3, max_cap=CAP))
     for (k, stamped), h in got.items():
         assert h.tokens == (ar_tokens[k] if stamped else plain[k]), (k, stamped)
+
+
+def _dtw_reference(x):
+    """openai/whisper timing.py dtw_cpu + backtrace, transcribed loop for loop."""
+    n, m = x.shape
+    cost = np.ones((n + 1, m + 1)) * np.inf
+    trace = -np.ones((n + 1, m + 1))
+    cost[0, 0] = 0
+    for j in range(1, m + 1):
+        for i in range(1, n + 1):
+            c0, c1, c2 = cost[i - 1, j - 1], cost[i - 1, j], cost[i, j - 1]
+            if c0 < c1 and c0 < c2:
+                c, t = c0, 0
+            elif c1 < c0 and c1 < c2:
+                c, t = c1, 1
+            else:
+                c, t = c2, 2
+            cost[i, j] = x[i - 1, j - 1] + c
+            trace[i, j] = t
+    i, j = n, m
+    trace[0, :] = 2
+    trace[:, 0] = 1
+    path = []
+    while i > 0 or j > 0:
+        path.append((i - 1, j - 1))
+        if trace[i, j] == 0:
+            i, j = i - 1, j - 1
+        elif trace[i, j] == 1:
+            i -= 1
+        else:
+            j -= 1
+    return np.array(path[::-1]).T
+
+
+def test_dtw_recovers_token_boundaries_of_a_synthetic_attention_matrix():
+    from rayspec.timing import dtw, median_filter
+
+    rng = np.random.default_rng(0)
+    bounds = [0, 7, 12, 30, 31, 45, 60]  # token k holds frames bounds[k] .. bounds[k + 1] - 1
+    att = rng.uniform(0, 0.2, (len(bounds) - 1, 60))
+    for k in range(len(bounds) - 1):
+        att[k, bounds[k]: bounds[k + 1]] += 1.0
+    rows, cols = dtw(-att)
+    jumps = np.pad(np.diff(rows), (1, 0), constant_values=1).astype(bool)
+    # negative costs favour paths through more cells: a token's first frame may be its predecessor's last one
+    assert np.abs(cols[jumps] - np.array(bounds[:-1])).max() <= 1
+    for shape in [(5, 40), (12, 13), (1, 9), (9, 1)]:  # ties and random costs: the same path as openai/whisper's
+        x = rng.normal(size=shape).round(1)
+        assert np.array_equal(np.stack(dtw(x)), _dtw_reference(x))
+    y = torch.tensor([[0.0, 5.0, 0.0, 0.0, 9.0, 1.0, 1.0, 1.0, 0.0]])
+    assert median_filter(y, 3).tolist() == [[5.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0]]  # reflect-padded
+
+
+def test_words_grouped_and_punctuation_merged():
+    from rayspec.timing import merge_punctuation, split_words
+
+    vocab = ["IT", " I", "S", ",", " \"", "SO", "\"", " (", "<|endoftext|>"]
+    decode = lambda ids: "".join(vocab[i] for i in ids)  # noqa: E731
+    ids = [0, 1, 2, 3, 4, 5, 6, 7, 1]
+    words, groups = split_words(ids + [8], decode, eot=8)
+    assert words == ["IT", " IS", ",", " \"SO", "\"", " (", " I", "<|endoftext|>"]
+    assert groups == [[0], [1, 2], [3], [4, 5], [6], [7], [1], [8]]
+    timed = [{"word": w, "tokens": g, "start_s": float(i), "end_s": i + 1.0} for i, (w, g) in
+             enumerate(zip(words[:-1], groups[:-1]))]
+    merged = merge_punctuation(timed)
+    assert [(w["word"], w["start_s"]) for w in merged] == [("IT", 0.0), (" IS,", 1.0), (" \"SO\"", 3.0),
+                                                           (" ( I", 6.0)]
+
+
+def test_segments_from_timestamp_tokens():
+    from rayspec.timing import parse_segments
+
+    tt = TimestampTokens(no_timestamps=9, begin=10, eot=5, vocab_size=2000)
+    text = lambda ids: "".join("abcd"[i] for i in ids)  # noqa: E731
+    toks = [10, 0, 1, 60, 60, 2, 110, 3]  # <|0.00|> ab <|1.00|><|1.00|> c <|2.00|> d (left open)
+    assert parse_segments(toks, tt, text, offset_s=5.0, window_s=3.0) == [
+        {"start_s": 5.0, "end_s": 6.0, "text": "ab"}, {"start_s": 6.0, "end_s": 7.0, "text": "c"},
+        {"start_s": 7.0, "end_s": 8.0, "text": "d"}]
+    assert parse_segments([0, 1], tt, text, 1.0, 2.5) == [{"start_s": 1.0, "end_s": 3.5, "text": "ab"}]
+
+
+def test_transcribe_with_word_timestamps(ts_target):
+    """The pipeline fills segments and words (times inside the clip, in order) with an extra batched pass."""
+    from rayspec.manifest import Utterance
+    from rayspec.pipeline import Transcriber
+    from rayspec.methods import DecodeOptions
+    from rayspec.timing import alignment_heads
+
+    path = ts_target.model.name_or_path
+    assert alignment_heads(ts_target) == {1: [0, 1, 2, 3]}  # no table: the last half of the layers
+    tr = Transcriber(path, options=DecodeOptions("ar", timestamps="word", vad=False, no_speech_threshold=None))
+    utts = [Utterance(f"u{i}", f"u{i}.wav") for i in range(3)]
+    rows = tr.transcribe(utts, AUDIO[:3])
+    for row, audio in zip(rows, AUDIO[:3]):
+        assert row.error is None and row.segments and row.words is not None
+        dur = len(audio) / 16000
+        assert all(0 <= s["start_s"] <= s["end_s"] for s in row.segments)
+        starts = [w["start_s"] for w in row.words]
+        assert starts == sorted(starts) and all(0 <= w["start_s"] <= w["end_s"] <= dur + 0.05 for w in row.words)
+        assert all(0 <= w["probability"] <= 1 for w in row.words)
+        assert " ".join(w["word"] for w in row.words).replace(" ", "") == row.text.replace(" ", "")

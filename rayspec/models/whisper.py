@@ -655,6 +655,8 @@ class WhisperASR:
         ancestors: Optional[torch.Tensor] = None,
         depths: Optional[torch.Tensor] = None,
         hidden_from: int = 0,
+        cross_heads: Optional[dict[int, list[int]]] = None,
+        cross_out: Optional[list] = None,
     ) -> torch.Tensor:
         """Run the decoder over ``Q`` new tokens per row; their keys/values become pending in ``cache``.
 
@@ -670,6 +672,9 @@ class WhisperASR:
             ancestors: bool ``[Q, Q]`` or ``[B, Q, Q]``; default causal.
             depths: int64 ``[Q]`` or ``[B, Q]``; default ``arange(Q)``.
             hidden_from: return the states of new tokens ``hidden_from ..`` only.
+            cross_heads, cross_out: ``{layer: [head, ...]}``; for each such layer (in order) the cross-attention
+                logits of those heads (scaled query . key, before the softmax; float ``[B, h, Q, S]``) are appended to
+                the list ``cross_out`` (word timestamps read the alignment heads, :mod:`rayspec.timing`).
 
         Returns:
             Float ``[B, Q - hidden_from, D]``: the last decoder layer's states after the final layer norm, what the
@@ -703,6 +708,9 @@ class WhisperASR:
             cross = layer.encoder_attn
             h = _layer_norm(layer.encoder_attn_layer_norm, x)
             qh = self._heads(linear_layer(cross.q_proj, h) * cross.scaling)
+            if cross_heads is not None and i in cross_heads:
+                pick = torch.tensor(cross_heads[i], device=qh.device)
+                cross_out.append(qh.index_select(1, pick) @ cross_k[i].index_select(1, pick).transpose(-1, -2))
             out = self._attend(cross, qh, cross_k[i], cross_v[i], cross_mask)
             x = x + _dropout(out, layer.dropout, layer.training)
 
