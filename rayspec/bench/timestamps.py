@@ -327,14 +327,15 @@ def long_part(manifest: str, target: str, fw: FasterWhisperEngine, rs: Optional[
 def word_table(scores: list[WordScore], stem: str, title: str, notes: str) -> str:
     header = ["engine", "data", "words matched", "start err mean ms", "start median", "start p90",
               "end err mean ms", "end median", "end p90", "start+end mean ms", "vs faster-whisper", "WER %"]
-    fw_mean = next((summary(s.start + s.end)[0] for s in scores if s.engine.startswith("faster")), float("nan"))
+    fw = next((s for s in scores if s.engine.startswith("faster")), None)
+    fw_mean = summary(fw.start + fw.end)[0] if fw else float("nan")
     cells = []
     for s in scores:
         st, en, both = summary(s.start), summary(s.end), summary(s.start + s.end)[0]
         if s.note:
             cells.append([s.engine, s.data] + ["-"] * 9 + [s.note])
             continue
-        ratio = "-" if s.engine.startswith("faster") or fw_mean != fw_mean else f"{both / fw_mean:.2f}x"
+        ratio = "-" if s is fw or fw is None or s.data != fw.data else f"{both / fw_mean:.2f}x"
         cells.append([s.engine, s.data, f"{s.matched}/{s.reference}", *map(_fmt_ms, st), *map(_fmt_ms, en),
                       _fmt_ms(both), ratio, "-" if s.wer != s.wer else f"{s.wer:.1f}"])
     return write_table(stem, title, header, cells, notes)
