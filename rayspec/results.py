@@ -27,8 +27,8 @@ SEGMENT = pa.struct([("start_s", pa.float64()), ("end_s", pa.float64()), ("text"
 """One timed segment: seconds from the start of the audio file, and its text."""
 WORD = pa.struct([("word", pa.string()), ("start_s", pa.float64()), ("end_s", pa.float64()),
                   ("probability", pa.float64())])
-"""One timed word: its text (with its leading space, as Whisper's tokens spell it), seconds from the start of the
-audio file, and the mean probability of its tokens."""
+"""One timed word: its text (leading space stripped, neighbouring punctuation merged in), seconds from the start of
+the audio file, and the mean probability of its tokens."""
 SCHEMA = pa.schema(
     [
         pa.field("id", pa.string(), nullable=False),

@@ -180,7 +180,7 @@ class SSDDecoder:
         logits = t.suppress(raw, first=dev.host["first"])
         if any(stamped):  # the timestamp rules at every node (rayspec.spec.timestamps)
             bounds = rule_bounds(dev.host, [[]] * len(todo), stamped, tt)
-            logits = apply_rules(logits, torch.from_numpy(bounds).to(cache.device, non_blocking=True), tt)
+            logits = apply_rules(logits if logits is not raw else raw.clone(), bounds, tt)
         result = accept_tree(dev.host, score_tree(logits, dev, self.opt.rule))
         keep_len = []
         for k, (i, s) in enumerate(zip(todo, seqs)):

@@ -395,9 +395,9 @@ class VerifyLoop:
         else:
             logits = t.project(hidden)
             masked = t.suppress(logits, first=dev.host["first"])
-            if any(stamped):
+            if any(stamped):  # (in place: a copy where suppress left the logits as they were)
                 bounds = rule_bounds(dev.host, [r.hyp.tokens for r in live], stamped, self.tt)
-                masked = apply_rules(masked, torch.from_numpy(bounds).to(cache.device, non_blocking=True), self.tt)
+                masked = apply_rules(masked if masked is not logits else logits.clone(), bounds, self.tt)
             scores = score_tree(masked, dev, self.rule)
         no_speech = None
         if fresh and t.no_speech_token_id is not None:  # one more read, in a row's first round only

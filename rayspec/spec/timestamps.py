@@ -126,22 +126,54 @@ def rule_bounds(layout: dict, sampled: Sequence[Sequence[int]], on: Sequence[boo
     return np.stack([text_hi, ts_lo, ts_hi, live.astype(np.int64)])
 
 
-def apply_rules(logits: torch.Tensor, bounds: torch.Tensor, tt: TimestampTokens) -> torch.Tensor:
-    """Mask logits ``[B, Q, V]`` (suppress lists applied) with the timestamp rules: bounds int64 ``[4, B, Q]`` from
-    :func:`rule_bounds`, on the logits' device. Returns a new tensor; banned tokens get ``-inf``.
+def apply_rules(logits: torch.Tensor, bounds: np.ndarray, tt: TimestampTokens, host_cut: Optional[bool] = None
+                ) -> torch.Tensor:
+    """Mask logits ``[B, Q, V]`` (suppress lists applied) with the timestamp rules, IN PLACE; returns ``logits``.
+
+    Args:
+        logits: float ``[B, Q, V]``, contiguous; banned tokens get ``-inf``.
+        bounds: int64 ``[4, B, Q]`` on the host, from :func:`rule_bounds`.
+        host_cut: write the text bans as host-decided slices (default: on a CPU) or as one masked write.
 
     The forced-timestamp rule compares the log of the timestamps' summed probability with the best text token's log
     probability (openai/whisper computes both after ``log_softmax``; the normaliser cancels, so logits are compared).
+    Only the timestamp columns (1,501 of Whisper's 51,865) are masked elementwise; the text bans are prefixes of the
+    vocabulary (``[0, eot)`` after a segment's end, ``[0, begin)`` at the first position or where a timestamp is
+    forced), written as slices. On a CPU the forced rows are read to the host (free there) and only their prefixes
+    written; elsewhere one masked write over the text columns avoids a device read.
     """
-    text_hi, ts_lo, ts_hi, on = bounds[..., None].unbind(0)  # each [B, Q, 1]
-    ids = torch.arange(logits.shape[-1], device=logits.device)
-    is_ts = ids >= tt.begin
-    ban = (ids < text_hi) | (is_ts & ((ids < ts_lo) | (ids > ts_hi))) | ((ids == tt.no_timestamps) & (on > 0))
-    logits = logits.masked_fill(ban, float("-inf"))
-    ts_mass = logits[..., tt.begin:].float().logsumexp(-1, keepdim=True)  # [B, Q, 1]
-    text_best = logits[..., : tt.begin].float().amax(-1, keepdim=True)
-    force = (on > 0) & (ts_mass > text_best)
-    return logits.masked_fill(force & ~is_ts, float("-inf"))
+    text_hi, ts_lo, ts_hi, on = bounds.reshape(4, -1)
+    nodes = np.flatnonzero(on)
+    if not len(nodes):
+        return logits
+    v, begin, eot = logits.shape[-1], tt.begin, tt.eot
+    flat = logits.view(-1, v)
+    dev = logits.device
+    pick = torch.from_numpy(nodes).to(dev, non_blocking=True)
+    stamps = flat[:, begin:].index_select(0, pick)  # [N, T] the timestamp logits of the nodes the rules apply to
+    ids = torch.arange(v - begin, device=dev)
+    lo = torch.from_numpy(ts_lo[nodes] - begin).to(dev, non_blocking=True)[:, None]
+    hi = torch.from_numpy(ts_hi[nodes] - begin).to(dev, non_blocking=True)[:, None]
+    stamps.masked_fill_((ids < lo) | (ids > hi), float("-inf"))
+    flat[:, tt.no_timestamps].index_fill_(0, pick, float("-inf"))
+    cut = text_hi[nodes]  # 0, eot or begin: the banned text prefix
+    cut_t = torch.from_numpy(cut).to(dev, non_blocking=True)
+    low = flat[:, :eot].amax(-1).index_select(0, pick)  # best ordinary text token (before the prefix ban)
+    high = flat[:, eot:begin].amax(-1).index_select(0, pick)  # best special token (usually all suppressed)
+    text_best = torch.where(cut_t == 0, torch.maximum(low, high), torch.where(cut_t == eot, high, float("-inf")))
+    force = stamps.float().logsumexp(-1) > text_best.float()  # [N]
+    flat[:, begin:].index_copy_(0, pick, stamps)
+    if host_cut if host_cut is not None else dev.type == "cpu":
+        cut = np.where(force.numpy(), begin, cut)
+        for n, c in zip(nodes.tolist(), cut.tolist()):
+            if c:
+                flat[n, :c] = float("-inf")
+    else:
+        final = torch.where(force, begin, cut_t)[:, None]  # [N, 1]
+        text = flat[:, :begin].index_select(0, pick)
+        text.masked_fill_(torch.arange(begin, device=dev) < final, float("-inf"))
+        flat[:, :begin].index_copy_(0, pick, text)
+    return logits
 
 
 class TimestampProposer:
