@@ -49,6 +49,11 @@ class DecodeOptions:
             rules, :mod:`rayspec.spec.timestamps`; ``segments`` then holds the timed segments) or "word" (also
             ``words``: openai/whisper's word timing from the alignment heads, :func:`rayspec.timing.word_timestamps`,
             one extra target pass per batch).
+        long_form: how a recording longer than the model's window is decoded: "vad" (cut in pauses, the windows
+            decoded independently) or "sequential" (Whisper's own algorithm, :mod:`rayspec.longform`: each window
+            starts where the previous one's last complete segment ended; timed segments).
+        condition_on_previous_text: with ``long_form="sequential"``, each window's prompt carries the text decoded
+            before it (``<|startofprev|>``), as Whisper's ``condition_on_previous_text``.
         language: the decoder prompt's language code for multilingual models ("en"), or "auto": detected per
             segment from one decoder pass over ``<|startoftranscript|>`` (openai/whisper's ``detect_language``).
         task: "transcribe" or "translate" (into English; multilingual models).
@@ -77,6 +82,8 @@ class DecodeOptions:
     vad: bool = True
     segments: bool = False
     timestamps: str = "none"
+    long_form: str = "vad"
+    condition_on_previous_text: bool = True
     language: str = "en"
     task: str = "transcribe"
     no_speech_threshold: Optional[float] = 0.6
@@ -93,6 +100,10 @@ class DecodeOptions:
             raise ValueError(f"unknown method {self.method!r}; choose from {', '.join(sorted(METHODS))}")
         if self.timestamps not in TIMESTAMPS:
             raise ValueError(f"unknown timestamps {self.timestamps!r}: {', '.join(TIMESTAMPS)}")
+        if self.long_form not in ("vad", "sequential"):
+            raise ValueError(f"unknown long_form {self.long_form!r}: vad or sequential")
+        if self.long_form == "sequential" and self.method == "ssd":
+            raise ValueError("long_form='sequential' supports ar, draft, medusa and ctc-draft, not ssd")
         if self.task not in ("transcribe", "translate"):
             raise ValueError(f"unknown task {self.task!r}: transcribe or translate")
         if self.method == "ssd" and self.ssd is None:

@@ -149,6 +149,14 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "Whisper's timestamp rules) and fill 'segments' with the timed segments; word: also 'words' "
                         "(word, start_s, end_s, probability) from the alignment heads' cross-attention (openai/whisper's "
                         "method, one extra target pass per batch). Default none")
+    a.add_argument("--long-form", choices=["vad", "sequential"], default="vad",
+                   help="files longer than the model's 30 s window: vad cuts them in pauses and decodes the pieces "
+                        "independently (default); sequential is Whisper's own algorithm: 30 s windows, each starting "
+                        "where the previous one's last complete segment ended, all files' windows in one continuous "
+                        "batch (timed segments; not with --method ssd)")
+    a.add_argument("--condition-on-previous-text", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --long-form sequential, prompt each window with the text decoded before it, as "
+                        "Whisper does (default on)")
 
 
 def _max_rows(value: str) -> str:
@@ -195,6 +203,7 @@ def decode_options(args):
                          speculation_options(args) if args.method == "draft" else None,
                          ssd if args.method == "ssd" else None, medusa if args.method == "medusa" else None,
                          vad=not args.no_vad, segments=args.segments, timestamps=args.timestamps,
+                         long_form=args.long_form, condition_on_previous_text=args.condition_on_previous_text,
                          language=args.language, task=args.task,
                          no_speech_threshold=args.no_speech_threshold,
                          compression_ratio_threshold=args.compression_ratio_threshold,

@@ -34,6 +34,7 @@ from .batching import BatchBudget, budget_for_model, plan_batches
 from .decoding.common import DecodeStats, Hypothesis, compression_ratio, token_cap
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
 from .decoding.ssd import ctc_drafts
+from .longform import decode_sequential
 from .manifest import Utterance
 from .methods import METHODS, DecodeOptions, Encoded, ProposerFactory
 from .models.ctc import CTCHead
@@ -472,6 +473,8 @@ class Transcriber:
             utterances: the batch; audios: their waveforms if already loaded (see :meth:`Drafter.encode`).
         """
         try:
+            if self.options.long_form == "sequential":
+                return self._sequential(utterances, audios)
             batch = self.drafter.encode(utterances, audios)
             proposers = self.drafter.proposers(batch.encoded) if batch.encoded and self.draft else None
             return self.decoder.decode(batch, proposers)
@@ -481,6 +484,29 @@ class Transcriber:
             return [row for i, u in enumerate(utterances)
                     for row in self.transcribe([u], None if audios is None else [audios[i]])]
 
+
+    def _sequential(self, utterances: list[Utterance], audios: Optional[list[np.ndarray]]) -> list[ResultRow]:
+        """:meth:`transcribe` with Whisper's sequential long-form algorithm (:func:`~rayspec.longform.decode_sequential`:
+        every file's windows in one continuous batch); bad audio becomes an error row."""
+        t0 = time.perf_counter()
+        rate, dec = self.sample_rate, self.decoder
+        name = self.draft.name if self.draft else ""
+        rows: list[Optional[ResultRow]] = [None] * len(utterances)
+        loaded, where = [], []
+        for i, u in enumerate(utterances):
+            try:
+                loaded.append(load_audio(u.audio, rate, self.limits) if audios is None else audios[i])
+                where.append(i)
+            except AudioError as exc:
+                rows[i] = dec._row(u, None, 0.0, name, error=str(exc), code=exc.code)
+        if loaded:
+            encode = lambda options, a, d: encode_audio(self.target, options, a, d, self.draft, self.ctc)  # noqa: E731
+            results = decode_sequential(self.target, self.options, loaded, len(loaded), encode, self.draft)
+            seconds, total = time.perf_counter() - t0, sum(len(a) for a in loaded)
+            for i, a, (h, segs) in zip(where, loaded, results):
+                rows[i] = dec._row(utterances[i], h, seconds * len(a) / total, name, duration=len(a) / rate)
+                rows[i].segments = segs
+        return rows
 
     def transcribe_stream(self, batches: Iterable[Optional[tuple[list[Utterance], Optional[list[np.ndarray]]]]],
                           slots: int) -> Iterator[tuple[int, list[ResultRow]]]:
@@ -501,6 +527,13 @@ class Transcriber:
             ``(k, rows)`` once per batch, ``k`` its position among the batches given (Nones not counted), as the
             batch's last row finishes (not in input order).
         """
+        if self.options.long_form == "sequential":  # each batch's windows stream within decode_sequential
+            k = 0
+            for item in batches:
+                if item is not None:
+                    yield k, self.transcribe(*item)
+                    k += 1
+            return
         t = self.target
         pending: dict[int, tuple[tuple, EncodedBatch, list[Optional[Hypothesis]]]] = {}  # k -> (batch, encoded, hyps)
         finished: list[tuple[int, list[ResultRow]]] = []  # batches done without the decoder (errors, no speech)

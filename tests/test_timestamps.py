@@ -317,3 +317,28 @@ def test_transcribe_with_word_timestamps(ts_target):
         assert starts == sorted(starts) and all(0 <= w["start_s"] <= w["end_s"] <= dur + 0.05 for w in row.words)
         assert all(0 <= w["probability"] <= 1 for w in row.words)
         assert " ".join(w["word"] for w in row.words).replace(" ", "") == row.text.replace(" ", "")
+
+
+def test_sequential_long_form_is_exact_and_advances(ts_target, ts_draft):
+    """Whisper's sequential long-form algorithm over 5 s windows of 9-14 s recordings: every window under the
+    timestamp rules, the next one starting at the last complete segment, previous text in the prompt; draft == ar
+    (windows, seeks and tokens), segments in order within the recording."""
+    from rayspec.longform import decode_sequential
+    from rayspec.methods import DecodeOptions
+    from rayspec.pipeline import encode_audio
+
+    rng = np.random.default_rng(1)
+    long = [np.concatenate([AUDIO[j] for j in rng.permutation(8)[:6]]) for _ in range(3)]
+    out = {}
+    for method in ("ar", "draft"):
+        opt = DecodeOptions(method, no_speech_threshold=None, long_form="sequential")
+        encode = lambda o, a, d: encode_audio(ts_target, o, a, d, ts_draft)  # noqa: E731
+        with torch.inference_mode():
+            out[method] = decode_sequential(ts_target, opt, long, 2, encode, ts_draft)
+    assert [h.tokens for h, _ in out["draft"]] == [h.tokens for h, _ in out["ar"]]
+    assert [s for _, s in out["draft"]] == [s for _, s in out["ar"]]
+    for (h, segs), audio in zip(out["ar"], long):
+        assert h.stats.target_forward_passes > len(h.tokens) / 2 and len(segs) >= 2
+        starts = [s["start_s"] for s in segs]
+        assert starts == sorted(starts) and segs[-1]["end_s"] <= len(audio) / 16000 + 5
+        assert segs[-1]["start_s"] > 5  # it went past the first window

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Optional
 
 
 import numpy as np
@@ -66,16 +67,18 @@ class AcceptanceRule:
 GREEDY = AcceptanceRule()
 
 
-def score_tree(logits: torch.Tensor, trees: DeviceTrees, rule: AcceptanceRule) -> np.ndarray:
+def score_tree(logits: torch.Tensor, trees: DeviceTrees, rule: AcceptanceRule,
+               extra: Optional[torch.Tensor] = None) -> np.ndarray:
     """Per node: whether it passes ``rule`` given its parent, and the target's argmax at the node.
 
     Args:
         logits: float ``[B, Q, V]``, the target's logits at every padded tree node (suppression applied).
         trees: the same trees on the device.
+        extra: optional int64 ``[K, B, Q]`` per-node values to read back in the same transfer.
 
     Returns:
-        int64 ``[2, B, Q]`` on the host: ``[0]`` 1 where the node's token passes at its parent (meaningless for
-        context nodes and padding), ``[1]`` the argmax token at the node. One device-to-host transfer.
+        int64 ``[2 (+ K), B, Q]`` on the host: ``[0]`` 1 where the node's token passes at its parent (meaningless for
+        context nodes and padding), ``[1]`` the argmax token at the node, then ``extra``. One device-to-host transfer.
     """
     best = logits.argmax(-1)  # [B, Q]
     at_parent = best.gather(1, trees.parents)  # [B, Q]
@@ -97,7 +100,8 @@ def score_tree(logits: torch.Tensor, trees: DeviceTrees, rule: AcceptanceRule) -
             entropy = -(lp_parent.exp() * lp_parent).sum(-1)  # [B, Q], nats
             floor = torch.minimum(torch.full_like(entropy, rule.epsilon), rule.delta * torch.exp(-entropy))
             ok = (tok_lp.exp() > floor) | (trees.tokens == at_parent)
-    return torch.stack([ok.long(), best]).cpu().numpy()
+    out = torch.stack([ok.long(), best])
+    return (out if extra is None else torch.cat([out, extra])).cpu().numpy()
 
 
 def score_greedy_lazily(hidden: torch.Tensor, trees: DeviceTrees, head) -> np.ndarray:

@@ -103,11 +103,15 @@ class Feedback:
         index: the row's batch index; accepted: indices into the proposal's ``tree`` of the kept root path.
         hidden: for proposers with ``needs_hidden``, the target's last decoder hidden state ``[D]`` (device) at the
             end of the kept path: the state that predicted the row's newest token (Medusa heads read it).
+        timestamp: for rows in timestamp mode, the target's most likely timestamp token at the end of the kept path
+            (before the timestamp rules): where a segment ending there would end
+            (:class:`~rayspec.spec.timestamps.TimestampProposer` guesses a segment's end from it).
     """
 
     index: int
     accepted: list[int]
     hidden: Optional[torch.Tensor] = None
+    timestamp: Optional[int] = None
 
 
 @dataclass
@@ -218,7 +222,7 @@ class VerifyLoop:
                  max_nodes: int = 0, route: str = "ar", max_rows: Optional[int] = None) -> None:
         self.tt = target.timestamp_tokens
         self.target, self.rule = target, rule
-        self.proposer = wrap_proposer(proposer, self.tt, len(target.prompt_ids), target.eos_token_id)
+        self.proposer = wrap_proposer(proposer, self.tt, target.prompt_ids, target.eos_token_id)
         self.max_nodes = max_nodes + (EXTRA_NODES if self.proposer is not proposer else 0)
         self.route = route
         self.max_rows = speculate_max_rows(target.device, max_rows)
@@ -259,8 +263,8 @@ class VerifyLoop:
         return [r.hyp for r in rows]
 
     @torch.inference_mode()
-    def decode_stream(self, source: Iterable[Optional[Admission]], slots: int,
-                      max_cap: int) -> Iterator[tuple[Any, Hypothesis]]:
+    def decode_stream(self, source: Iterable[Optional[Admission]], slots: int, max_cap: int,
+                      max_prompt: Optional[int] = None) -> Iterator[tuple[Any, Hypothesis]]:
         """Continuous batching: decode the rows of ``source`` with up to ``slots`` rows live at once; the slot of a
         finished row is refilled from ``source`` before the next round (Orca's iteration-level scheduling, Yu et al.
         2022), so the batch stays full until the source runs dry; a batch below ``slots`` rows (an online source
@@ -278,6 +282,8 @@ class VerifyLoop:
             source: :class:`Admission` s (or None, see above), in the order their rows should start.
             slots: most rows decoded at once (the batch size).
             max_cap: the largest cap any row will have (sizes the KV cache).
+            max_prompt: the longest prompt any row will have (default: the target's own prompt; longer with
+                ``<|startofprev|>`` text, :mod:`rayspec.longform`).
 
         Yields:
             ``(id, hypothesis)`` per row as it finishes (not in source order).
@@ -291,7 +297,7 @@ class VerifyLoop:
             raise ValueError(f"{type(self.proposer).__name__} cannot take rows mid-batch (no admit method)")
         t = self.target
         prompt = list(t.prompt_ids)
-        capacity = len(prompt) + max_cap + self.max_nodes + 2
+        capacity = (max_prompt or len(prompt)) + max_cap + self.max_nodes + 2
         rows = iter(source)
         waiting: list[Optional[Admission]] = [None]
         instant: list[tuple[Any, Hypothesis]] = []  # rows with nothing to generate
@@ -395,10 +401,13 @@ class VerifyLoop:
         else:
             logits = t.project(hidden)
             masked = t.suppress(logits, first=dev.host["first"])
+            extra = None
             if any(stamped):  # (in place: a copy where suppress left the logits as they were)
+                if self.proposer is not None:  # each node's likeliest timestamp, read with the verdicts
+                    extra = (logits[..., self.tt.begin:].argmax(-1) + self.tt.begin)[None]
                 bounds = rule_bounds(dev.host, [r.hyp.tokens for r in live], stamped, self.tt)
                 masked = apply_rules(masked if masked is not logits else logits.clone(), bounds, self.tt)
-            scores = score_tree(masked, dev, self.rule)
+            scores = score_tree(masked, dev, self.rule, extra)
         no_speech = None
         if fresh and t.no_speech_token_id is not None:  # one more read, in a row's first round only
             at = torch.tensor(fresh, device=cache.device)
@@ -429,7 +438,8 @@ class VerifyLoop:
                 s.rounds += 1
                 s.draft_tokens_proposed += len(prop.tree)
                 s.draft_tokens_accepted += len(path)
-            feedback.append(Feedback(r.index, [a - root - 1 for a in path], None if last is None else last[k]))
+            stamp = int(scores[2][k, path[-1] if path else root]) if len(scores) > 2 and r.timestamps else None
+            feedback.append(Feedback(r.index, [a - root - 1 for a in path], None if last is None else last[k], stamp))
             r.target_len = len(r.seq) + len(accepted)
             for tok in accepted + [int(result.next_tokens[k])]:
                 if tok == self.eos:

@@ -184,17 +184,26 @@ class TimestampProposer:
     target most often emits: a row's first token ``<|0.00|>``, and after a segment's end timestamp ``t`` (which must
     be followed by a timestamp or EOT) the next segment's start ``t`` again, with EOT as a second branch. The
     drafter's tree hangs under the added timestamp; the verifier decides as for any draft, so the output stays the
-    target's. Feedback is mapped back to the drafter's own nodes. Rows not in timestamp mode pass through unchanged.
+    target's. Where the drafter proposes EOS after text, a segment's end timestamp must usually come first: a
+    second branch proposes the target's likeliest timestamp at the end of the last verified path (from the
+    feedback; the time a segment ending there would end) followed by EOS. Feedback is mapped back to the drafter's
+    own nodes. Rows not in timestamp mode pass through unchanged.
     Other attributes (``admit``, ``needs_hidden``, ``needs_cross``) are the wrapped proposer's.
 
+    A prompt that carries previous text (``<|startofprev|> ... <|startoftranscript|> ...``, Whisper's long-form
+    conditioning) is shown to the drafter from ``<|startoftranscript|>`` on.
+
     Args:
-        inner: the wrapped proposer; tt: the target's timestamp tokens; prompt_len: the length of the target's
-            prompt with ``<|notimestamps|>`` (what the drafter sees); eos: the target's EOS id.
+        inner: the wrapped proposer; tt: the target's timestamp tokens; prompt: the target's prompt with
+            ``<|notimestamps|>`` (what the drafter sees; it starts with ``<|startoftranscript|>``); eos: the
+            target's EOS id.
     """
 
-    def __init__(self, inner, tt: TimestampTokens, prompt_len: int, eos: int) -> None:
-        self.inner, self.tt, self.prompt_len, self.eos = inner, tt, prompt_len, eos
-        self._added: dict = {}  # row key -> (timestamp nodes before the drafter's tree, index of the EOS node)
+    def __init__(self, inner, tt: TimestampTokens, prompt: Sequence[int], eos: int) -> None:
+        self.inner, self.tt, self.prompt_len, self.eos = inner, tt, len(prompt), eos
+        self.sot = prompt[0]
+        self._added: dict = {}  # row key -> (timestamp nodes before the drafter's tree, end of the drafter's nodes)
+        self._stamp: dict = {}  # row key -> the target's likeliest timestamp at the end of its last kept path
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -203,10 +212,11 @@ class TimestampProposer:
         tt, p = self.tt, self.prompt_len
         views, added = [], {}
         for r in requests:
-            if tt.no_timestamps in r.seq[:p]:
-                views.append(r)
+            seq = r.seq if r.seq[0] == self.sot else r.seq[r.seq.index(self.sot):]  # without previous text
+            if tt.no_timestamps in seq[:p]:
+                views.append(dataclasses.replace(r, seq=seq) if seq is not r.seq else r)
                 continue
-            gen = r.seq[p - 1 :]
+            gen = seq[p - 1 :]
             pre = []
             if r.speculate:
                 if not gen:
@@ -215,44 +225,50 @@ class TimestampProposer:
                     pre = [gen[-1]]
             added[r.index] = (pre, bool(gen))
             text = [t for t in gen if t < tt.begin]
-            views.append(dataclasses.replace(r, seq=r.seq[: p - 1] + [tt.no_timestamps] + text,
+            views.append(dataclasses.replace(r, seq=seq[: p - 1] + [tt.no_timestamps] + text,
                                              room=max(1, r.room - len(pre))))
         props = self.inner.propose(views, *args)
         self._added = {}
         out = []
         for r, prop in zip(requests, props):
             pre, started = added.get(r.index, (None, False))
-            if not pre:
-                if pre is not None:
-                    self._added[r.index] = (0, None)
+            if pre is None:
                 out.append(prop)
                 continue
             n = len(pre)
             tokens = list(pre) + list(prop.tree.tokens)
             parents = list(range(-1, n - 1)) + [q + n if q >= 0 else n - 1 for q in prop.tree.parents]
-            eos_node = None
-            if started:  # after a segment's end: EOT is the other choice
-                eos_node = len(tokens)
+            guess = self._stamp.get(r.index)
+            ends = [i for i, t in enumerate(tokens) if t == self.eos and i >= n] if guess is not None else []
+            if ends:  # the drafter ends the text: a segment's end timestamp, then EOS, as the other branch
+                under = parents[ends[0]]
+                if (tokens[under] if under >= 0 else r.seq[-1]) < tt.begin:
+                    parents += [under, len(tokens)]
+                    tokens += [guess, self.eos]
+            if n and started:  # after a segment's end: EOT is the other choice
                 tokens.append(self.eos)
                 parents.append(-1)
-            self._added[r.index] = (n, eos_node)
-            out.append(dataclasses.replace(prop, tree=DraftTree(tuple(tokens), tuple(parents))))
+            self._added[r.index] = (n, n + len(prop.tree))  # the drafter's nodes: n .. n + len - 1
+            out.append(prop if len(tokens) == len(prop.tree) else
+                       dataclasses.replace(prop, tree=DraftTree(tuple(tokens), tuple(parents))))
         return out
 
     def update(self, feedback) -> None:
         mapped = []
         for f in feedback:
-            n, eos_node = self._added.get(f.index, (0, None))
-            if n:
+            if f.timestamp is not None:
+                self._stamp[f.index] = f.timestamp
+            n, size = self._added.get(f.index, (0, None))
+            if size is not None:  # keep the drafter's own nodes of the kept path (the added ones are not its)
                 path = f.accepted
-                inner = [a - n for a in path[n:]] if len(path) >= n and path[:n] == list(range(n)) else []
-                f = dataclasses.replace(f, accepted=inner)
+                inner = path[n:] if path[:n] == list(range(n)) else []
+                f = dataclasses.replace(f, accepted=[a - n for a in inner if a < size])
             mapped.append(f)
         self.inner.update(mapped)
 
 
-def wrap_proposer(proposer, tt: Optional[TimestampTokens], prompt_len: int, eos: int):
+def wrap_proposer(proposer, tt: Optional[TimestampTokens], prompt: Sequence[int], eos: int):
     """``proposer`` wrapped in :class:`TimestampProposer` (None and models without timestamps: as it is)."""
     if proposer is None or tt is None:
         return proposer
-    return TimestampProposer(proposer, tt, prompt_len, eos)
+    return TimestampProposer(proposer, tt, prompt, eos)
