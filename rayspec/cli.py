@@ -316,8 +316,9 @@ def cmd_serve(args) -> int:
 def _serve_parser(sub) -> None:
     p = sub.add_parser(
         "serve", help="OpenAI-compatible transcription endpoint on Ray Serve",
-        description="POST /v1/audio/transcriptions (multipart file, model, response_format=json|text|srt|vtt|verbose_json, "
-                    "timestamp_granularities[]=segment|word with --timestamps), "
+        description="POST /v1/audio/transcriptions (multipart file, model, "
+                    "response_format=json|text|srt|vtt|verbose_json, timestamp_granularities[]=segment|word with "
+                    "--timestamps), "
                     "GET /v1/models and GET /health. Requests share target passes: continuous batching (a request "
                     "joins the running decode as a slot frees), every method. "
                     "Long audio is segmented. Errors are JSON {\"error\": {message, type, code}}: 400 bad input, "

@@ -9,8 +9,9 @@ Three parts (``--sections``), each a table in ``<output>/bench-timestamps-<part>
   phoneme durations give every word's true start and end). Predicted words are matched to the reference words
   after folding case and punctuation (:func:`match_words`: the longest common subsequence, difflib); each matched
   word's start and end errors (absolute, ms) give mean, median and 90th percentile. Both engines' words are scored
-  as ``rayspec export --format srt --word-level`` writes them and pysubs2 reads them back (whole milliseconds). On the LJSpeech clips of the
-  ``speed`` part, the two engines' word times are also compared with each other (real speech has no true times).
+  as ``rayspec export --format srt --word-level`` writes them and pysubs2 reads them back (whole milliseconds).
+  On the LJSpeech clips of the ``speed`` part, the two engines' word times are also compared with each other (real
+  speech has no true times).
 - ``speed``: each method of ``--ts-methods`` at batch 1 on the first ``--limit`` LJSpeech clips, with timestamps
   none, segment (and word for ar), and faster-whisper without timestamps, with segment and with word timestamps;
   wall time (audio loading excluded, features + encoder + decoder + alignment), RTFx, NFE (target passes) per
