@@ -754,10 +754,23 @@ class WhisperASR:
             out = torch.where(first, out + self._begin_suppress[tokens], out)
         return out
 
+    def timestamp_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The logits of the timestamp tokens alone (no suppression): hidden ``[..., D]`` -> float ``[..., T]``, a
+        ``T``-row slice of the output projection (whisper-base: 1,501 of 51,865 rows).
+
+        Raises:
+            RuntimeError: a model without timestamp tokens.
+        """
+        tt = self.timestamp_tokens
+        if tt is None:
+            raise RuntimeError(f"{self.name or 'this model'} has no timestamp tokens")
+        proj = self.model.proj_out
+        return F.linear(hidden, proj.weight[tt.begin:], None if proj.bias is None else proj.bias[tt.begin:])
+
     def shortlist_bound(self, hidden: torch.Tensor) -> torch.Tensor:
         """A lower bound of each row's largest suppressed logit, from a fraction of the projection: the largest
         logit over the first :data:`SHORTLIST_TOKENS` token ids (BPE ids are in merge order, so the common tokens
-        come first) that neither suppress list bans. hidden ``[..., D]`` -> float ``[...]``. Greedy verification uses
+        come first) that neither suppress list bans, timestamp tokens excluded. hidden ``[..., D]`` -> float ``[...]``. Greedy verification uses
         it to skip the full projection where a draft token cannot be the argmax
         (:func:`rayspec.spec.acceptance.score_greedy_lazily`)."""
         proj = self.model.proj_out
@@ -767,7 +780,8 @@ class WhisperASR:
             for bias in key[1:]:
                 if bias is not None:
                     banned |= torch.isinf(bias)
-            ids = torch.arange(min(SHORTLIST_TOKENS, self.vocab_size), device=banned.device)
+            tt = self.timestamp_tokens  # timestamps are left out: the timestamp rules ban them at most positions
+            ids = torch.arange(min(SHORTLIST_TOKENS, self.vocab_size if tt is None else tt.begin), device=banned.device)
             ids = ids[~banned[ids]]
             self._shortlist = (key, proj.weight[ids].contiguous(),
                                None if proj.bias is None else proj.bias[ids].contiguous())

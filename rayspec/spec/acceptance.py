@@ -34,6 +34,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .timestamps import apply_rules
 from .tree import DeviceTrees
 
 RULES = ("greedy", "threshold", "typical", "topk")
@@ -104,7 +105,7 @@ def score_tree(logits: torch.Tensor, trees: DeviceTrees, rule: AcceptanceRule,
     return (out if extra is None else torch.cat([out, extra])).cpu().numpy()
 
 
-def score_greedy_lazily(hidden: torch.Tensor, trees: DeviceTrees, head) -> np.ndarray:
+def score_greedy_lazily(hidden: torch.Tensor, trees: DeviceTrees, head, rules=None) -> np.ndarray:
     """:func:`score_tree` for the ``greedy`` rule, projecting to the vocabulary only at the nodes that can matter.
 
     A node matters if it is a row's root or if its parent matters and its token may be the argmax there. A token
@@ -122,6 +123,11 @@ def score_greedy_lazily(hidden: torch.Tensor, trees: DeviceTrees, head) -> np.nd
         trees: the same trees on the device (with ``host``).
         head: the target's output head: ``token_logits(hidden, tokens, first)``, ``shortlist_bound(hidden)``,
             ``project(hidden)`` and ``suppress(logits, first)`` (:class:`~rayspec.models.whisper.WhisperASR`).
+        rules: optional ``(bounds, tt)``: Whisper's timestamp rules (:func:`~rayspec.spec.timestamps.rule_bounds`'
+            int64 ``[4, B, Q]`` host bounds and the timestamp tokens). At a parent where the rules ban no text token
+            the shortlist bound still bounds the best allowed token (a forced timestamp bans all text, so a text
+            token below the bound loses either way); a token the rules ban at its parent cannot be the argmax; an
+            allowed timestamp, or EOS where only timestamps and EOS are allowed, may be (it is projected).
 
     Returns:
         int64 ``[2, B, Q]`` as :func:`score_tree`, with argmax ``-1`` at the nodes that do not matter (and verdict 0
@@ -136,11 +142,25 @@ def score_greedy_lazily(hidden: torch.Tensor, trees: DeviceTrees, head) -> np.nd
     bound = head.shortlist_bound(hidden).gather(1, trees.parents)  # [B, Q] at the parent
     maybe = (token >= bound - LAZY_MARGIN * (bound.abs() + 1)).cpu().numpy()
     parents, roots = lay["parents"], lay["roots"]
+    if rules is not None:
+        bounds, tt = rules
+        at = np.maximum(parents, 0)
+        text_hi, ts_lo, ts_hi, on = (x[np.arange(b)[:, None], at] for x in bounds)  # the rules at each parent
+        tok = lay["tokens"]
+        stamp = tok >= tt.begin
+        allowed = np.where(stamp, (tok >= ts_lo) & (tok <= ts_hi), tok >= text_hi)
+        # text open: the bound holds for every token but a timestamp; after a segment's end: EOS, specials and
+        # timestamps compete; at the first position: timestamps alone
+        maybe = np.where(on > 0, allowed & np.where(text_hi == 0, maybe | stamp, (text_hi == tt.eot) | stamp),
+                         maybe)
     rows = np.arange(b)
     matters = _reachable(lay, maybe)
     matters[rows, roots] = True
     flat = torch.from_numpy(np.flatnonzero(matters)).to(hidden.device)
     logits = head.suppress(head.project(hidden.reshape(b * q, -1)[flat]), first.reshape(-1)[flat])
+    if rules is not None:
+        picked = np.flatnonzero(matters)
+        logits = apply_rules(logits[None].contiguous(), rules[0].reshape(4, -1)[:, picked][:, None], rules[1])[0]
     best = np.full(b * q, -1, dtype=np.int64)
     best[flat.cpu().numpy()] = logits.argmax(-1).cpu().numpy()
     best = best.reshape(b, q)

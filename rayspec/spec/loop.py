@@ -396,16 +396,20 @@ class VerifyLoop:
         fresh = [k for k, r in enumerate(live) if r.target_len == 0]  # first pass: node 0 is <|startoftranscript|>
         logits = None  # [B, Q, V] unless the lazy projection skips most of it
         stamped = [r.timestamps for r in live]
-        if self.rule.kind == "greedy" and _lazy_projection(hidden) and not any(stamped):
-            scores = score_greedy_lazily(hidden, dev, t)
+        bounds = rule_bounds(dev.host, [r.hyp.tokens for r in live], stamped, self.tt) if any(stamped) else None
+        guess = bounds is not None and self.proposer is not None  # each node's likeliest timestamp, for proposals
+        if self.rule.kind == "greedy" and _lazy_projection(hidden):
+            scores = score_greedy_lazily(hidden, dev, t, None if bounds is None else (bounds, self.tt))
+            if guess:  # (the lazy path runs on a CPU: reading back costs nothing)
+                stamps = t.timestamp_logits(hidden).argmax(-1) + self.tt.begin
+                scores = np.concatenate([scores, stamps.cpu().numpy()[None]])
         else:
             logits = t.project(hidden)
             masked = t.suppress(logits, first=dev.host["first"])
             extra = None
-            if any(stamped):  # (in place: a copy where suppress left the logits as they were)
-                if self.proposer is not None:  # each node's likeliest timestamp, read with the verdicts
+            if bounds is not None:  # (in place: a copy where suppress left the logits as they were)
+                if guess:  # read back with the verdicts
                     extra = (logits[..., self.tt.begin:].argmax(-1) + self.tt.begin)[None]
-                bounds = rule_bounds(dev.host, [r.hyp.tokens for r in live], stamped, self.tt)
                 masked = apply_rules(masked if masked is not logits else logits.clone(), bounds, self.tt)
             scores = score_tree(masked, dev, self.rule, extra)
         no_speech = None
