@@ -62,6 +62,8 @@ def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
     feats, lengths = target.features(audios)
     enc = target.encode(target.short_window(feats, lengths, options.short_window_s), lengths)
     enc.prompts = row_prompts(target, options, enc)
+    if options.timestamps == "word":  # the word-timing pass reuses the decoder's cross-attention keys/values
+        enc.cross = {}
     limit = target.max_target_positions - len(target.prompt_ids) - 1
     out = Encoded(enc, [token_cap(d, options.max_tokens_per_second, limit) for d in durations])
     if METHODS[options.method].needs_ctc:

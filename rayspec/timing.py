@@ -233,7 +233,7 @@ def word_timestamps(model: WhisperASR, encoder_output: EncoderOutput, tokens: Se
     seqs = [prompt + row + [eot] for prompt, row in zip(prompts, text)]
     width = max(len(s) for s in seqs)
     ids = torch.tensor([s + [eot] * (width - len(s)) for s in seqs], device=model.device)
-    cache = model.new_cache(encoder_output, width)
+    cache = model.new_cache(encoder_output, width, shared=True)  # the decoding's keys/values, if it kept them
     heads = alignment_heads(model)
     qk: list[torch.Tensor] = []
     hidden = model.decode_hidden(cache, ids, cross_heads=heads, cross_out=qk)  # [B, W, D]

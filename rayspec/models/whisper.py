@@ -51,12 +51,16 @@ class EncoderOutput:
         masked: whether padded positions must be masked in cross-attention (False for fixed-window models).
         prompts: ``B`` decoder prompts (token ids, all of one length: the language token may differ per row, see
             :meth:`WhisperASR.detect_language`), or None for the model's :attr:`WhisperASR.prompt_ids` on every row.
+        cross: None, or a dict in which :meth:`WhisperASR.new_cache` keeps the decoder's cross-attention keys/values
+            of these rows once computed, so that a second decoder pass over the same rows (word timestamps,
+            :mod:`rayspec.timing`) does not recompute them; kept through :meth:`to` when the states stay the same.
     """
 
     states: torch.Tensor
     lengths: torch.Tensor
     masked: bool
     prompts: Optional[list[list[int]]] = None
+    cross: Optional[dict] = None
 
     def select(self, rows: torch.Tensor) -> "EncoderOutput":
         """Rows ``rows`` (int64 ``[B']``) of this batch."""
@@ -66,8 +70,9 @@ class EncoderOutput:
 
     def to(self, device, dtype: Optional[torch.dtype] = None) -> "EncoderOutput":
         """This batch on ``device``, its states cast to ``dtype`` if given (lengths stay int64)."""
-        return EncoderOutput(self.states.to(device=device, dtype=dtype or self.states.dtype), self.lengths.to(device),
-                             self.masked, self.prompts)
+        states = self.states.to(device=device, dtype=dtype or self.states.dtype)
+        return EncoderOutput(states, self.lengths.to(device), self.masked, self.prompts,
+                             self.cross if states is self.states else None)
 
     def row_prompts(self, default: Sequence[int]) -> list[list[int]]:
         """The decoder prompt of each row: :attr:`prompts`, or ``default`` for every row."""
@@ -586,7 +591,8 @@ class WhisperASR:
         return features[..., : min(features.shape[-1], int(seconds * fps))]
 
     # ------------------------------------------------------------------ decoder
-    def new_cache(self, encoder_output: EncoderOutput, capacity: int, cross: bool = True) -> DecoderCache:
+    def new_cache(self, encoder_output: EncoderOutput, capacity: int, cross: bool = True,
+                  shared: bool = False) -> DecoderCache:
         """An empty decoder cache for a batch, with cross-attention keys/values precomputed.
 
         Args:
@@ -595,13 +601,20 @@ class WhisperASR:
             cross: False leaves the cross-attention keys/values uncomputed (uninitialised memory) for
                 :meth:`fill_cross` to fill, row by row, before a row is decoded: a draft that will draft for few of
                 the rows (``--speculate-max-rows``) computes them for those rows only.
+            shared: with ``encoder_output.cross`` (see :class:`EncoderOutput`), use the kept keys/values themselves
+                rather than copies: for a caller that never drops, moves or writes rows of the cache.
         """
         dec = self._half("decoder")
         states = encoder_output.states
         b, s, _ = states.shape
         cross_k, cross_v, self_k, self_v = [], [], [], []
+        memo = encoder_output.cross if cross else None
+        if memo is not None and id(self) not in memo:
+            memo[id(self)] = [self.cross_attention_kv(states, i) for i in range(len(dec.layers))]
         for i in range(len(dec.layers)):
-            if cross:
+            if memo is not None:  # the decoder drops and moves cache rows in place: it gets copies
+                k, v = memo[id(self)][i] if shared else (t.clone() for t in memo[id(self)][i])
+            elif cross:
                 k, v = self.cross_attention_kv(states, i)
             else:
                 k, v = (states.new_empty((b, self.num_heads, s, self.head_dim)) for _ in range(2))
