@@ -1,7 +1,10 @@
 """Ray Serve online endpoint, compatible with OpenAI's audio transcription API.
 
-``POST /v1/audio/transcriptions`` (multipart: ``file``, optional ``model``, ``response_format`` = json | text |
-verbose_json), ``GET /v1/models`` and ``GET /health``; with ``tts`` on, also OpenAI's ``POST /v1/audio/speech``
+``POST /v1/audio/transcriptions`` (multipart: ``file``, optional ``model``, ``response_format`` = json | text | srt |
+vtt | verbose_json, and with verbose_json OpenAI's ``timestamp_granularities[]`` = segment | word: the body's
+``segments`` and ``words``, :func:`rayspec.export.verbose_json`), ``GET /v1/models`` and ``GET /health``. Segment times
+come from the replica's ``timestamps`` option (``rayspec serve --timestamps segment|word``; without it, one segment
+per file); word times need ``--timestamps word``; with ``tts`` on, also OpenAI's ``POST /v1/audio/speech``
 (JSON: ``model``, ``input`` <= 4096 characters, ``voice``, ``response_format`` = mp3 | opus | flac | wav | pcm,
 ``speed`` 0.25..4, ``stream_format`` = audio | sse for sentence-level streaming; the body is the audio) and
 ``GET /v1/audio/voices``, served by ``actors/speech_app.py``. Concurrent requests share target passes: a request joins
@@ -47,7 +50,8 @@ from rayspec.engine import TranscriptionEngine
 from rayspec.manifest import Utterance
 
 api = FastAPI(title="rayspec", description="Speech recognition with exact, batched speculative decoding")
-FORMATS = ("json", "text", "verbose_json")
+FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
+GRANULARITIES = ("segment", "word")
 MODEL_ALIASES = ("whisper-1", "rayspec")  # what OpenAI clients send by default, and ours
 MULTIPART_OVERHEAD = 64 * 1024  # boundaries, part headers and form fields around the file
 AUDIO_ERROR_STATUS = {"too_large": 413, "too_long": 413, "undecodable": 415}
@@ -302,9 +306,18 @@ class TranscriptionService:
     async def transcriptions(
         self, file: UploadFile = File(...), model: Optional[str] = Form(None),
         response_format: str = Form("json"),
+        timestamp_granularities: Optional[list[str]] = Form(None, alias="timestamp_granularities[]"),
     ):
         if response_format not in FORMATS:
             return _error(400, f"response_format must be one of {', '.join(FORMATS)}")
+        granularities = timestamp_granularities or []
+        if set(granularities) - set(GRANULARITIES):
+            return _error(400, f"timestamp_granularities[] must be among {', '.join(GRANULARITIES)}")
+        if granularities and response_format != "verbose_json":
+            return _error(400, "timestamp_granularities[] needs response_format=verbose_json")
+        if "word" in granularities and getattr(self.transcriber.options, "timestamps", "none") != "word":
+            return _error(400, "word timestamps are off on this server: start it with rayspec serve --timestamps "
+                               "word")
         if model and model not in self.models:
             return _error(404, f"model {model!r} is not served here (served: {', '.join(sorted(self.models))})")
         data = await file.read(self.limits.max_bytes + 1)
@@ -324,11 +337,22 @@ class TranscriptionService:
             return PlainTextResponse(row.text)
         if response_format == "json":
             return {"text": row.text}
+        from dataclasses import asdict
+
+        from rayspec.export import subtitles, verbose_json, whole_file_segments
+
+        fields = asdict(row)
+        if response_format in ("srt", "vtt"):
+            text = subtitles({**fields, "segments": whole_file_segments(fields)}).to_string(response_format)
+            return PlainTextResponse(text, media_type="text/vtt" if response_format == "vtt" else "text/plain")
         from transformers.models.whisper.tokenization_whisper import LANGUAGES
 
-        return {"task": self.transcriber.options.task, "language": LANGUAGES.get(row.language or "en", row.language),
-                "model": self.transcriber.target.name, "method": self.transcriber.options.method, "text": row.text,
-                "duration": row.duration_s, "no_speech_prob": row.no_speech_prob,
+        tokenizer = self.transcriber.target.tokenizer
+        body = verbose_json(fields, granularities or ("segment",), self.transcriber.options.task,
+                            LANGUAGES.get(row.language or "en", row.language),
+                            (lambda t: tokenizer(t, add_special_tokens=False).input_ids) if tokenizer else None)
+        return {**body, "model": self.transcriber.target.name, "method": self.transcriber.options.method,
+                "no_speech_prob": row.no_speech_prob,
                 "compression_ratio": row.compression_ratio, "repetitive": row.repetitive,
                 "route": row.route, "finished": row.finished, "target_forward_passes": row.target_forward_passes,
                 "draft_forward_passes": row.draft_forward_passes, "draft_tokens_proposed": row.draft_tokens_proposed,

@@ -29,6 +29,7 @@ EPILOG = textwrap.dedent(
       rayspec transcribe ../shared/data/an4/test.jsonl -o an4-spec.parquet --method draft
       rayspec transcribe ../shared/data/an4/test.jsonl -o an4-medusa.parquet --method medusa
       rayspec score an4.parquet                                                 # WER/CER per corpus
+      rayspec export out.parquet --format srt vtt -o subs/                      # subtitles (--timestamps)
       rayspec synthesize texts.txt -o tts-out --method pcg                      # speculative TTS
       rayspec chat --text "Once upon a time, there was a little dog named Max."  # voice chat (PredGen)
       rayspec train medusa --help                                               # drafters for a target
@@ -137,6 +138,42 @@ NEEDS_TARGET = {"medusa": "the frozen model the heads are for",
                 "ctc": "the model whose frozen encoder the head reads",
                 "draft-decoder": "the model whose encoder it reads",
                 "tts-draft": "the TTS target it is distilled from"}  # train kinds -> what their --target is
+
+
+def cmd_export(args) -> int:
+    from .export import ExportError, export_results
+
+    try:
+        summary = export_results(args.results, args.output, args.format, args.word_level)
+    except ExportError as exc:
+        print(f"rayspec export: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    for line in summary.skipped[:20]:
+        print(f"  skipped {line}", file=sys.stderr)
+    print(f"{len(summary.files)} files written ({', '.join(args.format)}), {len(summary.skipped)} error rows "
+          f"skipped -> {args.output}")
+    return 0
+
+
+def _export_parser(sub) -> None:
+    from .export import FORMATS
+
+    p = sub.add_parser(
+        "export", help="results -> subtitles / transcripts, one file per audio id (srt, vtt, tsv, json)",
+        description="Write <output>/<id>.<format> for every successful row of a results file: srt and vtt "
+                    "subtitles (pysubs2) from the segments column (or one cue per word with --word-level), "
+                    "openai/whisper's tsv (start, end in ms, text), or json (text, language, segments, words). "
+                    "Needs results transcribed with --timestamps segment (or word; --word-level needs word).",
+        epilog="example:\n  rayspec transcribe clips/ -o out.parquet --timestamps word\n"
+               "  rayspec export out.parquet --format srt vtt -o subs/",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("results", help="results .parquet file (or shard folder)")
+    p.add_argument("--format", nargs="+", choices=FORMATS, default=["srt"], help="one or more formats (default srt)")
+    p.add_argument("-o", "--output", required=True, help="output folder")
+    p.add_argument("--word-level", action="store_true",
+                   help="srt/vtt/tsv: one cue per word (from the words column) instead of one per segment")
+    p.set_defaults(func=cmd_export)
 
 
 def cmd_train(args) -> int:
@@ -279,7 +316,9 @@ def cmd_serve(args) -> int:
 def _serve_parser(sub) -> None:
     p = sub.add_parser(
         "serve", help="OpenAI-compatible transcription endpoint on Ray Serve",
-        description="POST /v1/audio/transcriptions (multipart file, model, response_format=json|text|verbose_json), "
+        description="POST /v1/audio/transcriptions (multipart file, model, "
+                    "response_format=json|text|srt|vtt|verbose_json, timestamp_granularities[]=segment|word with "
+                    "--timestamps), "
                     "GET /v1/models and GET /health. Requests share target passes: continuous batching (a request "
                     "joins the running decode as a slot frees), every method. "
                     "Long audio is segmented. Errors are JSON {\"error\": {message, type, code}}: 400 bad input, "
@@ -473,6 +512,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("output", help="output directory: new, empty, or an earlier conversion (replaced)")
     p.set_defaults(func=cmd_convert)
 
+    _export_parser(sub)
     _synthesize_parser(sub)
     _train_parser(sub)
     _serve_parser(sub)

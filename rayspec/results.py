@@ -17,12 +17,18 @@ import json
 import os
 import socket
 import uuid
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Iterable, Optional
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+SEGMENT = pa.struct([("start_s", pa.float64()), ("end_s", pa.float64()), ("text", pa.string())])
+"""One timed segment: seconds from the start of the audio file, and its text."""
+WORD = pa.struct([("word", pa.string()), ("start_s", pa.float64()), ("end_s", pa.float64()),
+                  ("probability", pa.float64())])
+"""One timed word: its text (leading space stripped, neighbouring punctuation merged in), seconds from the start of
+the audio file, and the mean probability of its tokens."""
 SCHEMA = pa.schema(
     [
         pa.field("id", pa.string(), nullable=False),
@@ -52,10 +58,8 @@ SCHEMA = pa.schema(
         pa.field("mode", pa.string()),
         pa.field("error", pa.string()),
         pa.field("error_code", pa.string()),
-        pa.field("segments", pa.list_(pa.struct([("start_s", pa.float64()), ("end_s", pa.float64()),
-                                                 ("text", pa.string())]))),
-        pa.field("words", pa.list_(pa.struct([("word", pa.string()), ("start_s", pa.float64()),
-                                              ("end_s", pa.float64()), ("probability", pa.float64())]))),
+        pa.field("segments", pa.list_(SEGMENT)),
+        pa.field("words", pa.list_(WORD)),
     ]
 )
 RETRIED_ERROR_CODES = ("internal",)
@@ -69,10 +73,11 @@ class ResultRow:
     ``text`` is empty and ``error`` (message) and ``error_code`` (stable reason: an
     :class:`~rayspec.audio.AudioError` code, or "internal") set when the utterance failed; ``decode_s`` is the
     utterance's share of its batch's wall time (seconds), split by audio duration. ``mode`` is "exact" (identical to
-    the target's greedy output) or "lossy". ``segments`` (with ``--segments``) lists ``{start_s, end_s, text}`` of
-    every decoded segment (one for audio within the model's window; with ``--timestamps segment|word`` the segments
-    Whisper's timestamp tokens delimit, in seconds from the file's start), ``words`` (``--timestamps word``)
-    ``{word, start_s, end_s, probability}`` of every word. ``language`` is the decoder prompt's language
+    the target's greedy output) or "lossy". ``segments`` lists ``{start_s, end_s, text}`` (:data:`SEGMENT`) of
+    every timed segment (``--timestamps segment`` or ``word``: Whisper's timestamp tokens; ``--segments``: the
+    decoded VAD segments), ``words`` lists ``{word, start_s, end_s, probability}`` (:data:`WORD`, ``--timestamps
+    word``); both in seconds from the start of the audio file, empty lists when not asked for (and in error rows).
+    ``language`` is the decoder prompt's language
     (detected per segment with ``--language auto``: the first segment's; None for English-only models), ``no_speech_prob`` the target's
     ``<|nospeech|>`` probability in its first pass (the largest over an utterance's segments; above
     ``--no-speech-threshold`` a segment is dropped, route "no_speech"), ``compression_ratio`` the text's zlib ratio
@@ -107,8 +112,8 @@ class ResultRow:
     mode: str = "exact"
     error: Optional[str] = None
     error_code: Optional[str] = None
-    segments: Optional[list] = None
-    words: Optional[list] = None
+    segments: list = field(default_factory=list)
+    words: list = field(default_factory=list)
 
 
 assert [f.name for f in fields(ResultRow)] == SCHEMA.names

@@ -27,6 +27,10 @@ def cmd_bench(args) -> int:
         from .gpu import cmd_bench_gpu
 
         return cmd_bench_gpu(args)
+    if args.suite == "timestamps":
+        from .timestamps import cmd_bench_timestamps
+
+        return cmd_bench_timestamps(args)
     if args.suite == "whisper":
         from .whisper import cmd_bench_whisper
 
@@ -66,10 +70,14 @@ def add_bench_parser(sub) -> None:
                     "against transformers' generate and CTranslate2 on the same features), gpu (the engine on one "
                     "device: ar and every method at --batch-sizes with static steps / CUDA graphs on and off, cold "
                     "and warm, per-pass costs, transformers' generate, static cache and compile as peers; "
-                    "scripts/gpu_bench.sh runs it in one call).",
+                    "scripts/gpu_bench.sh runs it in one call), "
+                    "timestamps (word start/end errors against the true word times of speech read by the Piper "
+                    "voice, beside faster-whisper on the same weights; batch-1 speed of each method with and without "
+                    "timestamps; long-form WER and end-of-file drift, sequential vs VAD vs faster-whisper's sequential).",
     )
     p.add_argument("manifests", nargs="*", help="manifests (with references for WER) or folders of audio")
-    p.add_argument("--suite", choices=["spec", "ssd", "medusa", "methods", "tts", "voicechat", "peers", "whisper", "gpu"],
+    p.add_argument("--suite", choices=["spec", "ssd", "medusa", "methods", "tts", "voicechat", "peers", "whisper", "gpu",
+                                            "timestamps"],
                    default="spec")
     p.add_argument("-o", "--output", default="bench", help="output folder (default: bench)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
@@ -149,6 +157,18 @@ def add_bench_parser(sub) -> None:
                    help="methods timed as the first job of a fresh process, comma-separated (default ar,ctc-draft; "
                         "'' skips; --random-weights: ar only)")
     g.add_argument("--cold-run", default="", help=argparse.SUPPRESS)  # METHOD:BATCH:on|off, the suite's subprocess
+    ts = p.add_argument_group("timestamps suite (manifest: LJSpeech's clips.jsonl; --limit: speed clips, default 40; "
+                              "--threads: default 2; --models-dir: faster-whisper's CTranslate2 copy)")
+    ts.add_argument("--sections", default="words,speed,long", help="parts to run, comma-separated (default all)")
+    ts.add_argument("--texts", help="held-out sentences (LJSpeech id|raw|normalized; default: "
+                                    "metadata_text_only.csv beside the manifest)")
+    ts.add_argument("--data-dir", default=os.path.join("runs", "timestamps-data"),
+                    help="where the Piper set and the long recordings are built once (default runs/timestamps-data)")
+    ts.add_argument("--piper-sentences", type=_positive, default=30, help="Piper set size (default 30)")
+    ts.add_argument("--long-files", type=_positive, default=2, help="long recordings (default 2)")
+    ts.add_argument("--long-seconds", type=float, default=300.0, help="length of each long recording (default 300)")
+    ts.add_argument("--ts-methods", default="ar,draft,ctc-draft",
+                    help="methods of the speed part, comma-separated (default ar,draft,ctc-draft)")
     from ..chat.commands import add_predgen_args
 
     add_predgen_args(v, tts=False)
