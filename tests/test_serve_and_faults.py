@@ -30,11 +30,13 @@ def ray_local():
 AN4_TEST = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "an4", "test.jsonl")
 
 
-@pytest.mark.parametrize("layout, victim", [("split", "targets"), ("split", "drafters"), ("colocated", "targets")])
+@pytest.mark.parametrize("layout, victim, method", [("split", "targets", "draft"), ("split", "drafters", "draft"),
+                                                    ("colocated", "targets", "draft"), ("split", "targets", "ar")])
 def test_actor_killed_mid_job_still_writes_every_id_once(ray_local, tmp_path, samples_manifest, tiny_target,
-                                                          tiny_draft, layout, victim):
+                                                          tiny_draft, layout, victim, method):
     """Kill an actor after the 3rd finished batch (of ~17 on AN4 test's 130 utterances, or of 5 on the bundled
-    clips where ../shared is absent); Ray restarts it, its batches are redone, every id is written once."""
+    clips where ../shared is absent); Ray restarts it, its batches are redone, every id is written once (the
+    colocated actor and the split target without a remote draft kill a continuous batch of several batches)."""
     import ray
 
     from jobs.transcribe import build_parser, run
@@ -49,7 +51,7 @@ def test_actor_killed_mid_job_still_writes_every_id_once(ray_local, tmp_path, sa
 
     out = str(tmp_path / "ft.parquet")
     args = build_parser().parse_args([manifest, "-o", out, "--target", tiny_target.model.name_or_path,
-                                      "--draft", tiny_draft.model.name_or_path, "--method", "draft",
+                                      "--draft", tiny_draft.model.name_or_path, "--method", method,
                                       "--actors", layout, "--max-batch", "2" if manifest == samples_manifest else "8",
                                       "--drafter-cpus", "0.5", "--target-cpus", "0.5", "--in-flight", "2",
                                       "--max-tokens-per-second", "4"])
