@@ -256,3 +256,24 @@ def test_hostile_corpus_through_the_ray_job_matches_the_cli(ray_local, tmp_path,
     cli = {r["id"]: (r["text"], r["error_code"]) for r in pq.read_table(tmp_path / "cli.parquet").to_pylist()}
     job = {r["id"]: (r["text"], r["error_code"]) for r in pq.read_table(tmp_path / "job.parquet").to_pylist()}
     assert cli == job and len(job) == 10
+
+
+def test_ray_data_pipeline_matches_the_cli_and_resumes(ray_local, tmp_path, samples_manifest, tiny_target):
+    """jobs.transcribe_data (Ray Data: read_json, CPU audio tasks, an actor pool, write_parquet) writes the CLI's
+    rows, one error row per bad file; a re-run writes nothing more."""
+    from test_reliability import _hostile_corpus
+
+    from jobs.transcribe_data import main as data_main
+    from rayspec.cli import EXIT_SOME_FAILED, main
+    from rayspec.results import read_results
+
+    hostile, _ = _hostile_corpus(tmp_path, samples_manifest)
+    args = ["--target", tiny_target.model.name_or_path, "--max-tokens-per-second", "4", "--max-batch", "4"]
+    assert main(["transcribe", hostile, "-o", str(tmp_path / "cli.parquet"), "-q", *args]) == EXIT_SOME_FAILED
+    out = str(tmp_path / "data")
+    assert data_main([hostile, "-o", out, "--batch-size", "4", *args]) == EXIT_SOME_FAILED
+    cli = {r["id"]: (r["text"], r["error_code"], r["corpus"]) for r in pq.read_table(tmp_path / "cli.parquet").to_pylist()}
+    data = [(r["id"], (r["text"], r["error_code"], r["corpus"])) for r in read_results(out).to_pylist()]
+    assert dict(data) == cli and len(data) == 10
+    files = sorted(os.listdir(out))
+    assert data_main([hostile, "-o", out, *args]) == 0 and sorted(os.listdir(out)) == files
