@@ -182,10 +182,13 @@ def check_resources(args) -> None:
                 f"--drafter-{kind.lower()}s/--target-{kind.lower()}s (fractions are fine) or the actor counts")
 
 
-def start_actors(args) -> ActorPool:
-    """Start the run's actors (:func:`actor_layout`) with its resources; returns once their models are loaded."""
-    from rayspec.pipeline import needs_draft
+def start_actors(args, slots: int = 16) -> ActorPool:
+    """Start the run's actors (:func:`actor_layout`) with its resources; returns once their models are loaded.
 
+    Args:
+        slots: most rows a transcriber (or target) actor decodes at once (its continuous batch; ``rayspec
+            transcribe`` uses the largest planned batch).
+    """
     check_resources(args)
     options = decode_options(args)
     layout = actor_layout(args)
@@ -207,8 +210,10 @@ def start_actors(args) -> ActorPool:
         from actors.transcriber import TranscriberActor
 
         a = shapes[0]
-        actors = [TranscriberActor.options(num_cpus=a.cpus, num_gpus=a.gpus, scheduling_strategy=place(i))
-                  .remote(dict(kwargs, device="cuda" if a.gpus else args.device), threads(a.cpus))
+        # one thread per batch in flight: each call waits on the actor's continuous batch
+        actors = [TranscriberActor.options(num_cpus=a.cpus, num_gpus=a.gpus, max_concurrency=args.in_flight + 1,
+                                           scheduling_strategy=place(i))
+                  .remote(dict(kwargs, device="cuda" if a.gpus else args.device), threads(a.cpus), slots)
                   for i in range(a.count)]
         return ActorPool([], actors, [], ray.get([a.node.remote() for a in actors]), pg)
     from actors.drafter import DrafterActor
@@ -219,14 +224,13 @@ def start_actors(args) -> ActorPool:
                                      scheduling_strategy=place(i))
                 .remote(kwargs, threads(args.drafter_cpus))
                 for i in range(args.drafters)]
-    # With a remote draft, a target actor works on its in-flight batches concurrently (threads): while one batch
-    # waits for draft proposals, another is verified. Otherwise it decodes one batch at a time (the next one waits
-    # in its queue while the drafter encodes it): a second concurrent batch would only add its KV cache to memory.
-    concurrency = args.in_flight if needs_draft(options) else 1
-    targets = [TargetActor.options(num_cpus=args.target_cpus, num_gpus=args.target_gpus, max_concurrency=concurrency,
-                                   scheduling_strategy=place(args.drafters + i))
+    # One thread per batch in flight. With a remote draft, a target actor works on its in-flight batches
+    # concurrently: while one batch waits for draft proposals, another is verified. Otherwise the calls wait on the
+    # actor's continuous batch, which the drafters' encoded batches join as slots free.
+    targets = [TargetActor.options(num_cpus=args.target_cpus, num_gpus=args.target_gpus,
+                                   max_concurrency=args.in_flight + 1, scheduling_strategy=place(args.drafters + i))
                .remote(args.target, options, "cuda" if args.target_gpus else args.device,
-                       threads(args.target_cpus), kwargs["dtype"])
+                       threads(args.target_cpus), kwargs["dtype"], slots)
                for i in range(args.targets)]
     nodes = ray.get([a.node.remote() for a in drafters + targets])
     return ActorPool(drafters, targets, nodes[: args.drafters], nodes[args.drafters :], pg)

@@ -67,14 +67,13 @@ def machine() -> str:
 
 
 def in_process(input_path: str, out: str, job_args: list[str], threads: int) -> RunSummary:
-    """The same corpus and decoder without Ray: :func:`rayspec.pipeline.run_corpus` in this process, with
-    ``threads`` torch threads and the Ray job's static batches (no continuous batching), so the rows compare the
-    same batches."""
+    """The same corpus and decoder without Ray: :func:`rayspec.pipeline.run_corpus` in this process (``rayspec
+    transcribe``: continuous batching over the same planned batches, as the job's actors), with ``threads`` torch
+    threads."""
     args = job_parser().parse_args([input_path, "-o", out, *job_args])
     args.threads = threads
     transcriber = build_transcriber(args)
-    return run_corpus(read_manifest(input_path), transcriber, out, budget_from_args(args, transcriber.target.config),
-                      continuous=False)
+    return run_corpus(read_manifest(input_path), transcriber, out, budget_from_args(args, transcriber.target.config))
 
 
 def row(method: str, drafters: int, targets: int, budget: int, s: RunSummary, out: str) -> dict:

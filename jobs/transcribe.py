@@ -14,8 +14,11 @@ Actors load their models once (see ``actors/``), in one of two layouts (``--acto
   a target through object refs (encoder states stay in the object store; the driver only sees result rows). With
   draft-model speculation the target actor asks the batch's drafter for proposals each round.
 
-Length-sorted token-budget batches go out with at most ``--in-flight`` batches per target (or transcriber) actor in
-flight (backpressure). Killed actors are restarted by Ray and their batches redone. A batch that raises is redone
+Length-sorted token-budget batches go out longest first, with at most ``--in-flight`` batches per target (or
+transcriber) actor in flight (backpressure). Each actor keeps one continuous batch (as ``rayspec transcribe`` and
+Serve do): the rows of its in-flight batches join as slots free, up to as many rows as the largest planned batch;
+split, the drafters encode the batches in flight ahead of the target (with a remote draft, method ``draft`` or
+ssd's draft fallback, a target actor decodes each batch on its own). Killed actors are restarted by Ray and their batches redone. A batch that raises is redone
 utterance by utterance, so only an utterance that fails alone becomes an error row. Each finished batch is written
 as an atomic Parquet shard and a re-run resumes. Prints a summary line and, when the manifest has references, the
 WER.
@@ -70,10 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPUs per target actor (also its torch threads unless --threads)")
     p.add_argument("--drafter-gpus", type=float, default=0.0, help="GPUs per drafter actor (fractions share a GPU)")
     p.add_argument("--target-gpus", type=float, default=0.0, help="GPUs per target actor (fractions share a GPU)")
-    p.add_argument("--in-flight", type=int, default=2,
-                   help="batches in flight per target (or transcriber) actor (backpressure; default 2: the next "
-                        "batch is queued, or encoded by the drafter, while one decodes; split, they decode "
-                        "concurrently only with a remote draft)")
+    p.add_argument("--in-flight", type=int, default=3,
+                   help="batches in flight per target (or transcriber) actor (backpressure; default 3: while one "
+                        "batch's rows decode, the next ones are queued, or encoded by the drafter, and join the "
+                        "actor's continuous batch as its slots free)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the embedded local Ray")
     add_model_args(p)
     add_decode_args(p)
@@ -101,11 +104,13 @@ def transcribe(args, on_batch=None) -> RunSummary:
     config = AutoConfig.from_pretrained(resolve_model(args.target))
     writer = ResultWriter(args.output)
     try:
-        batches = pending_batches(utts, writer, budget_from_args(args, config))
+        # longest first, as rayspec transcribe: later rows are shorter, so their cross-attention fits the first
+        # rows' cache
+        batches = pending_batches(utts, writer, budget_from_args(args, config))[::-1]
         summary = RunSummary(skipped=len(utts) - sum(len(b) for b in batches))
         connect(args.address, args.num_cpus)
         t_start = time.perf_counter()
-        pool = start_actors(args)
+        pool = start_actors(args, max((len(b) for b in batches), default=1))
         summary.startup_s = time.perf_counter() - t_start
         try:
             _stream(args, pool, batches, writer, summary, on_batch)

@@ -351,6 +351,58 @@ class TargetDecoder:
         batch.encoded.target.prompts = encoded.target.prompts  # as decoded (the language detected here, if it was)
         return self.rows(batch, hyps, batch.encode_s + time.perf_counter() - t0)
 
+    def decode_stream(self, batches: Iterable[Optional[tuple[Any, EncodedBatch]]], slots: int,
+                      draft: Optional[WhisperASR] = None,
+                      pending: Optional[dict] = None) -> Iterator[tuple[Any, list[ResultRow]]]:
+        """Continuous batching over encoded batches (:func:`stream_decode`): up to ``slots`` rows decode at once, and
+        a finished row's slot is refilled from the next batch before the next decoder pass. Batches without encoded
+        rows (errors, no speech) yield their rows as they are read.
+
+        Args:
+            batches: ``(key, batch)`` pairs, read lazily, longest first preferably; or None for "nothing ready now"
+                (an online queue: the stream ends once nothing is decoding).
+            draft: the draft model for method "draft" (in this process).
+            pending: if given, holds ``key -> batch`` for the batches begun and not yet finished (on an exception:
+                the batches to redo).
+
+        Yields:
+            ``(key, rows)`` once per batch, as its last row finishes (not in input order); a batch's wall seconds
+            (shared out over its rows' ``decode_s``) are those since the previous batch finished.
+        """
+        t = self.target
+        pending = {} if pending is None else pending
+        hyps: dict[Any, list[Optional[Hypothesis]]] = {}
+        ready: list[tuple[Any, list[ResultRow]]] = []  # batches with nothing to decode
+        clock = [time.perf_counter()]
+
+        def source():
+            for item in batches:
+                if item is None:
+                    yield None
+                    continue
+                key, eb = item
+                if eb.encoded is None:
+                    ready.append((key, self.rows(eb, [], eb.encode_s)))
+                    continue
+                encoded = eb.encoded.to(t.device, t.dtype)
+                if encoded.target.prompts is None:  # encoded where the decoder was released: detect the language here
+                    encoded.target.prompts = row_prompts(t, self.options, encoded.target)
+                eb.encoded.target.prompts = encoded.target.prompts
+                pending[key], hyps[key] = eb, [None] * len(eb.owners)
+                yield key, encoded
+
+        for (k, r), h in stream_decode(t, self.options, source(), slots, draft):
+            hyps[k][r] = h
+            if all(x is not None for x in hyps[k]):
+                now = time.perf_counter()
+                # wall time since the previous batch finished (it holds this batch's encoding when that ran inside
+                # the stream; adding encode_s would count it twice)
+                yield k, self.rows(pending.pop(k), hyps.pop(k), now - clock[0])
+                clock[0] = now
+            while ready:
+                yield ready.pop()
+        yield from ready
+
     def rows(self, batch: EncodedBatch, hyps: list[Hypothesis], seconds: float) -> list[ResultRow]:
         """The result rows of ``batch`` from the hypotheses of its encoded rows (``R``, in order) and the wall
         seconds spent on it (shared out by duration)."""
@@ -552,9 +604,9 @@ class Transcriber:
                     yield k, self.transcribe(*item)
                     k += 1
             return
-        t = self.target
-        pending: dict[int, tuple[tuple, EncodedBatch, list[Optional[Hypothesis]]]] = {}  # k -> (batch, encoded, hyps)
-        finished: list[tuple[int, list[ResultRow]]] = []  # batches done without the decoder (errors, no speech)
+        items: dict[int, tuple] = {}  # k -> the batch as given, while it decodes
+        pending: dict[int, EncodedBatch] = {}  # k -> its encoded batch, filled by the target side's stream
+        finished: list[tuple[int, list[ResultRow]]] = []  # batches redone by transcribe()
         static = [False]  # after a decoding failure: the remaining batches go through transcribe()
 
         def source():
@@ -572,29 +624,18 @@ class Transcriber:
                 except Exception:  # noqa: BLE001 - transcribe() isolates the failing utterance
                     finished.append((key, self.transcribe(*item)))
                     continue
-                if eb.encoded is None:
-                    finished.append((key, self.decoder.rows(eb, [], eb.encode_s)))
-                    continue
-                pending[key] = (item, eb, [None] * len(eb.owners))
-                yield key, eb.encoded.to(t.device, t.dtype)
+                items[key] = item
+                yield key, eb
 
-        t0 = time.perf_counter()
         rows = source()
         try:
-            for (k, r), h in stream_decode(t, self.options, rows, slots, self.draft):
-                hyps = pending[k][2]
-                hyps[r] = h
-                if all(x is not None for x in hyps):
-                    now = time.perf_counter()
-                    _, eb, _ = pending.pop(k)
-                    # wall time since the previous batch finished: it already holds this batch's encoding, which
-                    # ran inside the stream (adding eb.encode_s counted it twice)
-                    yield k, self.decoder.rows(eb, hyps, now - t0)
-                    t0 = now
+            for k, batch_rows in self.decoder.decode_stream(rows, slots, self.draft, pending):
+                items.pop(k, None)
+                yield k, batch_rows
                 while finished:
                     yield finished.pop()
         except Exception:  # noqa: BLE001 - the unfinished and the remaining batches are redone alone
-            finished += [(k, self.transcribe(*item)) for k, (item, _, _) in sorted(pending.items())]
+            finished += [(k, self.transcribe(*items[k])) for k in sorted(pending)]
             pending.clear()
             static[0] = True
             for item in rows:  # up to the first "nothing ready now" of an online source

@@ -491,3 +491,26 @@ def test_stream_grows_when_rows_arrive_later(tiny_target, tiny_draft, method):
     assert {k: h.tokens for k, h in got.items()} == {k: h.tokens for k, h in expected.items()}
     assert {k: h.stats.target_forward_passes for k, h in got.items()} == \
         {k: h.stats.target_forward_passes for k, h in expected.items()}
+
+
+def test_target_side_stream_takes_batches_in_any_order(samples_manifest, tiny_target):
+    """The target side alone (a Ray target actor's continuous batch): encoded batches from a drafter whose decoder
+    is released, shortest first (a later batch with longer encoder rows pads the cache), give the rows of static
+    batches."""
+    from rayspec.manifest import read_manifest
+    from rayspec.models.whisper import WhisperASR
+    from rayspec.pipeline import DecodeOptions, Drafter, TargetDecoder
+
+    utts = sorted(read_manifest(samples_manifest), key=lambda u: u.duration_s or 0.0)[:9]
+    options = DecodeOptions("ar", max_tokens_per_second=4)
+    path = tiny_target.model.name_or_path
+    drafter = Drafter(path, options=options)
+    static = [[r.text for r in TargetDecoder(drafter.target, options).decode(drafter.encode(utts[s : s + 3]))]
+              for s in range(0, len(utts), 3)]
+    drafter.target.release("decoder")
+    batches = [drafter.encode(utts[s : s + 3]) for s in range(0, len(utts), 3)]
+    model = WhisperASR.from_pretrained(path)
+    model.release("encoder")
+    streamed = dict(TargetDecoder(model, options).decode_stream(list(enumerate(batches)), slots=3))
+    assert sorted(streamed) == [0, 1, 2]
+    assert [[r.text for r in streamed[k]] for k in range(3)] == static

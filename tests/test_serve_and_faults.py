@@ -30,11 +30,13 @@ def ray_local():
 AN4_TEST = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "data", "an4", "test.jsonl")
 
 
-@pytest.mark.parametrize("layout, victim", [("split", "targets"), ("split", "drafters"), ("colocated", "targets")])
+@pytest.mark.parametrize("layout, victim, method", [("split", "targets", "draft"), ("split", "drafters", "draft"),
+                                                    ("colocated", "targets", "draft"), ("split", "targets", "ar")])
 def test_actor_killed_mid_job_still_writes_every_id_once(ray_local, tmp_path, samples_manifest, tiny_target,
-                                                          tiny_draft, layout, victim):
+                                                          tiny_draft, layout, victim, method):
     """Kill an actor after the 3rd finished batch (of ~17 on AN4 test's 130 utterances, or of 5 on the bundled
-    clips where ../shared is absent); Ray restarts it, its batches are redone, every id is written once."""
+    clips where ../shared is absent); Ray restarts it, its batches are redone, every id is written once (the
+    colocated actor and the split target without a remote draft kill a continuous batch of several batches)."""
     import ray
 
     from jobs.transcribe import build_parser, run
@@ -49,7 +51,7 @@ def test_actor_killed_mid_job_still_writes_every_id_once(ray_local, tmp_path, sa
 
     out = str(tmp_path / "ft.parquet")
     args = build_parser().parse_args([manifest, "-o", out, "--target", tiny_target.model.name_or_path,
-                                      "--draft", tiny_draft.model.name_or_path, "--method", "draft",
+                                      "--draft", tiny_draft.model.name_or_path, "--method", method,
                                       "--actors", layout, "--max-batch", "2" if manifest == samples_manifest else "8",
                                       "--drafter-cpus", "0.5", "--target-cpus", "0.5", "--in-flight", "2",
                                       "--max-tokens-per-second", "4"])
@@ -254,3 +256,24 @@ def test_hostile_corpus_through_the_ray_job_matches_the_cli(ray_local, tmp_path,
     cli = {r["id"]: (r["text"], r["error_code"]) for r in pq.read_table(tmp_path / "cli.parquet").to_pylist()}
     job = {r["id"]: (r["text"], r["error_code"]) for r in pq.read_table(tmp_path / "job.parquet").to_pylist()}
     assert cli == job and len(job) == 10
+
+
+def test_ray_data_pipeline_matches_the_cli_and_resumes(ray_local, tmp_path, samples_manifest, tiny_target):
+    """jobs.transcribe_data (Ray Data: read_json, CPU audio tasks, an actor pool, write_parquet) writes the CLI's
+    rows, one error row per bad file; a re-run writes nothing more."""
+    from test_reliability import _hostile_corpus
+
+    from jobs.transcribe_data import main as data_main
+    from rayspec.cli import EXIT_SOME_FAILED, main
+    from rayspec.results import read_results
+
+    hostile, _ = _hostile_corpus(tmp_path, samples_manifest)
+    args = ["--target", tiny_target.model.name_or_path, "--max-tokens-per-second", "4", "--max-batch", "4"]
+    assert main(["transcribe", hostile, "-o", str(tmp_path / "cli.parquet"), "-q", *args]) == EXIT_SOME_FAILED
+    out = str(tmp_path / "data")
+    assert data_main([hostile, "-o", out, "--batch-size", "4", *args]) == EXIT_SOME_FAILED
+    cli = {r["id"]: (r["text"], r["error_code"], r["corpus"]) for r in pq.read_table(tmp_path / "cli.parquet").to_pylist()}
+    data = [(r["id"], (r["text"], r["error_code"], r["corpus"])) for r in read_results(out).to_pylist()]
+    assert dict(data) == cli and len(data) == 10
+    files = sorted(os.listdir(out))
+    assert data_main([hostile, "-o", out, *args]) == 0 and sorted(os.listdir(out)) == files

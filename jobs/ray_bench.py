@@ -1,0 +1,176 @@
+"""The Ray jobs against one process: the in-process ``rayspec transcribe`` path, the Ray job (default colocated
+layout) and the Ray Data pipeline on one node of 2 CPUs, and the Ray job on 2 nodes of 1 CPU (local clusters of
+several raylets on loopback, :mod:`actors.local_cluster`), on the same manifest, with the same texts checked.
+
+    python -m jobs.ray_bench /tmp/lj.jsonl -o bench/ray-jobs --repeats 1
+
+Every configuration gets the same CPUs: the in-process run ``--cpus`` torch threads; a Ray node of ``--cpus`` CPUs
+(one transcriber actor of that many threads, the Ray Data actor pool of one actor); or ``--cpus`` nodes of one CPU
+(one transcriber actor each, one torch thread). Each cluster has a head node without CPUs (GCS and driver). Rounds
+alternate the order (in-process, 1 node, N nodes, then reversed). Times: ``wall_s`` from the first batch to the
+last row (Ray Data: from reading the manifest to the last file, the actors' model loading included); ``load_s``
+the model loading or actor start-up before it; ``total_s`` their sum. Arguments not listed below (``--target``,
+``--method``, ...) go to every configuration. Writes ``ray-jobs.md``, ``ray-jobs.csv`` and ``ray-jobs.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import platform
+import sys
+import tempfile
+import time
+
+import actors.pool  # noqa: F401 - first: sets the loopback Ray environment
+import ray  # noqa: E402
+
+from jobs.transcribe import build_parser as job_parser  # noqa: E402
+from jobs.transcribe import transcribe  # noqa: E402
+from jobs.transcribe_data import build_parser as data_parser  # noqa: E402
+from jobs.transcribe_data import transcribe_data  # noqa: E402
+from actors.local_cluster import start_local_cluster  # noqa: E402
+from rayspec.manifest import read_manifest  # noqa: E402
+from rayspec.options import budget_from_args, build_transcriber  # noqa: E402
+from rayspec.pipeline import run_corpus  # noqa: E402
+from rayspec.results import read_results  # noqa: E402
+
+COLUMNS = ["config", "nodes", "cpus_per_node", "repeat", "utterances", "audio_s", "load_s", "wall_s", "total_s",
+           "rtfx", "utt_per_s", "wall_vs_in_process", "total_vs_in_process", "texts_equal"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m jobs.ray_bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("input", help="manifest (absolute audio paths, or paths relative to it)")
+    p.add_argument("-o", "--output", default="bench/ray-jobs", help="output folder (default bench/ray-jobs)")
+    p.add_argument("--cpus", type=int, default=2, help="CPUs of every configuration (default 2)")
+    p.add_argument("--repeats", type=int, default=1, help="rounds, alternating the order (default 1)")
+    return p
+
+
+def _texts(out: str) -> dict:
+    return {r["id"]: r["text"] for r in read_results(out).to_pylist()}
+
+
+def in_process(manifest: str, out: str, extra: list[str], cpus: int) -> dict:
+    """``rayspec transcribe``'s path (run_corpus, continuous batching) with ``cpus`` torch threads."""
+    args = job_parser().parse_args([manifest, "-o", out, *extra])
+    args.threads = cpus
+    t0 = time.perf_counter()
+    transcriber = build_transcriber(args)
+    load = time.perf_counter() - t0
+    s = run_corpus(read_manifest(manifest), transcriber, out, budget_from_args(args, transcriber.target.config))
+    return {"utterances": s.written, "audio_s": s.audio_s, "load_s": load, "wall_s": s.wall_s}
+
+
+def ray_job(manifest: str, out: str, extra: list[str], nodes: int, cpus: int) -> dict:
+    """The Ray job, default (colocated) layout: one actor per node, the node's CPUs split as the job's flags say."""
+    per = cpus / 2  # --drafter-cpus + --target-cpus = one node's CPUs
+    args = job_parser().parse_args([manifest, "-o", out, "--targets", str(nodes), "--drafter-cpus", f"{per:g}",
+                                    "--target-cpus", f"{per:g}", *extra])
+    s = transcribe(args)
+    return {"utterances": s.written, "audio_s": s.audio_s, "load_s": s.startup_s, "wall_s": s.wall_s}
+
+
+def ray_data(manifest: str, out: str, extra: list[str], cpus: int) -> dict:
+    """The Ray Data pipeline: one transcriber actor of ``cpus`` torch threads (1 logical CPU, the rest of the node
+    for the read and audio tasks)."""
+    args = data_parser().parse_args([manifest, "-o", out, "--threads", str(cpus), *extra])
+    s = transcribe_data(args)
+    return {"utterances": s.written, "audio_s": s.audio_s, "load_s": 0.0, "wall_s": s.wall_s}
+
+
+def caption(args, extra: list[str], n: int) -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return (f"{n} utterances of {args.input}; {args.cpus} CPUs per configuration ({cpu}); {args.repeats} round(s), "
+            f"alternating; options: {' '.join(extra) or 'defaults'}; {time.strftime('%Y-%m-%d', time.gmtime())}")
+
+
+def main(argv=None) -> int:
+    args, extra = build_parser().parse_known_args(argv)
+    n = len(read_manifest(args.input))
+    rows, ref = [], {}
+
+    def record(config, nodes, per_node, r, res, out):
+        texts = _texts(out)
+        if config == "in-process":
+            ref[r] = (res, texts)
+        base, base_texts = ref[r]
+        res = {"config": config, "nodes": nodes, "cpus_per_node": per_node, "repeat": r, **res}
+        res["total_s"] = res["load_s"] + res["wall_s"]
+        res["rtfx"] = res["audio_s"] / res["wall_s"]
+        res["utt_per_s"] = res["utterances"] / res["wall_s"]
+        res["wall_vs_in_process"] = res["wall_s"] / (base["wall_s"])
+        res["total_vs_in_process"] = res["total_s"] / (base["load_s"] + base["wall_s"])
+        res["texts_equal"] = f"{sum(texts.get(k) == v for k, v in base_texts.items())}/{len(base_texts)}"
+        rows.append({k: round(v, 3) if isinstance(v, float) else v for k, v in res.items()})
+        write_outputs(args.output, rows, caption(args, extra, n))  # after every run: a cut-short run keeps its rows
+
+    for r in range(args.repeats):
+        steps = ["in-process", "one-node", "nodes"]
+        order = steps if r % 2 == 0 else ["in-process"] + steps[:0:-1]  # the reference first: ratios need it
+        for step in order:
+            with tempfile.TemporaryDirectory() as tmp:
+                if step == "in-process":
+                    out = os.path.join(tmp, "r.parquet")
+                    record("in-process", 1, args.cpus, r, in_process(args.input, out, extra, args.cpus), out)
+                    continue
+                nodes, per_node = (1, args.cpus) if step == "one-node" else (args.cpus, 1)
+                cluster = start_local_cluster(nodes, per_node, object_store_mb=500)
+                try:
+                    if step == "one-node":
+                        jobs = [("ray job", ray_job), ("ray data", ray_data)]
+                        for name, fn in (jobs if r % 2 == 0 else jobs[::-1]):
+                            out = os.path.join(tmp, name.replace(" ", "-"))
+                            res = (ray_job(args.input, out + ".parquet", extra, 1, args.cpus) if fn is ray_job
+                                   else ray_data(args.input, out, extra, args.cpus))
+                            record(name, 1, args.cpus, r, res, out + (".parquet" if fn is ray_job else ""))
+                    else:
+                        out = os.path.join(tmp, "nodes.parquet")
+                        record("ray job", nodes, 1, r, ray_job(args.input, out, extra, nodes, 1), out)
+                finally:
+                    ray.shutdown()
+                    cluster.shutdown()
+    return 0
+
+
+def write_outputs(folder: str, rows: list[dict], text: str) -> None:
+    """``ray-jobs.md`` (caption + table), ``ray-jobs.csv`` and, with matplotlib, ``ray-jobs.png`` in ``folder``."""
+    os.makedirs(folder, exist_ok=True)
+    md = [text, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    md += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
+    with open(os.path.join(folder, "ray-jobs.md"), "w") as f:
+        f.write("\n".join(md) + "\n")
+    with open(os.path.join(folder, "ray-jobs.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=COLUMNS)
+        w.writeheader()
+        w.writerows(rows)
+    print(md[-1], flush=True)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    labels = [f"{r['config']}\n{r['nodes']} x {r['cpus_per_node']} CPU (r{r['repeat']})" for r in rows]
+    ax.bar(range(len(rows)), [r["wall_s"] for r in rows], label="wall (first batch to last row)")
+    ax.bar(range(len(rows)), [r["load_s"] for r in rows], bottom=[r["wall_s"] for r in rows],
+           label="model loading / actor start-up", alpha=0.5)
+    ax.set_xticks(range(len(rows)), labels, fontsize=7)
+    ax.set_ylabel("seconds")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(os.path.join(folder, "ray-jobs.png"), dpi=120)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
