@@ -141,11 +141,30 @@ def main(argv=None) -> int:
     return 0
 
 
+def summary(rows: list[dict]) -> list[str]:
+    """The goals' table: per configuration, its wall seconds summed over the rounds over the in-process run's summed
+    wall seconds (the rounds alternate the order, so a slow spell of the host counts against every configuration),
+    and its throughput (utterances per second) over the 1-node Ray job's."""
+    keys = list(dict.fromkeys((r["config"], r["nodes"], r["cpus_per_node"]) for r in rows))
+    wall = {k: sum(r["wall_s"] for r in rows if (r["config"], r["nodes"], r["cpus_per_node"]) == k) for k in keys}
+    runs = {k: sum((r["config"], r["nodes"], r["cpus_per_node"]) == k for r in rows) for k in keys}
+    base = next((k for k in keys if k[0] == "in-process"), None)
+    one_node = next((k for k in keys if k[0] == "ray job" and k[1] == 1), None)
+    out = ["| configuration | nodes x CPUs | rounds | wall s, summed | wall / in-process, summed | "
+           "throughput / 1-node Ray job |", "|---|---|---|---|---|---|"]
+    for k in keys:
+        vs = f"{wall[k] / wall[base]:.2f}x" if base and runs[k] == runs[base] else "-"
+        tp = f"{wall[one_node] / wall[k]:.2f}x" if one_node and runs[k] == runs[one_node] else "-"
+        out.append(f"| {k[0]} | {k[1]} x {k[2]} | {runs[k]} | {wall[k]:.2f} | {vs} | {tp} |")
+    return out
+
+
 def write_outputs(folder: str, rows: list[dict], text: str) -> None:
     """``ray-jobs.md`` (caption + table), ``ray-jobs.csv`` and, with matplotlib, ``ray-jobs.png`` in ``folder``."""
     os.makedirs(folder, exist_ok=True)
     md = [text, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     md += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
+    md += ["", *summary(rows)]
     with open(os.path.join(folder, "ray-jobs.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     with open(os.path.join(folder, "ray-jobs.csv"), "w", newline="") as f:
