@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -30,6 +29,7 @@ from jobs.transcribe import build_parser as job_parser  # noqa: E402
 from jobs.transcribe import transcribe  # noqa: E402
 from jobs.transcribe_data import build_parser as data_parser  # noqa: E402
 from jobs.transcribe_data import transcribe_data  # noqa: E402
+from jobs.scaling import cpu_model  # noqa: E402
 from actors.local_cluster import start_local_cluster  # noqa: E402
 from rayspec.manifest import read_manifest  # noqa: E402
 from rayspec.options import budget_from_args, build_transcriber  # noqa: E402
@@ -83,13 +83,7 @@ def ray_data(manifest: str, out: str, extra: list[str], cpus: int) -> dict:
 
 
 def caption(args, extra: list[str], n: int) -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return (f"{n} utterances of {args.input}; {args.cpus} CPUs per configuration ({cpu}); {args.repeats} round(s), "
+    return (f"{n} utterances of {args.input}; {args.cpus} CPUs per configuration ({cpu_model()}); {args.repeats} round(s), "
             f"alternating; options: {' '.join(extra) or 'defaults'}; {time.strftime('%Y-%m-%d', time.gmtime())}")
 
 

@@ -53,17 +53,22 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def machine() -> str:
-    """The cluster's resources and the driver machine's CPU, for the table's caption."""
-    res = ray.cluster_resources()
+def cpu_model() -> str:
+    """This machine's CPU model (``/proc/cpuinfo``'s model name where there is one), for tables' captions."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
+    return cpu
+
+
+def machine() -> str:
+    """The cluster's resources and the driver machine's CPU, for the table's caption."""
+    res = ray.cluster_resources()
     return (f"Ray cluster: {res.get('CPU', 0):g} CPUs, {res.get('GPU', 0):g} GPUs, {len(ray.nodes())} node(s); "
-            f"driver CPU: {cpu}")
+            f"driver CPU: {cpu_model()}")
 
 
 def in_process(input_path: str, out: str, job_args: list[str], threads: int) -> RunSummary:

@@ -178,15 +178,20 @@ def batch_rows(ref, batch: list, method: str) -> list[ResultRow] | None:
         return [internal_error_row(batch[0], cause, method)]
 
 
-def run(args, on_batch=None) -> int:
-    """The job: :func:`transcribe`, then a summary line and, with references, a WER table. Returns the exit code."""
-    summary = transcribe(args, on_batch)
-    print_summary(summary, args.output)
-    scores = score_results(args.output)
-    if scores["all"]["scored"]:
-        print(format_table(scores))
-        print(f"WER {100 * scores['all']['wer']:.2f}% over {scores['all']['scored']} utterances")
+def report(summary, output: str) -> int:
+    """A job's summary line and, with references, its WER table; the job's exit code."""
+    print_summary(summary, output)
+    if summary.written + summary.skipped:
+        scores = score_results(output)
+        if scores["all"]["scored"]:
+            print(format_table(scores))
+            print(f"WER {100 * scores['all']['wer']:.2f}% over {scores['all']['scored']} utterances")
     return EXIT_SOME_FAILED if summary.failed else 0
+
+
+def run(args, on_batch=None) -> int:
+    """The job: :func:`transcribe`, then :func:`report`. Returns the exit code."""
+    return report(transcribe(args, on_batch), args.output)
 
 
 def main(argv=None) -> int:

@@ -27,14 +27,14 @@ from pathlib import Path
 from actors.pool import connect, resolve_paths  # first: sets the loopback Ray environment
 import ray  # noqa: E402
 
+from jobs.transcribe import report  # noqa: E402
 from rayspec.batching import plan_batches  # noqa: E402
 from rayspec.manifest import AUDIO_SUFFIXES, ManifestError, _corpus_name, read_manifest  # noqa: E402
 from rayspec.models.registry import resolve_model  # noqa: E402
-from rayspec.options import DTYPES, EXIT_SOME_FAILED, add_decode_args, add_model_args, budget_from_args  # noqa: E402
-from rayspec.options import decode_options, encoder_dtype, limits_from_args, print_summary, run_command  # noqa: E402
+from rayspec.options import DTYPES, add_decode_args, add_model_args, budget_from_args  # noqa: E402
+from rayspec.options import decode_options, encoder_dtype, limits_from_args, run_command  # noqa: E402
 from rayspec.pipeline import RunSummary  # noqa: E402
 from rayspec.results import RETRIED_ERROR_CODES, ResultRow, read_results  # noqa: E402
-from rayspec.scoring import format_table, score_results  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -160,15 +160,8 @@ def transcribe_data(args) -> RunSummary:
 
 
 def run(args) -> int:
-    """The job: :func:`transcribe_data`, then a summary line and, with references, a WER table."""
-    summary = transcribe_data(args)
-    print_summary(summary, args.output)
-    if summary.written + summary.skipped:
-        scores = score_results(args.output)
-        if scores["all"]["scored"]:
-            print(format_table(scores))
-            print(f"WER {100 * scores['all']['wer']:.2f}% over {scores['all']['scored']} utterances")
-    return EXIT_SOME_FAILED if summary.failed else 0
+    """The job: :func:`transcribe_data`, then the summary line and, with references, a WER table."""
+    return report(transcribe_data(args), args.output)
 
 
 def main(argv=None) -> int:
