@@ -162,8 +162,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "method, one extra target pass per batch). Default none")
     a.add_argument("--refine-words", action=argparse.BooleanOptionalAction, default=True,
                    help="with --timestamps word, move a word start that falls in non-speech forward to the word's "
-                        "first speech frame and an end in non-speech back to its last (frame energy; default on; "
-                        "--no-refine-words keeps openai/whisper's recipe alone)")
+                        "first speech frame (frame energy within 15 dB of the loudest; default on; --no-refine-words "
+                        "keeps openai/whisper's recipe alone)")
     a.add_argument("--long-form", choices=["vad", "sequential"], default="vad",
                    help="files longer than the model's 30 s window: vad cuts them in pauses and decodes the pieces "
                         "independently (default); sequential is Whisper's own algorithm: 30 s windows, each starting "

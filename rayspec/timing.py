@@ -227,9 +227,10 @@ def word_timestamps(model: WhisperASR, encoder_output: EncoderOutput, tokens: Se
             output (``B`` rows; ``lengths`` are the real encoder positions, 50 per second for Whisper).
         tokens: per row the generated tokens (timestamps and specials are dropped; the text tokens are aligned).
         offsets_s: per row, seconds added to its times (where its window starts in the file); default 0.
-        activity: per row its audio's speech frames (bool ``[F]``, :func:`rayspec.activity.speech_activity`); each
-            word is then shrunk onto them (:func:`rayspec.activity.refine_words`, after the recipe's steps); None
-            keeps openai/whisper's recipe alone.
+        activity: per row its audio's speech frames (bool ``[F]``, :func:`rayspec.activity.speech_activity`); a
+            word start in non-speech then moves forward to the word's first speech frame
+            (:func:`rayspec.activity.refine_words`, after the recipe's steps); None keeps openai/whisper's recipe
+            alone.
 
     Returns:
         Per row ``[{"word", "start_s", "end_s", "probability"}, ...]`` (words with their leading space stripped,

@@ -320,27 +320,31 @@ def test_transcribe_with_word_timestamps(ts_target):
 
 
 def test_speech_activity_and_word_refinement_on_silence_and_tone():
-    """Energy activity finds a tone between silences; a word start in the silence before it moves forward to the
-    tone's onset, an end in the silence after it back to the offset; a word already in speech, and one without any
-    speech inside, keep their times; words never grow past their own span."""
-    from rayspec.activity import HOP_S, refine_words, speech_activity
+    """Energy activity finds two tones between silences; a word start in the silence before a tone moves forward to
+    its onset (with ``ends``, an end in the silence after it back to its offset); a word already in speech, and one
+    without any speech inside, keep their times; words never grow."""
+    from rayspec.activity import refine_words, speech_activity
 
     rate = 16000
     t = np.arange(int(0.5 * rate)) / rate
     tone = 0.3 * np.sin(2 * np.pi * 220 * t)
     audio = np.concatenate([np.zeros(rate // 2), tone, np.zeros(rate // 2), tone]).astype(np.float32)  # 2 s
-    speech = speech_activity(audio, rate)
+    speech = speech_activity(audio, rate)  # 10 ms frames of 20 ms
     assert len(speech) == 200 and speech[55:95].all() and not speech[:49].any() and not speech[101:149].any()
-    words = [{"word": "a", "start_s": 0.2, "end_s": 1.3}, {"word": "b", "start_s": 1.3, "end_s": 1.45},
-             {"word": "c", "start_s": 1.46, "end_s": 1.8}, {"word": "d", "start_s": 1.8, "end_s": 2.0}]
-    refine_words(words, speech)
-    a, b, c, d = words
-    assert 0.48 <= a["start_s"] <= 0.5 and 1.0 <= a["end_s"] <= 1.02  # onto the first tone
-    assert (b["start_s"], b["end_s"]) == (1.3, 1.45)  # no speech inside: unchanged
-    assert 1.48 <= c["start_s"] <= 1.5 and c["end_s"] == 1.8  # start moved forward, end already in speech
-    assert (d["start_s"], d["end_s"]) == (1.8, 2.0)
-    assert all(w["start_s"] <= w["end_s"] for w in words) and HOP_S == 0.01
     assert not speech_activity(np.zeros(rate, dtype=np.float32), rate).any()
+
+    def words():
+        return [{"word": "a", "start_s": 0.2, "end_s": 1.3}, {"word": "b", "start_s": 1.3, "end_s": 1.45},
+                {"word": "c", "start_s": 1.46, "end_s": 1.8}, {"word": "d", "start_s": 1.8, "end_s": 2.0}]
+
+    starts = words()
+    refine_words(starts, speech)
+    assert [round(w["start_s"], 2) for w in starts] == [0.49, 1.3, 1.49, 1.8]  # b: no speech inside, kept
+    assert [w["end_s"] for w in starts] == [1.3, 1.45, 1.8, 2.0]
+    both = words()
+    refine_words(both, speech, ends=True)
+    assert [round(w["end_s"], 2) for w in both] == [1.0, 1.45, 1.8, 2.0]
+    assert all(w["start_s"] <= w["end_s"] for w in both)
 
 
 def test_clip_times_to_the_audio():
