@@ -40,7 +40,7 @@ from tqdm import tqdm  # noqa: E402
 from rayspec.manifest import read_manifest  # noqa: E402
 from rayspec.models.registry import resolve_model  # noqa: E402
 from rayspec.options import EXIT_SOME_FAILED, add_decode_args, add_model_args, budget_from_args  # noqa: E402
-from rayspec.options import print_summary, run_command  # noqa: E402
+from rayspec.options import EXIT_USAGE, print_summary, run_command  # noqa: E402
 from rayspec.pipeline import RunSummary, internal_error_row, pending_batches  # noqa: E402
 from rayspec.results import ResultRow, ResultWriter  # noqa: E402
 from rayspec.scoring import format_table, score_results  # noqa: E402
@@ -195,7 +195,12 @@ def run(args, on_batch=None) -> int:
 
 
 def main(argv=None) -> int:
-    return run_command(run, build_parser().parse_args(argv), prog="python -m jobs.transcribe")
+    args = build_parser().parse_args(argv)
+    if args.long_form == "sequential":  # the actors decode VAD segments; Whisper's sequential loop is in-process
+        print("python -m jobs.transcribe: error: --long-form sequential runs in-process only (rayspec transcribe); "
+              "the Ray job decodes long files with --long-form vad", file=sys.stderr)
+        return EXIT_USAGE
+    return run_command(run, args, prog="python -m jobs.transcribe")
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ class DecodeOptions:
             rules, :mod:`rayspec.spec.timestamps`; ``segments`` then holds the timed segments) or "word" (also
             ``words``: openai/whisper's word timing from the alignment heads, :func:`rayspec.timing.word_timestamps`,
             one extra target pass per batch).
+        refine_words: with ``timestamps="word"``, a word start that falls in non-speech (frame energy over 15 dB below
+            the row's loudest frame) moves forward to the word's first speech frame (:mod:`rayspec.activity`; never past
+            the word itself); False keeps openai/whisper's recipe alone.
         long_form: how a recording longer than the model's window is decoded: "vad" (cut in pauses, the windows
             decoded independently) or "sequential" (Whisper's own algorithm, :mod:`rayspec.longform`: each window
             starts where the previous one's last complete segment ended; timed segments).
@@ -87,6 +90,7 @@ class DecodeOptions:
     vad: bool = True
     segments: bool = False
     timestamps: str = "none"
+    refine_words: bool = True
     long_form: str = "vad"
     condition_on_previous_text: bool = True
     language: str = "en"

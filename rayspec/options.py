@@ -160,6 +160,10 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "Whisper's timestamp rules) and fill 'segments' with the timed segments; word: also 'words' "
                         "(word, start_s, end_s, probability) from the alignment heads' cross-attention (openai/whisper's "
                         "method, one extra target pass per batch). Default none")
+    a.add_argument("--refine-words", action=argparse.BooleanOptionalAction, default=True,
+                   help="with --timestamps word, move a word start that falls in non-speech forward to the word's "
+                        "first speech frame (frame energy within 15 dB of the loudest; default on; --no-refine-words "
+                        "keeps openai/whisper's recipe alone)")
     a.add_argument("--long-form", choices=["vad", "sequential"], default="vad",
                    help="files longer than the model's 30 s window: vad cuts them in pauses and decodes the pieces "
                         "independently (default); sequential is Whisper's own algorithm: 30 s windows, each starting "
@@ -214,7 +218,7 @@ def decode_options(args):
                          speculation_options(args) if args.method == "draft" else None,
                          ssd if args.method == "ssd" else None, medusa if args.method == "medusa" else None,
                          vad=not args.no_vad, segments=args.segments, timestamps=args.timestamps,
-                         long_form=args.long_form, condition_on_previous_text=args.condition_on_previous_text,
+                         refine_words=args.refine_words, long_form=args.long_form, condition_on_previous_text=args.condition_on_previous_text,
                          language=args.language, task=args.task,
                          no_speech_threshold=args.no_speech_threshold,
                          compression_ratio_threshold=args.compression_ratio_threshold,

@@ -43,7 +43,8 @@ from .models.whisper import EncoderOutput, WhisperASR
 from .results import ResultRow, ResultWriter
 from .runner.static_step import prepare_static_steps
 from .spec.loop import Proposer
-from .timing import parse_segments, word_timestamps
+from .activity import speech_activity
+from .timing import clip_times, parse_segments, word_timestamps
 from .vad import SegmentOptions, has_speech, segments
 
 def needs_draft(options: DecodeOptions) -> bool:
@@ -188,6 +189,8 @@ class EncodedBatch:
         encoded: the segments' :class:`Encoded` (``R`` rows), None if there are none.
         owners: ``R`` entries, the utterance index of each encoded row.
         spans: ``R`` entries, ``(start, end)`` seconds of each encoded row within its utterance.
+        activity: with word timestamps refined (``DecodeOptions.refine_words``), ``R`` entries: each row's speech
+            frames (:func:`~rayspec.activity.speech_activity`, bool ``[F]``); else empty.
         draft_model: name of the draft model ("" without one); encode_s: wall seconds spent here.
     """
 
@@ -200,6 +203,7 @@ class EncodedBatch:
     spans: list[tuple[float, float]] = field(default_factory=list)
     draft_model: str = ""
     encode_s: float = 0.0
+    activity: list[np.ndarray] = field(default_factory=list)
 
 
 def merge_hypotheses(hyps: list[Hypothesis], separator: list[int]) -> Hypothesis:
@@ -318,8 +322,10 @@ class Drafter:
             encoded = encode_audio(self.target, self.options, pieces, [len(p) / rate for p in pieces], self.draft,
                                    self.ctc)
         name = self.draft.name if self.draft else ""
+        activity = ([speech_activity(p, rate) for p in pieces]
+                    if self.options.timestamps == "word" and self.options.refine_words else [])
         return EncodedBatch(list(utterances), errors, codes, durations, encoded, owners, spans, name,
-                            time.perf_counter() - t0)
+                            time.perf_counter() - t0, activity)
 
     def proposers(self, encoded: Encoded) -> ProposerFactory:
         """Draft proposers over a batch this drafter encoded (in this process)."""
@@ -428,11 +434,11 @@ class TargetDecoder:
             if prompts is not None:
                 rows[i].language = self._language(prompts[rs[0]])
             if self.options.timestamps != "none":
-                rows[i].segments = [seg for r in spoken for seg in parse_segments(
+                rows[i].segments = clip_times([seg for r in spoken for seg in parse_segments(
                     hyps[r].tokens, self.target.timestamp_tokens, self.target.decode_text, batch.spans[r][0],
-                    batch.spans[r][1] - batch.spans[r][0])]
+                    batch.spans[r][1] - batch.spans[r][0])], d)
                 if words is not None:
-                    rows[i].words = [w for r in spoken for w in words[r]]
+                    rows[i].words = clip_times([w for r in spoken for w in words[r]], d)
             elif self.options.segments:
                 rows[i].segments = [{"start_s": batch.spans[r][0], "end_s": batch.spans[r][1],
                                      "text": self.target.decode_text(hyps[r].tokens)} for r in spoken]
@@ -443,7 +449,8 @@ class TargetDecoder:
         if self.options.timestamps != "word" or batch.encoded is None or not hyps:
             return None
         enc = batch.encoded.target.to(self.target.device, self.target.dtype)
-        return word_timestamps(self.target, enc, [h.tokens for h in hyps], [a for a, _ in batch.spans])
+        return word_timestamps(self.target, enc, [h.tokens for h in hyps], [a for a, _ in batch.spans],
+                               batch.activity or None)
 
     def _no_speech(self, h: Hypothesis) -> bool:
         threshold = None if self.options.short_window_s else self.options.no_speech_threshold  # see DecodeOptions
@@ -575,7 +582,7 @@ class Transcriber:
             seconds, total = time.perf_counter() - t0, sum(len(a) for a in loaded)
             for i, a, (h, segs) in zip(where, loaded, results):
                 rows[i] = dec._row(utterances[i], h, seconds * len(a) / total, name, duration=len(a) / rate)
-                rows[i].segments = segs
+                rows[i].segments = clip_times(segs, len(a) / rate)
         return rows
 
     def transcribe_stream(self, batches: Iterable[Optional[tuple[list[Utterance], Optional[list[np.ndarray]]]]],

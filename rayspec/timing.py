@@ -9,7 +9,7 @@
   7) and averaged over the heads; dynamic time warping (:func:`dtw`) aligns tokens to encoder frames; tokens are
   grouped into words (:func:`split_words`), a word starts at its first token's first frame, and punctuation is merged
   into its neighbour (:func:`merge_punctuation`). Word probability: the mean of its tokens' probabilities (as
-  Whisper).
+  Whisper). Optionally each word is then shrunk onto the audio's speech frames (:mod:`rayspec.activity`).
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from .activity import refine_words
 from .models.whisper import EncoderOutput, WhisperASR
 from .spec.timestamps import TimestampTokens
 
@@ -100,6 +101,16 @@ def parse_segments(tokens: Sequence[int], tt: TimestampTokens, decode_text: Call
     if text:
         close(max(window_s, start or 0.0))
     return out
+
+
+def clip_times(items: list[dict], duration_s: float) -> list[dict]:
+    """Clip the ``start_s``/``end_s`` (seconds) of segments or words to the audio, ``[0, duration_s]``, in place
+    (a window's last timestamp, or a word's DTW frame, can lie past the end of a file shorter than the window);
+    returns ``items``."""
+    for it in items:
+        it["start_s"] = min(max(it["start_s"], 0.0), duration_s)
+        it["end_s"] = min(max(it["end_s"], it["start_s"]), duration_s)
+    return items
 
 
 def dtw(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -207,7 +218,8 @@ def merge_punctuation(words: list[dict], prepend: str = PREPEND_PUNCTUATION,
 
 @torch.inference_mode()
 def word_timestamps(model: WhisperASR, encoder_output: EncoderOutput, tokens: Sequence[Sequence[int]],
-                    offsets_s: Optional[Sequence[float]] = None) -> list[list[dict]]:
+                    offsets_s: Optional[Sequence[float]] = None,
+                    activity: Optional[Sequence[np.ndarray]] = None) -> list[list[dict]]:
     """Word times of ``B`` decoded rows from one batched teacher-forced target pass (see the module docstring).
 
     Args:
@@ -215,6 +227,10 @@ def word_timestamps(model: WhisperASR, encoder_output: EncoderOutput, tokens: Se
             output (``B`` rows; ``lengths`` are the real encoder positions, 50 per second for Whisper).
         tokens: per row the generated tokens (timestamps and specials are dropped; the text tokens are aligned).
         offsets_s: per row, seconds added to its times (where its window starts in the file); default 0.
+        activity: per row its audio's speech frames (bool ``[F]``, :func:`rayspec.activity.speech_activity`); a
+            word start in non-speech then moves forward to the word's first speech frame
+            (:func:`rayspec.activity.refine_words`, after the recipe's steps); None keeps openai/whisper's recipe
+            alone.
 
     Returns:
         Per row ``[{"word", "start_s", "end_s", "probability"}, ...]`` (words with their leading space stripped,
@@ -269,6 +285,8 @@ def word_timestamps(model: WhisperASR, encoder_output: EncoderOutput, tokens: Se
                  for word, toks, s, e in zip(words[:-1], word_tokens[:-1], bounds[:-1], bounds[1:])]
         _clip_long_words(found)
         found = merge_punctuation(found)
+        if activity is not None:
+            refine_words(found, activity[k])
         out.append([{"word": w["word"].strip(), "start_s": offsets_s[k] + w["start_s"],
                      "end_s": offsets_s[k] + w["end_s"], "probability": w["probability"]} for w in found])
     return out

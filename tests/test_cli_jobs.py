@@ -103,6 +103,15 @@ def test_ray_job_paths_resolve_against_the_submit_dir(tmp_path, monkeypatch):
     assert args.input == str(tmp_path / "data/m.jsonl") and args.output == str(tmp_path / "out/r.parquet")
 
 
+def test_ray_job_refuses_sequential_long_form(capsys):
+    """Whisper's sequential long-form loop is in-process only: the Ray job says so in one line, exit status 2."""
+    from jobs.transcribe import main
+
+    assert main(["--long-form", "sequential"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "--long-form sequential runs in-process only" in err
+
+
 def test_ray_job_refuses_resources_the_cluster_lacks(monkeypatch):
     import ray
 

@@ -188,7 +188,8 @@ def _load(manifest: str, limit: int = 0):
 # --- the parts -------------------------------------------------------------------------------------------------
 
 def words_part(piper_manifest: str, target: str, fw: FasterWhisperEngine, rs: Optional[RayspecEngine]) -> list:
-    """:class:`WordScore` of rayspec (ar, word timestamps) and faster-whisper on the Piper set."""
+    """:class:`WordScore` of rayspec (ar, word timestamps; refined by speech activity, the default, and the recipe
+    alone where the build has ``refine_words``) and faster-whisper on the Piper set."""
     import json
 
     with open(piper_manifest, encoding="utf-8") as f:
@@ -197,16 +198,19 @@ def words_part(piper_manifest: str, target: str, fw: FasterWhisperEngine, rs: Op
     refs = [u.text for u in utts]
     data = f"Piper set ({len(utts)} sentences)"
     scores = []
-    opts = rayspec_options("ar", "word")
-    mine = WordScore(f"rayspec {target} ar", data)
-    if opts is None or rs is None:
-        mine.note = "not available: this build has no --timestamps word"
-    else:
-        rows, _ = rs.run(opts, utts, audios)
-        for u, r in zip(utts, rows):
-            mine.add_srt(asdict(r), truth[u.id])
-        mine.wer = 100 * error_rates(refs, [r.text for r in rows]).wer
-    scores.append(mine)
+    variants = [("", rayspec_options("ar", "word"))]
+    if has_option("refine_words"):  # openai/whisper's recipe alone, without the speech-activity refinement
+        variants.append((" (recipe only, --no-refine-words)", rayspec_options("ar", "word", refine_words=False)))
+    for label, opts in variants:
+        mine = WordScore(f"rayspec {target} ar{label}", data)
+        if opts is None or rs is None:
+            mine.note = "not available: this build has no --timestamps word"
+        else:
+            rows, _ = rs.run(opts, utts, audios)
+            for u, r in zip(utts, rows):
+                mine.add_srt(asdict(r), truth[u.id])
+            mine.wer = 100 * error_rates(refs, [r.text for r in rows]).wer
+        scores.append(mine)
     theirs = WordScore(f"faster-whisper {fw.version}", data)
     outs, _ = fw.run(audios, "word")
     for u, o in zip(utts, outs):
