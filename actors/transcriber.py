@@ -20,9 +20,9 @@ from dataclasses import asdict
 import ray
 
 
-def _build(kwargs: dict, threads: int):
+def build_transcriber(kwargs: dict, threads: int):
     """The actor's :class:`~rayspec.pipeline.Transcriber`, built on the engine thread (the one thread that runs
-    torch in the actor; see :class:`rayspec.engine.StreamEngine`)."""
+    torch in the actor; see :class:`rayspec.engine.StreamEngine`); also the Ray Data actor's (:mod:`actors.data`)."""
     import torch
 
     from rayspec.pipeline import Transcriber
@@ -49,7 +49,7 @@ class TranscriberActor:
     def __init__(self, kwargs: dict, threads: int = 0, slots: int = 16) -> None:
         from rayspec.engine import TranscriptionEngine
 
-        self.engine = TranscriptionEngine(lambda: _build(kwargs, threads), slots)
+        self.engine = TranscriptionEngine(lambda: build_transcriber(kwargs, threads), slots)
 
     def transcribe(self, utterances: list) -> list[dict]:
         """Result rows (dicts of :class:`rayspec.results.ResultRow`) of one batch of ``rayspec.manifest.Utterance``,

@@ -34,7 +34,7 @@ from rayspec.models.registry import resolve_model  # noqa: E402
 from rayspec.options import DTYPES, add_decode_args, add_model_args, budget_from_args  # noqa: E402
 from rayspec.options import decode_options, encoder_dtype, limits_from_args, run_command  # noqa: E402
 from rayspec.pipeline import RunSummary  # noqa: E402
-from rayspec.results import RETRIED_ERROR_CODES, ResultRow, read_results  # noqa: E402
+from rayspec.results import ResultRow, done_ids, read_results  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -87,15 +87,6 @@ def read_manifest_dataset(path: str) -> "ray.data.Dataset":
                           fn_kwargs={"base": base, "corpus": _corpus_name(Path(path))})
 
 
-def written_ids(output: str) -> set[str]:
-    """Ids already in the output folder (rows with a retried error code are redone)."""
-    try:
-        table = read_results(output).select(["id", "error_code"]).to_pylist()
-    except FileNotFoundError:
-        return set()
-    return {r["id"] for r in table if r["error_code"] not in RETRIED_ERROR_CODES}
-
-
 def sample_rate(target: str) -> int:
     """The target's audio rate in Hz (its feature extractor's ``sampling_rate``; 16 kHz for Whisper)."""
     try:
@@ -126,7 +117,7 @@ def transcribe_data(args) -> RunSummary:
     source = args.input or str(resources.files("rayspec").joinpath("samples", "manifest.jsonl"))
     config = AutoConfig.from_pretrained(resolve_model(args.target))  # a model that cannot load: one line here
     budget = budget_from_args(args, config)
-    done = written_ids(args.output)
+    done = done_ids(args.output)
     connect(args.address, args.num_cpus)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False

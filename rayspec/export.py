@@ -123,7 +123,7 @@ def export_results(path: str, out_dir: str, formats=("srt",), word_level: bool =
 
     Raises:
         FileNotFoundError: nothing at ``path``.
-        ExportError: an unknown format, or no timestamps in the results (``"run rayspec transcribe with
+        ExportError: an unknown format, two ids that map to one file name, or no timestamps in the results (``"run rayspec transcribe with
             --timestamps segment"``).
     """
     formats = list(dict.fromkeys(formats))
@@ -134,12 +134,16 @@ def export_results(path: str, out_dir: str, formats=("srt",), word_level: bool =
     _check_timed(rows, path, word_level, formats)
     os.makedirs(out_dir, exist_ok=True)
     summary = ExportSummary()
+    stems: dict[str, str] = {}
     for row in rows:
         if row.get("error"):
             summary.skipped.append(f"{row['id']}: {row['error']}")
             continue
+        stem = file_stem(row["id"])
+        if stems.setdefault(stem, row["id"]) != row["id"]:
+            raise ExportError(f"ids {stems[stem]!r} and {row['id']!r} would both be written as {stem}.*")
         for fmt in formats:
-            target = os.path.join(out_dir, f"{file_stem(row['id'])}.{fmt}")
+            target = os.path.join(out_dir, f"{stem}.{fmt}")
             _write_atomic(target, render(row, fmt, word_level))
             summary.files.append(target)
     return summary

@@ -25,7 +25,6 @@ import numpy as np
 from .decoding.common import DecodeStats, Hypothesis
 from .methods import METHODS, DecodeOptions
 from .models.whisper import WhisperASR
-from .spec.timestamps import TIMESTAMP_PRECISION_S
 from .timing import parse_segments
 
 MIN_WINDOW_S = 0.05  # a remainder shorter than this is not decoded
@@ -36,7 +35,6 @@ class _File:
     audio: np.ndarray
     seek: int = 0  # samples decoded so far
     tokens: list[int] = field(default_factory=list)  # kept tokens of every window (timestamps included)
-    prompt_from: int = 0  # tokens[prompt_from:] condition the next window
     segments: list[dict] = field(default_factory=list)
     stats: DecodeStats = field(default_factory=DecodeStats)
     finished: bool = True
@@ -56,7 +54,7 @@ def _advance(f: _File, hyp: Hypothesis, tt, window: int, rate: int, text) -> Non
         if single_ending:
             advance = window
         else:
-            advance = int(round((toks[cuts[-1] - 1] - begin) * TIMESTAMP_PRECISION_S * rate))
+            advance = int(round(tt.seconds(toks[cuts[-1] - 1]) * rate))
     else:
         kept, advance = toks, window
     f.segments += parse_segments(kept, tt, text, offset, window / rate)
@@ -106,7 +104,7 @@ def decode_sequential(target: WhisperASR, options: DecodeOptions, audios: list[n
             return
         enc = encode(stamped, [chunk], [len(chunk) / rate])
         prompt = enc.target.prompts[0]
-        prev = f.tokens[f.prompt_from:] if options.condition_on_previous_text else []
+        prev = f.tokens if options.condition_on_previous_text else []
         if prev:
             prompt = [prev_id] + prev[-max_prev:] + prompt
         enc.target.prompts = [prompt]
@@ -135,8 +133,6 @@ def decode_sequential(target: WhisperASR, options: DecodeOptions, audios: list[n
         else:
             f.finished &= hyp.finished
             _advance(f, hyp, tt, chunk, rate, target.decode_text)
-            if not options.condition_on_previous_text:
-                f.prompt_from = len(f.tokens)
         if f.seek < len(f.audio):
             enqueue(k)
     out = []

@@ -23,6 +23,7 @@ from .decoding.speculative import draft_loop
 from .decoding.ssd import CTCDrafts, SSDDecoder, SSDOptions
 from .models.registry import default_drafter
 from .models.whisper import EncoderOutput, WhisperASR
+from .runner.static_step import DEFAULT_MAX_BATCH, STATIC_STEP_MODES
 from .spec.acceptance import GREEDY, AcceptanceRule
 from .spec.loop import Admission, Proposer, VerifyLoop
 
@@ -101,13 +102,13 @@ class DecodeOptions:
     speculate_max_rows: Optional[int] = None
     static_steps: str = "auto"
     cuda_graphs: bool = True
-    max_graph_batch: int = 64
+    max_graph_batch: int = DEFAULT_MAX_BATCH
 
     def __post_init__(self):
         if self.speculate_max_rows is not None and self.speculate_max_rows < 0:
             raise ValueError(f"speculate_max_rows must be >= 0 (0: no limit), got {self.speculate_max_rows}")
-        if self.static_steps not in ("auto", "on", "off"):
-            raise ValueError(f"static_steps must be auto, on or off, got {self.static_steps!r}")
+        if self.static_steps not in STATIC_STEP_MODES:
+            raise ValueError(f"static_steps must be one of {', '.join(STATIC_STEP_MODES)}, got {self.static_steps!r}")
         if self.max_graph_batch < 1:
             raise ValueError(f"max_graph_batch must be >= 1, got {self.max_graph_batch}")
         if self.short_window_s < 0:
@@ -118,6 +119,8 @@ class DecodeOptions:
             raise ValueError(f"unknown timestamps {self.timestamps!r}: {', '.join(TIMESTAMPS)}")
         if self.long_form not in ("vad", "sequential"):
             raise ValueError(f"unknown long_form {self.long_form!r}: vad or sequential")
+        if self.long_form == "sequential" and self.timestamps == "word":
+            raise ValueError("long_form='sequential' gives segment timestamps; word timestamps need long_form='vad'")
         if self.long_form == "sequential" and self.method == "ssd":
             raise ValueError("long_form='sequential' supports ar, draft, medusa and ctc-draft, not ssd")
         if self.task not in ("transcribe", "translate"):

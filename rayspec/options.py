@@ -48,6 +48,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     from .decoding.speculative import SpeculationOptions
     from .decoding.ssd import SSDOptions
     from .methods import METHODS
+    from .runner.static_step import DEFAULT_MAX_BATCH, STATIC_STEP_MODES
     from .spec.loop import CPU_SPECULATE_MAX_ROWS
 
     g = p.add_argument_group("decoding")
@@ -128,10 +129,10 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="on a CUDA device, run decoder steps at static shapes (KV slots, batch and query-length "
                         "buckets) captured as CUDA graphs when the model loads (default on; the tokens are the same "
                         "either way). --no-cuda-graphs: dynamic steps, as on a CPU")
-    e.add_argument("--max-graph-batch", type=int, default=64, metavar="ROWS",
+    e.add_argument("--max-graph-batch", type=int, default=DEFAULT_MAX_BATCH, metavar="ROWS",
                    help="largest batch bucket with static steps and graphs (1, 2, 4, ... up to ROWS; larger batches "
                         "run dynamically; default 64)")
-    e.add_argument("--static-steps", choices=["auto", "on", "off"], default="auto",
+    e.add_argument("--static-steps", choices=STATIC_STEP_MODES, default="auto",
                    help="static-shape decoder steps: auto (on CUDA with --cuda-graphs), on (any device, e.g. to test "
                         "them on a CPU, where they are slower), off (default auto)")
     b = p.add_argument_group("batching")

@@ -219,6 +219,16 @@ def read_results(path: str, schema: pa.Schema = SCHEMA) -> pa.Table:
     return pa.concat_tables(tables)
 
 
+def done_ids(path: str, schema: pa.Schema = SCHEMA) -> set[str]:
+    """Ids already written at ``path`` (a results file, its parts or a folder of them) that a re-run skips: every row
+    but those whose error code is retried (:data:`RETRIED_ERROR_CODES`); empty when nothing is there yet."""
+    try:
+        table = read_results(path, schema).select(["id", "error_code"]).to_pylist()
+    except FileNotFoundError:
+        return set()
+    return {r["id"] for r in table if r["error_code"] not in RETRIED_ERROR_CODES}
+
+
 class ResultWriter:
     """Resumable, atomic writer of one results file; holds the output's :class:`OutputLock` until
     :meth:`finalize` or :meth:`close`.
@@ -243,11 +253,7 @@ class ResultWriter:
         for tmp in glob.glob(glob.escape(self.path) + ".*.tmp") + glob.glob(os.path.join(glob.escape(self.parts),
                                                                                           "*.tmp")):
             os.remove(tmp)  # a killed writer's unfinished file: never renamed, so never read
-        try:
-            table = read_results(self.path, schema).select(["id", "error_code"]).to_pylist()
-            self.done_ids: set[str] = {r["id"] for r in table if r["error_code"] not in RETRIED_ERROR_CODES}
-        except FileNotFoundError:
-            self.done_ids = set()
+        self.done_ids: set[str] = done_ids(self.path, schema)
 
     def close(self) -> None:
         """Release the output's lock (shards stay; a re-run resumes from them)."""

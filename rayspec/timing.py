@@ -264,6 +264,7 @@ def word_timestamps(model: WhisperASR, encoder_output: EncoderOutput, tokens: Se
     lengths = encoder_output.lengths.tolist()
     seconds_per_frame = 2.0 / model.frames_per_second
     out, at = [], 0
+    decoder = _decoder(model)
     for k in range(b):
         n = len(text[k])
         row_probs, at = probs[at: at + n], at + n
@@ -278,7 +279,7 @@ def word_timestamps(model: WhisperASR, encoder_output: EncoderOutput, tokens: Se
         rows, cols = dtw(-matrix.double().cpu().numpy())
         jumps = np.pad(np.diff(rows), (1, 0), constant_values=1).astype(bool)
         times = cols[jumps] * seconds_per_frame  # [n + 1]: first frame of each token
-        words, word_tokens = split_words(text[k] + [eot], _decoder(model), eot)
+        words, word_tokens = split_words(text[k] + [eot], decoder, eot)
         bounds = np.pad(np.cumsum([len(t) for t in word_tokens[:-1]]), (1, 0))
         found = [{"word": word, "tokens": toks, "start_s": float(times[s]), "end_s": float(times[e]),
                   "probability": float(np.mean(row_probs[s:e]))}

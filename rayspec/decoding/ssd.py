@@ -180,7 +180,7 @@ class SSDDecoder:
         logits = t.suppress(raw, first=dev.host["first"])
         if any(stamped):  # the timestamp rules at every node (rayspec.spec.timestamps)
             bounds = rule_bounds(dev.host, [[]] * len(todo), stamped, tt)
-            logits = apply_rules(logits if logits is not raw else raw.clone(), bounds, tt)
+            logits = apply_rules(logits, bounds, tt)  # in place: raw is not read after this
         result = accept_tree(dev.host, score_tree(logits, dev, self.opt.rule))
         keep_len = []
         for k, (i, s) in enumerate(zip(todo, seqs)):

@@ -230,9 +230,8 @@ class DecoderCache:
         index = torch.tensor(list(slots), dtype=torch.long, device=self.device)
         s, s_new = (self.cross_k[0].shape[2], new.cross_k[0].shape[2]) if self.cross_k else (0, 0)
         if s_new > s:  # pad the buffers (new positions masked), so that reserved rows keep their room
-            self.reserve(self.batch_size)  # an explicit mask alone does not make the buffers
+            self.reserve(self.batch_size)  # a cache (with or without a mask of its own) may have no buffers yet
             self._explicit_mask()
-            self.reserve(self.batch_size)  # a cache with a mask of its own may have no buffers yet
             buf = self._buffers
             grow = lambda ts: [torch.nn.functional.pad(t, (0, 0, 0, s_new - s)) for t in ts]  # noqa: E731
             buf["cross_k"], buf["cross_v"] = grow(buf["cross_k"]), grow(buf["cross_v"])

@@ -77,28 +77,28 @@ class StepInputs:
     ancestors: torch.Tensor
     depths: torch.Tensor
     lengths: torch.Tensor
+    eye: torch.Tensor  # bool [Qb, Qb]: the padding's ancestors (each token itself)
+    causal: torch.Tensor  # bool [Qb, Qb]: a chain's ancestors (lower-triangular)
+    positions: torch.Tensor  # int64 [Qb]: the padding's depths
 
     @staticmethod
     def empty(bb: int, qb: int, device) -> "StepInputs":
-        eye = torch.eye(qb, dtype=torch.bool, device=device).expand(bb, qb, qb).contiguous()
-        return StepInputs(torch.zeros((bb, qb), dtype=torch.long, device=device), eye,
-                          torch.arange(qb, device=device).expand(bb, qb).contiguous(),
-                          torch.zeros(bb, dtype=torch.long, device=device))
+        eye = torch.eye(qb, dtype=torch.bool, device=device)
+        arange = torch.arange(qb, device=device)
+        return StepInputs(torch.zeros((bb, qb), dtype=torch.long, device=device), eye.expand(bb, qb, qb).clone(),
+                          arange.expand(bb, qb).clone(), torch.zeros(bb, dtype=torch.long, device=device),
+                          eye, torch.ones(qb, qb, dtype=torch.bool, device=device).tril(), arange)
 
     def fill(self, tokens: torch.Tensor, ancestors: Optional[torch.Tensor], depths: Optional[torch.Tensor],
              lengths: torch.Tensor) -> None:
         """Copy a step's ``[B, Q]`` inputs into the first rows/columns; the rest is padding (token 0, identity
-        ancestors, depths ``arange(Qb)``, no committed positions)."""
+        ancestors, depths ``arange(Qb)``, no committed positions). Allocates nothing on the device."""
         b, q = tokens.shape
-        qb = self.tokens.shape[1]
         self.tokens.zero_()
         self.tokens[:b, :q] = tokens
-        self.ancestors.copy_(torch.eye(qb, dtype=torch.bool, device=self.tokens.device))
-        if ancestors is None:
-            self.ancestors[:b, :q, :q] = torch.ones(q, q, dtype=torch.bool, device=tokens.device).tril()
-        else:
-            self.ancestors[:b, :q, :q] = ancestors
-        self.depths.copy_(torch.arange(qb, device=self.tokens.device))
+        self.ancestors.copy_(self.eye)
+        self.ancestors[:b, :q, :q] = self.causal[:q, :q] if ancestors is None else ancestors
+        self.depths.copy_(self.positions)
         if depths is not None:
             self.depths[:b, :q] = depths
         self.lengths.zero_()

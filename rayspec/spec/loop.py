@@ -77,7 +77,7 @@ def speculation_pays(steps, rows: int, max_nodes: int, accepted: float) -> Optio
     """
     if steps is None or steps.device.type == "cpu" or max_nodes < 1:
         return None
-    verify = steps.pass_cost(rows, min(1 + max_nodes, steps.max_query))
+    verify = steps.pass_cost(rows, 1 + max_nodes)  # None past the buckets: that pass runs dynamically
     step = steps.pass_cost(rows, 1)
     if verify is None or step is None:
         return None

@@ -218,6 +218,8 @@ class TimestampProposer:
                 continue
             gen = seq[p - 1 :]
             pre = []
+            if not gen:  # a new row (a refilled slot keeps its key): no guess of an earlier row's
+                self._stamp.pop(r.index, None)
             if r.speculate:
                 if not gen:
                     pre = [tt.begin]
