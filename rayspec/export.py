@@ -21,6 +21,7 @@ import os
 import re
 from dataclasses import dataclass, field
 
+from .files import write_atomic
 from .results import read_results
 
 FORMATS = ("srt", "vtt", "tsv", "json")
@@ -144,7 +145,7 @@ def export_results(path: str, out_dir: str, formats=("srt",), word_level: bool =
             raise ExportError(f"ids {stems[stem]!r} and {row['id']!r} would both be written as {stem}.*")
         for fmt in formats:
             target = os.path.join(out_dir, f"{stem}.{fmt}")
-            _write_atomic(target, render(row, fmt, word_level))
+            write_atomic(target, render(row, fmt, word_level))
             summary.files.append(target)
     return summary
 
@@ -166,10 +167,3 @@ def render(row: dict, fmt: str, word_level: bool = False) -> str:
         keep = ("id", "text", "language", "duration_s", "segments", "words")
         return json.dumps({k: row.get(k) for k in keep}, ensure_ascii=False, indent=1) + "\n"
     raise ExportError(f"unknown format {fmt!r}: choose from {', '.join(FORMATS)}")
-
-
-def _write_atomic(path: str, text: str) -> None:
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)

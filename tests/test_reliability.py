@@ -13,6 +13,7 @@ import soundfile as sf
 
 from rayspec.audio import AudioError, load_audio
 from rayspec.cli import EXIT_SOME_FAILED, EXIT_USAGE, main
+from rayspec.files import write_atomic
 from rayspec.manifest import read_manifest
 from rayspec.results import OutputLock, OutputLockedError, ResultRow, ResultWriter
 from rayspec.vad import SegmentOptions, has_speech, segments
@@ -154,6 +155,21 @@ def test_writer_cleans_temp_files_and_locks_the_output(tmp_path):
         json.dump({"pid": os.getppid(), "host": socket.gethostname()}, f)
     with pytest.raises(OutputLockedError):
         OutputLock(out).acquire()
+
+
+def test_write_atomic_replaces_whole_files_and_leaves_no_temp_file(tmp_path):
+    path = str(tmp_path / "a.txt")
+    write_atomic(path, "old\n")
+    write_atomic(path, "névé\n")
+    assert open(path, encoding="utf-8").read() == "névé\n"
+    write_atomic(path, b"\x00\x01")
+    assert open(path, "rb").read() == b"\x00\x01"
+    os.makedirs(tmp_path / "dir")
+    with pytest.raises(OSError):  # a rename onto a directory fails: the temporary file goes, the directory stays
+        write_atomic(str(tmp_path / "dir"), "x")
+    with pytest.raises(TypeError):
+        write_atomic(path, 3)
+    assert sorted(os.listdir(tmp_path)) == ["a.txt", "dir"] and open(path, "rb").read() == b"\x00\x01"
 
 
 def test_internal_errors_are_retried_on_rerun(tmp_path):

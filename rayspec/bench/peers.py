@@ -28,6 +28,7 @@ from typing import Optional
 import numpy as np
 from tqdm import tqdm
 
+from ..files import write_atomic
 from .tables import write_table
 
 RANDOM_ENGINES = ("rayspec", "transformers", "vllm")
@@ -161,9 +162,7 @@ def run_peers(model_names, audios: list[np.ndarray], batch_sizes, tokens: int, t
                     continue
                 if saved:
                     os.makedirs(runs_dir, exist_ok=True)
-                    with open(saved + ".tmp", "w") as f:
-                        json.dump({"key": key, "report": rep}, f)
-                    os.replace(saved + ".tmp", saved)
+                    write_atomic(saved, json.dumps({"key": key, "report": rep}))
             best = reports.setdefault((name, engine), rep)
             for mine, r in zip(best["rows"], rep["rows"]):  # the fastest round of each batch size
                 mine["decode_s"] = min(mine["decode_s"], r["decode_s"])

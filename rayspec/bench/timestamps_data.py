@@ -15,6 +15,7 @@ the Piper set adds ``words``: ``[{word, start_s, end_s}]`` per line. A finished 
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import random
@@ -22,6 +23,7 @@ import re
 
 import numpy as np
 
+from ..files import write_atomic
 from ..tts.g2p import PUNCTUATION, _TOKEN, word_ipa
 
 RATE = 16000
@@ -87,15 +89,13 @@ def held_out_sentences(texts_csv: str, exclude: set[str], n: int, seed: int = 0,
 def _write_wav(path: str, audio: np.ndarray) -> None:
     import soundfile as sf
 
-    sf.write(path + ".tmp.wav", audio, RATE, subtype="PCM_16")
-    os.replace(path + ".tmp.wav", path)
+    buf = io.BytesIO()
+    sf.write(buf, audio, RATE, subtype="PCM_16", format="WAV")
+    write_atomic(path, buf.getvalue())
 
 
 def _write_manifest(path: str, rows: list[dict]) -> None:
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        for r in rows:
-            f.write(json.dumps(r) + "\n")
-    os.replace(path + ".tmp", path)
+    write_atomic(path, "".join(json.dumps(r) + "\n" for r in rows))
 
 
 def build_piper_set(texts_csv: str, out_dir: str, exclude: set[str], n: int = 30, seed: int = 0,

@@ -23,6 +23,7 @@ import pyarrow as pa
 import soundfile as sf
 import torch
 
+from ..files import write_atomic
 from ..manifest import ManifestError
 from ..models.speech_lm import SpeechDraft, SpeechLM
 from ..results import ResultWriter
@@ -418,13 +419,6 @@ def _is_pipe_metadata(path: str) -> bool:
     return 2 <= len(fields) <= 3 and fields[0].strip() != "" and not any(c in fields[0] for c in " ,\t")
 
 
-def _write_file_atomic(path: str, data: bytes) -> None:
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
-
-
 @dataclass
 class SynthesisSummary:
     """Counts of one ``synthesize`` run."""
@@ -483,7 +477,7 @@ class SynthesisOutput:
         shard, and count them into ``summary``."""
         for row, audio in results:
             if audio is not None:
-                _write_file_atomic(os.path.join(self.out_dir, row.audio), audio)
+                write_atomic(os.path.join(self.out_dir, row.audio), audio)
                 summary.audio_s += row.duration_s or 0.0
                 summary.done += 1
             else:
