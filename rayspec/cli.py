@@ -163,7 +163,8 @@ def _export_parser(sub) -> None:
         description="Write <output>/<id>.<format> for every successful row of a results file: srt and vtt "
                     "subtitles (pysubs2) from the segments column (or one cue per word with --word-level), "
                     "openai/whisper's tsv (start, end in ms, text), or json (text, language, segments, words). "
-                    "Needs results transcribed with --timestamps segment (or word; --word-level needs word).",
+                    "Results transcribed without timestamps give one cue over the whole file (as rayspec serve); "
+                    "--word-level needs --timestamps word.",
         epilog="example:\n  rayspec transcribe clips/ -o out.parquet --timestamps word\n"
                "  rayspec export out.parquet --format srt vtt -o subs/",
         formatter_class=argparse.RawDescriptionHelpFormatter,

@@ -3,7 +3,8 @@
 Formats (``FORMATS``):
 
 - ``srt`` and ``vtt``: SubRip and WebVTT cues, written by ``pysubs2`` (MIT) from the ``segments`` column, or from
-  the ``words`` column (one cue per word) with ``word_level``;
+  the ``words`` column (one cue per word) with ``word_level``; a row without segments (transcribed without
+  timestamps) gets one cue over the whole file (:func:`whole_file_segments`, as ``rayspec serve`` answers);
 - ``tsv``: openai/whisper's ``.tsv`` (header ``start``, ``end``, ``text``; integer milliseconds), by :mod:`csv`;
 - ``json``: the row's ``text``, ``language``, ``duration_s``, ``segments`` and ``words`` as they are in the
   results, by :mod:`json`.
@@ -47,9 +48,9 @@ def file_stem(uid: str) -> str:
 
 
 def cues(row: dict, word_level: bool = False) -> list[tuple[float, float, str]]:
-    """``(start_s, end_s, text)`` of a result row's segments (or words with ``word_level``), in time order, text
-    stripped; empty texts dropped."""
-    items = row.get("words" if word_level else "segments") or []
+    """``(start_s, end_s, text)`` of a result row's :func:`whole_file_segments` (or its words with ``word_level``),
+    in time order, text stripped; empty texts dropped."""
+    items = (row.get("words") or []) if word_level else whole_file_segments(row)
     key = "word" if word_level else "text"
     out = [(float(s["start_s"]), float(s["end_s"]), (s[key] or "").strip()) for s in items]
     return sorted((c for c in out if c[2]), key=lambda c: (c[0], c[1]))
@@ -103,36 +104,32 @@ def subtitles(row: dict, word_level: bool = False):
     return subs
 
 
-def _check_timed(rows: list[dict], path: str, word_level: bool, formats) -> None:
-    """Raise :class:`ExportError` when the results hold no timestamps the formats need."""
+def _check_words(rows: list[dict], path: str, word_level: bool, formats) -> None:
+    """Raise :class:`ExportError` when ``word_level`` cues are asked for and the results hold no word timestamps
+    (segments need none: a row without them is one whole-file cue)."""
     spoken = [r for r in rows if not r.get("error") and (r.get("text") or "").strip()]
-    if not spoken:
-        return
-    timed = [f for f in formats if f != "json"]
-    if word_level and timed and not any(r.get("words") for r in spoken):
+    if word_level and spoken and any(f != "json" for f in formats) and not any(r.get("words") for r in spoken):
         raise ExportError(f"{path} has no word timestamps: run rayspec transcribe with --timestamps word")
-    if timed and not any(r.get("segments") for r in spoken):
-        raise ExportError(f"{path} has no segment timestamps: run rayspec transcribe with --timestamps segment "
-                          f"(or word)")
 
 
 def export_results(path: str, out_dir: str, formats=("srt",), word_level: bool = False) -> ExportSummary:
     """Write ``<out_dir>/<id>.<format>`` for every successful row of the results at ``path`` (a file, a shard
     folder, or a file with its unmerged ``.parts``), for each of ``formats``.
 
-    Each file is written to a temporary name and renamed, so a file that exists is whole.
+    Each file is written to a temporary name and renamed, so a file that exists is whole. A row without segments
+    (results transcribed without timestamps) is one cue from 0 to its ``duration_s``, as ``rayspec serve`` answers.
 
     Raises:
         FileNotFoundError: nothing at ``path``.
-        ExportError: an unknown format, two ids that map to one file name, or no timestamps in the results (``"run rayspec transcribe with
-            --timestamps segment"``).
+        ExportError: an unknown format, two ids that map to one file name, or ``word_level`` with no word timestamps
+            in the results (``"run rayspec transcribe with --timestamps word"``).
     """
     formats = list(dict.fromkeys(formats))
     unknown = [f for f in formats if f not in FORMATS]
     if unknown:
         raise ExportError(f"unknown format(s) {', '.join(unknown)}: choose from {', '.join(FORMATS)}")
     rows = read_results(path).to_pylist()
-    _check_timed(rows, path, word_level, formats)
+    _check_words(rows, path, word_level, formats)
     os.makedirs(out_dir, exist_ok=True)
     summary = ExportSummary()
     stems: dict[str, str] = {}

@@ -9,7 +9,7 @@ import pysubs2
 import pytest
 
 from rayspec.cli import main
-from rayspec.export import export_results, file_stem
+from rayspec.export import cues, export_results, file_stem, render, whole_file_segments
 from rayspec.results import SCHEMA, SEGMENT, WORD, ResultRow, ResultWriter, read_results
 
 SEGS = [{"start_s": 0.0, "end_s": 2.48, "text": " Printing, in the only sense"},
@@ -76,11 +76,32 @@ def test_export_cli_tsv_json_and_clear_errors(tmp_path, capsys):
         f"{s}.{f}" for s in (stem, "silent") for f in ("tsv", "json"))
     untimed = _results(tmp_path, timed=False, name="untimed")
     capsys.readouterr()
-    assert main(["export", untimed, "-o", str(tmp_path / "x")]) == 2
+    assert main(["export", untimed, "--word-level", "-o", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and "run rayspec transcribe with --timestamps segment" in err
+    assert err.count("\n") == 0 and "run rayspec transcribe with --timestamps word" in err
     assert main(["export", untimed, "--format", "json", "-o", str(tmp_path / "x")]) == 0  # json needs no times
     assert main(["export", str(tmp_path / "missing.parquet"), "-o", str(tmp_path / "x")]) == 2
+
+
+@pytest.mark.parametrize("fmt", ["srt", "vtt", "tsv"])
+def test_results_without_timestamps_export_one_whole_file_cue_as_serve_answers(tmp_path, fmt):
+    """No segments (transcribed without --timestamps): one cue from 0 to the file's duration, the same text that
+    ``rayspec serve`` answers for srt/vtt (both from :func:`rayspec.export.whole_file_segments`)."""
+    out = str(tmp_path / "untimed.parquet")
+    w = ResultWriter(out)
+    w.write([ResultRow("a", text=" Printing, in the only sense", duration_s=2.5), ResultRow("silent", text="")])
+    w.finalize()
+    row = read_results(out).to_pylist()[0]
+    assert cues(row) == [(0.0, 2.5, "Printing, in the only sense")]
+    export_results(out, str(tmp_path / "o"), [fmt])
+    text = (tmp_path / "o" / f"a.{fmt}").read_text()
+    assert text == render({**row, "segments": whole_file_segments(row)}, fmt)
+    if fmt == "tsv":
+        assert text.splitlines() == ["start\tend\ttext", "0\t2500\tPrinting, in the only sense"]
+    else:
+        assert [(e.start, e.end, e.plaintext) for e in pysubs2.SSAFile.from_string(text, format_=fmt)] == [
+            (0, 2500, "Printing, in the only sense")]
+    assert (tmp_path / "o" / f"silent.{fmt}").read_text() == render({"text": ""}, fmt)
 
 
 def test_word_times_from_phoneme_durations_and_word_matching():
