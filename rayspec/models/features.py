@@ -12,10 +12,14 @@ depend on its batch-mates.
 
 from __future__ import annotations
 
+import weakref
 from typing import Sequence
 
 import numpy as np
 import torch
+
+_CONSTANTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per feature extractor (held weakly) and device: its Hann window and mel filter bank, built at the first batch."""
 
 
 def supports(feature_extractor) -> bool:
@@ -44,11 +48,23 @@ def log_mel(feature_extractor, audios: Sequence[np.ndarray], device) -> torch.Te
         n = min(len(a), fe.n_samples)
         batch[i, :n] = a[:n]
     wave = torch.from_numpy(batch).to(device, non_blocking=True)
-    window = torch.hann_window(fe.n_fft, device=device)
+    window, filters = _window_and_filters(fe, device)
     spec = torch.stft(wave, fe.n_fft, fe.hop_length, window=window, return_complex=True)
     power = spec[..., :-1].abs() ** 2  # [B, F, T]: the last frame dropped, as the extractor does
-    filters = torch.as_tensor(np.asarray(fe.mel_filters), dtype=torch.float32, device=device)  # [F, M]
     mel = torch.matmul(filters.T, power)  # [B, M, T]
     logs = mel.clamp(min=1e-10).log10()
     logs = torch.maximum(logs, logs.amax(dim=(1, 2), keepdim=True) - 8.0)
     return (logs + 4.0) / 4.0
+
+
+def _window_and_filters(feature_extractor, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The extractor's float32 Hann window ``[n_fft]`` and mel filter bank ``[n_fft // 2 + 1, n_mels]`` on
+    ``device``: built once per extractor and device (cached in ``_CONSTANTS``), not at every batch."""
+    per_device = _CONSTANTS.setdefault(feature_extractor, {})
+    device = torch.device(device)
+    if device not in per_device:
+        per_device[device] = (
+            torch.hann_window(feature_extractor.n_fft, device=device),
+            torch.as_tensor(np.asarray(feature_extractor.mel_filters), dtype=torch.float32, device=device),
+        )
+    return per_device[device]

@@ -499,9 +499,7 @@ class WhisperASR:
 
         feats = list(map_fn(one, audios))
         # Real frames per row; fixed-window features are padded to the window, their real length is the audio's.
-        hop = self.feature_extractor.hop_length * self.frame_stack
-        lengths = [f.shape[1] if self.encoder_masking else min(self.max_frames, -(-len(a) // hop))
-                   for f, a in zip(feats, audios)]
+        lengths = [f.shape[1] for f in feats] if self.encoder_masking else self._window_frames(audios)
         width = max(lengths) if self.encoder_masking else self.max_frames
         batch = np.zeros((len(feats), feats[0].shape[0], width), dtype=np.float32)
         for i, f in enumerate(feats):
@@ -516,10 +514,14 @@ class WhisperASR:
         (:func:`~rayspec.models.features.log_mel`: ``torch.stft``); what :meth:`features` runs on a CUDA device.
         Same result to float32 rounding; lengths as :meth:`features`'. A CPU keeps the extractor's per-utterance
         path (no faster there)."""
-        hop = self.feature_extractor.hop_length
-        lengths = [min(self.max_frames, -(-len(a) // hop)) for a in audios]
         feats = log_mel(self.feature_extractor, audios, self.device)
-        return feats.to(self.dtype), torch.tensor(lengths, dtype=torch.long, device=self.device)
+        return feats.to(self.dtype), torch.tensor(self._window_frames(audios), dtype=torch.long, device=self.device)
+
+    def _window_frames(self, audios: Sequence[np.ndarray]) -> list[int]:
+        """Real (unpadded) frames of each waveform's fixed-window features: ``ceil(samples / (hop_length *
+        frame_stack))``, at most :attr:`max_frames` (the window)."""
+        hop = self.feature_extractor.hop_length * self.frame_stack
+        return [min(self.max_frames, -(-len(a) // hop)) for a in audios]
 
     def encode(self, features: torch.Tensor, frame_lengths: torch.Tensor) -> EncoderOutput:
         """Run the encoder over a padded batch.
