@@ -27,7 +27,7 @@ import pyarrow as pa
 MANIFEST_SCHEMA = pa.schema([("id", pa.string()), ("audio", pa.string()), ("text", pa.string()),
                              ("duration_s", pa.float64()), ("corpus", pa.string()), ("est_s", pa.float64())])
 """The manifest columns the pipeline carries (``est_s``: the manifest's duration, else one estimated from the file
-size, :func:`rayspec.pipeline.estimated_seconds`)."""
+size, :func:`rayspec.manifest.estimated_seconds`)."""
 
 
 def manifest_rows(batch: pa.Table, base: str, corpus: str) -> pa.Table:
@@ -41,8 +41,7 @@ def manifest_rows(batch: pa.Table, base: str, corpus: str) -> pa.Table:
     Raises:
         rayspec.manifest.ManifestError: a batch without ``id`` or ``audio``, or a row with either missing.
     """
-    from rayspec.manifest import ManifestError, Utterance
-    from rayspec.pipeline import estimated_seconds
+    from rayspec.manifest import ManifestError, Utterance, estimated_seconds
 
     rows = batch.to_pylist()
     out = []
@@ -72,11 +71,11 @@ def utterances(batch: dict) -> list:
     """The ``rayspec.manifest.Utterance`` s of a batch in numpy format (:data:`MANIFEST_SCHEMA` columns)."""
     from rayspec.manifest import Utterance
 
-    def opt(v):
-        return None if v is None or (isinstance(v, float) and np.isnan(v)) else v
+    def opt(v):  # a column of nulls can reach here as float NaNs (float32 too)
+        return None if v is None or (isinstance(v, (float, np.floating)) and np.isnan(v)) else v
 
-    return [Utterance(str(i), str(a), opt(t), opt(d), str(c)) for i, a, t, d, c in
-            zip(batch["id"], batch["audio"], batch["text"], batch["duration_s"], batch["corpus"])]
+    return [Utterance(str(i), str(a), None if opt(t) is None else str(t), None if opt(d) is None else float(d), str(c))
+            for i, a, t, d, c in zip(batch["id"], batch["audio"], batch["text"], batch["duration_s"], batch["corpus"])]
 
 
 def load_audio_batch(batch: dict, sample_rate: int = 16000, max_seconds: Optional[float] = None) -> dict:

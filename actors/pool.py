@@ -137,11 +137,27 @@ class ActorPool:
 
 def actor_layout(args) -> str:
     """``--actors`` resolved: "split" (drafter + target actors) when asked for or when the actors get GPUs (the two
-    models on separate devices), else "colocated" (one process per model copy: on this 2-CPU machine, whisper-base
-    on LJSpeech, 2.1 instead of 2.9 GiB for about 8% more time; see the README)."""
+    models on separate devices), else "colocated" (encoder and decoder in one process per model copy, no
+    object-store hop)."""
     if args.actors != "auto":
         return args.actors
     return "split" if args.drafter_gpus or args.target_gpus else "colocated"
+
+
+def actor_count(args, batches: int | None = None) -> int:
+    """``--targets`` resolved: as given; else colocated, as many ``--actor-cpus`` actors as the connected cluster's
+    CPUs hold (at least 1, at most one per batch when ``batches`` is given), split, 1.
+
+    Why many small actors on CPUs: on 2 CPUs, whisper-base, all 286 LJSpeech clips, two one-thread actors ran level
+    with one process, one two-thread actor 1.08x slower (``bench/ray-jobs``): a multi-threaded torch op waits for
+    its slowest thread, and Ray's daemons on the node preempt one now and then. Each actor holds its own model copy.
+    """
+    if args.targets is not None:
+        return args.targets
+    if actor_layout(args) != "colocated":
+        return 1
+    fits = int(ray.cluster_resources().get("CPU", 0) / args.actor_cpus + 1e-9)
+    return max(1, min(batches or fits, fits))
 
 
 class ActorShape(NamedTuple):
@@ -157,10 +173,9 @@ def _actor_shapes(args) -> list[ActorShape]:
     """The kinds of actor the layout starts (colocated: ``--targets`` transcriber actors with a drafter's and a
     target's resources each)."""
     if actor_layout(args) == "colocated":
-        return [ActorShape("transcriber", args.targets, args.drafter_cpus + args.target_cpus,
-                           args.drafter_gpus + args.target_gpus)]
+        return [ActorShape("transcriber", actor_count(args), args.actor_cpus, args.drafter_gpus + args.target_gpus)]
     return [ActorShape("drafter", args.drafters, args.drafter_cpus, args.drafter_gpus),
-            ActorShape("target", args.targets, args.target_cpus, args.target_gpus)]
+            ActorShape("target", actor_count(args), args.target_cpus, args.target_gpus)]
 
 
 def check_resources(args) -> None:
@@ -169,17 +184,20 @@ def check_resources(args) -> None:
     Raises:
         SystemExit: more CPUs or GPUs asked for than the cluster has in total, or actors without CPUs.
     """
-    if min(args.drafter_cpus, args.target_cpus) <= 0:
-        raise SystemExit("--drafter-cpus and --target-cpus must be > 0 (fractions are fine)")
+    if min(args.actor_cpus, args.drafter_cpus, args.target_cpus) <= 0:
+        raise SystemExit("--actor-cpus, --drafter-cpus and --target-cpus must be > 0 (fractions are fine)")
     have = ray.cluster_resources()
     shapes = _actor_shapes(args)
+    colocated = actor_layout(args) == "colocated"
+    flags = {"CPU": "--actor-cpus" if colocated else "--drafter-cpus/--target-cpus",
+             "GPU": "--drafter-gpus/--target-gpus"}
     for kind, per_actor in (("CPU", lambda a: a.cpus), ("GPU", lambda a: a.gpus)):
         need = sum(a.count * per_actor(a) for a in shapes)
         if need > have.get(kind, 0) + 1e-9:
             asked = " + ".join(f"{a.count} {a.kind}(s) x {per_actor(a):g}" for a in shapes)
             raise SystemExit(
                 f"{asked} = {need:g} {kind}s, but the Ray cluster has {have.get(kind, 0):g}: lower "
-                f"--drafter-{kind.lower()}s/--target-{kind.lower()}s (fractions are fine) or the actor counts")
+                f"{flags[kind]} (fractions are fine) or the actor counts")
 
 
 def start_actors(args, slots: int = 16) -> ActorPool:
@@ -231,7 +249,7 @@ def start_actors(args, slots: int = 16) -> ActorPool:
                                    max_concurrency=args.in_flight + 1, scheduling_strategy=place(args.drafters + i))
                .remote(args.target, options, "cuda" if args.target_gpus else args.device,
                        threads(args.target_cpus), kwargs["dtype"], slots)
-               for i in range(args.targets)]
+               for i in range(shapes[1].count)]
     nodes = ray.get([a.node.remote() for a in drafters + targets])
     return ActorPool(drafters, targets, nodes[: args.drafters], nodes[args.drafters :], pg)
 

@@ -339,11 +339,11 @@ class TranscriptionService:
             return {"text": row.text}
         from dataclasses import asdict
 
-        from rayspec.export import subtitles, verbose_json, whole_file_segments
+        from rayspec.export import render, verbose_json
 
         fields = asdict(row)
         if response_format in ("srt", "vtt"):
-            text = subtitles({**fields, "segments": whole_file_segments(fields)}).to_string(response_format)
+            text = render(fields, response_format)
             return PlainTextResponse(text, media_type="text/vtt" if response_format == "vtt" else "text/plain")
         from transformers.models.whisper.tokenization_whisper import LANGUAGES
 

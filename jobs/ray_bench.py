@@ -4,9 +4,10 @@ several raylets on loopback, :mod:`actors.local_cluster`), on the same manifest,
 
     python -m jobs.ray_bench /tmp/lj.jsonl -o bench/ray-jobs --repeats 1
 
-Every configuration gets the same CPUs: the in-process run ``--cpus`` torch threads; a Ray node of ``--cpus`` CPUs
-(one transcriber actor of that many threads, the Ray Data actor pool of one actor); or ``--cpus`` nodes of one CPU
-(one transcriber actor each, one torch thread). Each cluster has a head node without CPUs (GCS and driver). Rounds
+Every configuration gets the same CPUs: the in-process run ``--cpus`` torch threads; a Ray node of ``--cpus`` CPUs;
+or ``--cpus`` nodes of one CPU. The Ray job and the Ray Data pipeline run with their defaults (one one-thread
+transcriber actor per CPU), plus, on one node, the Ray job with one actor of ``--cpus`` threads (``--targets 1
+--actor-cpus N``: one model copy, the least memory). Each cluster has a head node without CPUs (GCS and driver). Rounds
 alternate the order (in-process, 1 node, N nodes, then reversed). Times: ``wall_s`` from the first batch to the
 last row (Ray Data: from reading the manifest to the last file, the actors' model loading included); ``load_s``
 the model loading or actor start-up before it; ``total_s`` their sum. Arguments not listed below (``--target``,
@@ -29,11 +30,9 @@ from jobs.transcribe import build_parser as job_parser  # noqa: E402
 from jobs.transcribe import transcribe  # noqa: E402
 from jobs.transcribe_data import build_parser as data_parser  # noqa: E402
 from jobs.transcribe_data import transcribe_data  # noqa: E402
-from jobs.scaling import cpu_model  # noqa: E402
+from jobs.scaling import cpu_model, in_process  # noqa: E402
 from actors.local_cluster import start_local_cluster  # noqa: E402
 from rayspec.manifest import read_manifest  # noqa: E402
-from rayspec.options import budget_from_args, build_transcriber  # noqa: E402
-from rayspec.pipeline import run_corpus  # noqa: E402
 from rayspec.results import read_results  # noqa: E402
 
 COLUMNS = ["config", "nodes", "cpus_per_node", "repeat", "utterances", "audio_s", "load_s", "wall_s", "total_s",
@@ -54,31 +53,23 @@ def _texts(out: str) -> dict:
     return {r["id"]: r["text"] for r in read_results(out).to_pylist()}
 
 
-def in_process(manifest: str, out: str, extra: list[str], cpus: int) -> dict:
-    """``rayspec transcribe``'s path (run_corpus, continuous batching) with ``cpus`` torch threads."""
-    args = job_parser().parse_args([manifest, "-o", out, *extra])
-    args.threads = cpus
-    t0 = time.perf_counter()
-    transcriber = build_transcriber(args)
-    load = time.perf_counter() - t0
-    s = run_corpus(read_manifest(manifest), transcriber, out, budget_from_args(args, transcriber.target.config))
-    return {"utterances": s.written, "audio_s": s.audio_s, "load_s": load, "wall_s": s.wall_s}
-
-
-def ray_job(manifest: str, out: str, extra: list[str], nodes: int, cpus: int) -> dict:
-    """The Ray job, default (colocated) layout: one actor per node, the node's CPUs split as the job's flags say."""
-    per = cpus / 2  # --drafter-cpus + --target-cpus = one node's CPUs
-    args = job_parser().parse_args([manifest, "-o", out, "--targets", str(nodes), "--drafter-cpus", f"{per:g}",
-                                    "--target-cpus", f"{per:g}", *extra])
-    s = transcribe(args)
+def in_process_run(manifest: str, out: str, extra: list[str], cpus: int) -> dict:
+    """``rayspec transcribe``'s path (:func:`jobs.scaling.in_process`) with ``cpus`` torch threads."""
+    s = in_process(manifest, out, extra, cpus)
     return {"utterances": s.written, "audio_s": s.audio_s, "load_s": s.startup_s, "wall_s": s.wall_s}
 
 
-def ray_data(manifest: str, out: str, extra: list[str], cpus: int) -> dict:
-    """The Ray Data pipeline: one transcriber actor of ``cpus`` torch threads (1 logical CPU, the rest of the node
-    for the read and audio tasks)."""
-    args = data_parser().parse_args([manifest, "-o", out, "--threads", str(cpus), *extra])
-    s = transcribe_data(args)
+def ray_job(manifest: str, out: str, extra: list[str], count: int | None = None, cpus: int = 1) -> dict:
+    """The Ray job, colocated layout: its default (one one-thread actor per CPU), or ``count`` actors of ``cpus``
+    CPUs (and torch threads) each."""
+    flags = [] if count is None else ["--targets", str(count), "--actor-cpus", str(cpus)]
+    s = transcribe(job_parser().parse_args([manifest, "-o", out, *flags, *extra]))
+    return {"utterances": s.written, "audio_s": s.audio_s, "load_s": s.startup_s, "wall_s": s.wall_s}
+
+
+def ray_data(manifest: str, out: str, extra: list[str]) -> dict:
+    """The Ray Data pipeline with its defaults (one one-thread transcriber actor per CPU)."""
+    s = transcribe_data(data_parser().parse_args([manifest, "-o", out, *extra]))
     return {"utterances": s.written, "audio_s": s.audio_s, "load_s": 0.0, "wall_s": s.wall_s}
 
 
@@ -114,21 +105,22 @@ def main(argv=None) -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 if step == "in-process":
                     out = os.path.join(tmp, "r.parquet")
-                    record("in-process", 1, args.cpus, r, in_process(args.input, out, extra, args.cpus), out)
+                    record("in-process", 1, args.cpus, r, in_process_run(args.input, out, extra, args.cpus), out)
                     continue
                 nodes, per_node = (1, args.cpus) if step == "one-node" else (args.cpus, 1)
                 cluster = start_local_cluster(nodes, per_node, object_store_mb=500)
                 try:
                     if step == "one-node":
-                        jobs = [("ray job", ray_job), ("ray data", ray_data)]
-                        for name, fn in (jobs if r % 2 == 0 else jobs[::-1]):
-                            out = os.path.join(tmp, name.replace(" ", "-"))
-                            res = (ray_job(args.input, out + ".parquet", extra, 1, args.cpus) if fn is ray_job
-                                   else ray_data(args.input, out, extra, args.cpus))
-                            record(name, 1, args.cpus, r, res, out + (".parquet" if fn is ray_job else ""))
+                        jobs = {"ray job": lambda out: ray_job(args.input, out, extra),
+                                "ray data": lambda out: ray_data(args.input, out, extra),
+                                "ray job, 1 actor": lambda out: ray_job(args.input, out, extra, 1, args.cpus)}
+                        for name in (list(jobs) if r % 2 == 0 else list(jobs)[::-1]):
+                            out = os.path.join(tmp, name.replace(" ", "-").replace(",", ""))
+                            out += "" if name == "ray data" else ".parquet"
+                            record(name, 1, args.cpus, r, jobs[name](out), out)
                     else:
                         out = os.path.join(tmp, "nodes.parquet")
-                        record("ray job", nodes, 1, r, ray_job(args.input, out, extra, nodes, 1), out)
+                        record("ray job", nodes, 1, r, ray_job(args.input, out, extra), out)
                 finally:
                     ray.shutdown()
                     cluster.shutdown()

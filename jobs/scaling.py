@@ -22,6 +22,7 @@ import os
 import platform
 import sys
 import tempfile
+import time
 
 from actors.pool import connect, resolve_paths  # first: sets the loopback environment for Ray
 from jobs.transcribe import build_parser as job_parser
@@ -74,11 +75,15 @@ def machine() -> str:
 def in_process(input_path: str, out: str, job_args: list[str], threads: int) -> RunSummary:
     """The same corpus and decoder without Ray: :func:`rayspec.pipeline.run_corpus` in this process (``rayspec
     transcribe``: continuous batching over the same planned batches, as the job's actors), with ``threads`` torch
-    threads."""
+    threads. The summary's ``startup_s`` is the model loading."""
     args = job_parser().parse_args([input_path, "-o", out, *job_args])
     args.threads = threads
+    t0 = time.perf_counter()
     transcriber = build_transcriber(args)
-    return run_corpus(read_manifest(input_path), transcriber, out, budget_from_args(args, transcriber.target.config))
+    load_s = time.perf_counter() - t0
+    s = run_corpus(read_manifest(input_path), transcriber, out, budget_from_args(args, transcriber.target.config))
+    s.startup_s = load_s
+    return s
 
 
 def row(method: str, drafters: int, targets: int, budget: int, s: RunSummary, out: str) -> dict:

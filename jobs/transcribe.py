@@ -7,8 +7,9 @@ embedded local Ray on loopback (127.0.0.1 only).
 
 Actors load their models once (see ``actors/``), in one of two layouts (``--actors``):
 
-- colocated (the default on CPUs): ``--targets`` transcriber actors, each running audio, the target's encoder, the
-  drafter and the target decoder in one process with ``--drafter-cpus + --target-cpus`` CPUs;
+- colocated (the default on CPUs): transcriber actors, each running audio, the target's encoder, the drafter and the
+  target decoder in one process with ``--actor-cpus`` CPUs (default 1, one torch thread); by default as many as the
+  cluster's CPUs hold (``--targets`` sets the count; each actor holds a copy of the models);
 - split (the default when actors get GPUs): drafter actors (``--drafters``: audio, the target's encoder, and the CTC
   head or the draft model) and target actors (``--targets``: the target decoder). Batches stream from a drafter to
   a target through object refs (encoder states stay in the object store; the driver only sees result rows). With
@@ -33,7 +34,7 @@ import sys
 import time
 import uuid
 
-from actors.pool import ActorPool, connect, resolve_paths, start_actors  # first: sets the loopback Ray environment
+from actors.pool import ActorPool, actor_count, connect, resolve_paths, start_actors  # first: sets the loopback Ray environment
 import ray  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -64,13 +65,16 @@ def build_parser() -> argparse.ArgumentParser:
                         "given, else colocated")
     p.add_argument("--drafters", type=int, default=1,
                    help="drafter actors (audio, encoder, drafter; split layout only); default 1")
-    p.add_argument("--targets", type=int, default=1,
-                   help="target actors (target decoder), or transcriber actors when colocated; default 1")
+    p.add_argument("--targets", type=int, default=None,
+                   help="target actors (split; default 1), or transcriber actors (colocated; default: as many as the "
+                        "cluster's CPUs hold at --actor-cpus each, one model copy per actor)")
+    p.add_argument("--actor-cpus", type=float, default=1.0,
+                   help="CPUs per colocated transcriber actor (also its torch threads unless --threads); default 1: "
+                        "on CPUs, one-thread actors side by side outrun one many-thread actor beside Ray's daemons")
     p.add_argument("--drafter-cpus", type=float, default=1.0,
-                   help="CPUs per drafter actor (also its torch threads unless --threads); a colocated actor gets "
-                        "--drafter-cpus + --target-cpus")
+                   help="CPUs per drafter actor (split layout; also its torch threads unless --threads)")
     p.add_argument("--target-cpus", type=float, default=1.0,
-                   help="CPUs per target actor (also its torch threads unless --threads)")
+                   help="CPUs per target actor (split layout; also its torch threads unless --threads)")
     p.add_argument("--drafter-gpus", type=float, default=0.0, help="GPUs per drafter actor (fractions share a GPU)")
     p.add_argument("--target-gpus", type=float, default=0.0, help="GPUs per target actor (fractions share a GPU)")
     p.add_argument("--in-flight", type=int, default=3,
@@ -94,7 +98,7 @@ def transcribe(args, on_batch=None) -> RunSummary:
 
     from transformers import AutoConfig
 
-    if min(args.drafters, args.targets, args.in_flight) < 1:
+    if min(args.drafters, args.targets or 1, args.in_flight) < 1:
         raise SystemExit("--drafters, --targets and --in-flight must be >= 1")
     resolve_paths(args)
     source = args.input or str(resources.files("rayspec").joinpath("samples", "manifest.jsonl"))
@@ -109,6 +113,7 @@ def transcribe(args, on_batch=None) -> RunSummary:
         batches = pending_batches(utts, writer, budget_from_args(args, config))[::-1]
         summary = RunSummary(skipped=len(utts) - sum(len(b) for b in batches))
         connect(args.address, args.num_cpus)
+        args.targets = actor_count(args, len(batches))
         t_start = time.perf_counter()
         pool = start_actors(args, max((len(b) for b in batches), default=1))
         summary.startup_s = time.perf_counter() - t_start

@@ -4,11 +4,13 @@
 
 The manifest is read with Ray Data's readers (``read_json`` for .jsonl, ``read_csv``, ``read_parquet``; a folder of
 audio is listed by ``rayspec.manifest.read_manifest``), ids already in the output are dropped, the rest sorted
-longest first; CPU tasks decode the audio (:func:`actors.data.load_audio_batch`), an actor pool of
-``--concurrency`` actors with ``--actor-cpus`` / ``--actor-gpus`` each transcribes (:class:`actors.data.Transcribe`:
-one continuous batch per actor, as ``rayspec transcribe``), and ``write_parquet`` writes the result rows (the
-schema of ``rayspec.results``) into the output folder. A re-run writes only the ids not yet in the folder; every
-results reader (``rayspec score``, ``rayspec.results.read_results``) reads the folder as one table.
+longest first on the driver and cut into blocks of ``--batch-size`` rows; CPU tasks decode the audio
+(:func:`actors.data.load_audio_batch`), an actor pool of ``--concurrency`` actors (default: one per CPU, or per GPU
+share) with ``--actor-cpus`` / ``--actor-gpus`` each transcribes (:class:`actors.data.Transcribe`: one continuous
+batch per actor, as ``rayspec transcribe``, fed by :data:`CALLS_PER_ACTOR` calls at once), and ``write_parquet``
+writes the result rows (the schema of ``rayspec.results``) into the output folder. A re-run writes only the ids not
+yet in the folder; every results reader (``rayspec score``, ``rayspec.results.read_results``) reads the folder as one
+table.
 
 Connects to ``RAY_ADDRESS`` / ``--address`` (set by ``ray job submit``), else starts an embedded local Ray on
 127.0.0.1. ``--threads`` (torch threads per actor) defaults to the cluster's CPUs divided by ``--concurrency``. Exit
@@ -18,7 +20,6 @@ status: 0, 2 for usage, manifest or model errors (one line), 3 when some rows fa
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -29,12 +30,24 @@ import ray  # noqa: E402
 
 from jobs.transcribe import report  # noqa: E402
 from rayspec.batching import plan_batches  # noqa: E402
-from rayspec.manifest import AUDIO_SUFFIXES, ManifestError, _corpus_name, read_manifest  # noqa: E402
+from rayspec.manifest import AUDIO_SUFFIXES, ManifestError, corpus_name, read_manifest  # noqa: E402
 from rayspec.models.registry import resolve_model  # noqa: E402
 from rayspec.options import DTYPES, add_decode_args, add_model_args, budget_from_args  # noqa: E402
 from rayspec.options import decode_options, encoder_dtype, limits_from_args, run_command  # noqa: E402
 from rayspec.pipeline import RunSummary  # noqa: E402
 from rayspec.results import ResultRow, done_ids, read_results  # noqa: E402
+
+
+ACTOR_CPUS = 0.75
+"""Logical CPUs a transcriber actor reserves by default (it runs ``--threads`` torch threads, one per CPU)."""
+TASK_CPUS = 0.25
+"""Logical CPUs of each task around the actors (reading the manifest, decoding audio, writing Parquet): small beside
+transcribing, so one actor per CPU at :data:`ACTOR_CPUS` leaves room for them (at Ray's default of a whole CPU per
+task, they would wait forever for the actors' CPUs)."""
+CALLS_PER_ACTOR = 4
+"""Ray Data calls that run on a transcriber actor at once (and blocks handed to it at once): the next blocks' rows wait
+in the actor's continuous batch while one block's last rows finish (one call at a time would drain the batch between
+calls)."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,14 +58,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="results/data", help="results folder (Parquet files; default results/data)")
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else an embedded local Ray)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the embedded local Ray")
-    p.add_argument("--concurrency", type=int, default=1, help="transcriber actors in the pool (default 1)")
-    p.add_argument("--actor-cpus", type=float, default=1.0,
-                   help="CPUs reserved per transcriber actor (default 1: on a small machine leave CPUs for the "
-                        "read and audio tasks, or Ray Data waits forever; the actor's torch threads are --threads)")
+    p.add_argument("--concurrency", type=int, default=None,
+                   help="transcriber actors in the pool (default: one per GPU with --actor-gpus, else one per CPU of "
+                        "the cluster; each holds a copy of the models)")
+    p.add_argument("--actor-cpus", type=float, default=ACTOR_CPUS,
+                   help=f"CPUs reserved per transcriber actor (default {ACTOR_CPUS:g}: the rest of each CPU is left "
+                        f"for the audio tasks, {TASK_CPUS:g} CPU each, or Ray Data would wait for CPUs "
+                        "forever); its torch threads are --threads, default the cluster's CPUs / --concurrency")
     p.add_argument("--actor-gpus", type=float, default=0.0, help="GPUs per transcriber actor (fractions share one)")
-    p.add_argument("--batch-size", type=int, default=128,
+    p.add_argument("--batch-size", type=int, default=8,
                    help="utterances per Ray Data batch handed to an actor (cut there into token-budget batches that "
-                        "share the actor's continuous batch; default 128)")
+                        "join the actor's continuous batch; two calls run on an actor at once, so its batch stays "
+                        "full between them; default 8)")
     add_model_args(p)
     add_decode_args(p)
     return p
@@ -74,26 +91,33 @@ def read_manifest_dataset(path: str) -> "ray.data.Dataset":
 
         ds = ray.data.from_items([asdict(u) for u in read_manifest(path)])
     elif suffix in (".jsonl", ".json"):
-        ds = ray.data.read_json(path, lines=True, file_extensions=None)
+        ds = ray.data.read_json(path, lines=True, file_extensions=None, num_cpus=TASK_CPUS)
     elif suffix == ".csv":
-        ds = ray.data.read_csv(path)
+        ds = ray.data.read_csv(path, num_cpus=TASK_CPUS)
     elif suffix == ".parquet":
-        ds = ray.data.read_parquet(path)
+        ds = ray.data.read_parquet(path, num_cpus=TASK_CPUS)
     else:
         raise ManifestError(f"unknown manifest format {suffix!r} (use .jsonl, .csv, .parquet or a folder of audio): "
                             f"{path}")
     base = os.path.dirname(os.path.abspath(path))
-    return ds.map_batches(manifest_rows, batch_format="pyarrow",
-                          fn_kwargs={"base": base, "corpus": _corpus_name(Path(path))})
+    return ds.map_batches(manifest_rows, batch_format="pyarrow", num_cpus=TASK_CPUS,
+                          fn_kwargs={"base": base, "corpus": corpus_name(Path(path))})
 
 
 def sample_rate(target: str) -> int:
     """The target's audio rate in Hz (its feature extractor's ``sampling_rate``; 16 kHz for Whisper)."""
-    try:
-        with open(os.path.join(resolve_model(target), "preprocessor_config.json")) as f:
-            return int(json.load(f).get("sampling_rate", 16000))
-    except OSError:
-        return 16000
+    from transformers import AutoFeatureExtractor
+
+    return int(AutoFeatureExtractor.from_pretrained(resolve_model(target)).sampling_rate)
+
+
+def pool_size(args) -> int:
+    """The default ``--concurrency``: one actor per GPU share (``--actor-gpus``), else one per CPU of the cluster
+    (one-thread actors side by side outran one many-thread actor on CPUs: ``bench/ray-jobs``)."""
+    have = ray.cluster_resources()
+    if args.actor_gpus:
+        return max(1, int(have.get("GPU", 0) / args.actor_gpus + 1e-9))
+    return max(1, int(have.get("CPU", 1)))
 
 
 def transcribe_data(args) -> RunSummary:
@@ -109,9 +133,11 @@ def transcribe_data(args) -> RunSummary:
 
     from transformers import AutoConfig
 
-    from actors.data import Transcribe, drop_done, load_audio_batch
+    import pyarrow as pa
 
-    if args.concurrency < 1 or args.batch_size < 1:
+    from actors.data import MANIFEST_SCHEMA, Transcribe, drop_done, load_audio_batch
+
+    if (args.concurrency or 1) < 1 or args.batch_size < 1:
         raise SystemExit("--concurrency and --batch-size must be >= 1")
     resolve_paths(args)
     source = args.input or str(resources.files("rayspec").joinpath("samples", "manifest.jsonl"))
@@ -122,31 +148,39 @@ def transcribe_data(args) -> RunSummary:
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     t0 = time.perf_counter()
+    # The manifest's rows (ids, paths, texts) to the driver, as the actor-pool job holds them, sorted longest first
+    # there: one streaming execution from then on, whose actors start at once (Ray Data's sort and repartition tasks
+    # would each wait for a whole CPU, which the actors hold).
     todo = (read_manifest_dataset(source)
-            .map_batches(drop_done, batch_format="pyarrow", fn_kwargs={"done": frozenset(done)})
-            .sort("est_s", descending=True)
-            .materialize())  # ids and paths only: sizes the actors' continuous batch
-    seconds = [r["est_s"] for r in todo.select_columns(["est_s"]).take_all()]
-    summary = RunSummary()
-    if not seconds:
-        summary.skipped = len(done)
+            .map_batches(drop_done, batch_format="pyarrow", num_cpus=TASK_CPUS, fn_kwargs={"done": frozenset(done)})
+            .take_all())
+    summary = RunSummary(skipped=len(done))
+    if not todo:
         return summary
-    slots = max(len(b) for b in plan_batches(range(len(seconds)), seconds, budget))
-    threads = args.threads or max(1, int(ray.cluster_resources().get("CPU", 1) // args.concurrency))
+    todo.sort(key=lambda r: -r["est_s"])
+    # the actors' continuous batch holds as many rows as the largest planned batch, as in rayspec transcribe
+    slots = max(len(b) for b in plan_batches(todo, [r["est_s"] for r in todo], budget))
+    concurrency = args.concurrency or pool_size(args)
+    threads = args.threads or max(1, int(ray.cluster_resources().get("CPU", 1) // concurrency))
     kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": decode_options(args),
               "device": "cuda" if args.actor_gpus else args.device, "dtype": DTYPES[args.dtype],
               "limits": limits_from_args(args), "encoder_dtype": encoder_dtype(args)}
-    rows = (todo.map_batches(load_audio_batch, batch_format="numpy",
-                             fn_kwargs={"sample_rate": sample_rate(args.target),
-                                        "max_seconds": args.max_audio_seconds})
+    # an actor gets a block only when a call of its own is free: the blocks go to whichever actor frees first
+    pool = ray.data.ActorPoolStrategy(size=concurrency, max_concurrent_calls_per_actor=CALLS_PER_ACTOR,
+                                      max_tasks_in_flight_per_actor=CALLS_PER_ACTOR, enable_true_multi_threading=True)
+    # one block per Ray Data batch (the actor pool hands out blocks: one block would feed one actor)
+    n = args.batch_size
+    blocks = [pa.Table.from_pylist(todo[i : i + n], schema=MANIFEST_SCHEMA) for i in range(0, len(todo), n)]
+    rows = (ray.data.from_arrow(blocks)
+            .map_batches(load_audio_batch, batch_format="numpy", num_cpus=TASK_CPUS,
+                         fn_kwargs={"sample_rate": sample_rate(args.target), "max_seconds": args.max_audio_seconds})
             .map_batches(Transcribe, fn_constructor_args=(kwargs, threads, budget, slots), batch_format="numpy",
-                         batch_size=args.batch_size, compute=ray.data.ActorPoolStrategy(size=args.concurrency),
-                         num_cpus=args.actor_cpus, num_gpus=args.actor_gpus))
-    rows.write_parquet(args.output)
+                         batch_size=args.batch_size, compute=pool, num_cpus=args.actor_cpus,
+                         num_gpus=args.actor_gpus))
+    rows.write_parquet(args.output, ray_remote_args={"num_cpus": TASK_CPUS})
     summary.wall_s = time.perf_counter() - t0
-    ids = set(todo.select_columns(["id"]).to_pandas()["id"])
+    ids = {r["id"] for r in todo}
     summary.add(ResultRow(**r) for r in read_results(args.output).to_pylist() if r["id"] in ids)
-    summary.skipped = len(done)
     return summary
 
 

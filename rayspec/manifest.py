@@ -34,7 +34,9 @@ class Utterance:
     corpus: str = ""
 
 
-def _corpus_name(path: Path) -> str:
+def corpus_name(path: Path) -> str:
+    """The corpus name of a manifest's rows that name none: a folder's name, else ``<parent folder>/<file stem>``
+    (``an4/test`` for ``.../an4/test.jsonl``)."""
     if path.is_dir():
         return path.name
     parent = path.parent.name
@@ -84,7 +86,7 @@ def read_manifest(path: str | os.PathLike) -> list[Utterance]:
     path = Path(path)
     if not path.exists():
         raise ManifestError(f"manifest not found: {path}")
-    corpus = _corpus_name(path)
+    corpus = corpus_name(path)
     out: list[Utterance] = []
     if path.is_file() and path.suffix.lower() in AUDIO_SUFFIXES:  # one audio file: one utterance
         ref = path.with_suffix(".txt")
@@ -124,3 +126,13 @@ def read_manifest(path: str | os.PathLike) -> list[Utterance]:
             raise ManifestError(f"{path}: duplicate id {u.id!r}")
         seen.add(u.id)
     return out
+
+
+def estimated_seconds(u: Utterance) -> float:
+    """Duration for length sorting: the manifest's, else estimated from the file size (16-bit 16 kHz mono)."""
+    if u.duration_s:
+        return float(u.duration_s)
+    try:
+        return os.path.getsize(u.audio) / 32000.0
+    except OSError:
+        return 0.0

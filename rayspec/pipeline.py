@@ -21,7 +21,6 @@ utterance that fails alone becomes an error row. Recordings longer than the mode
 from __future__ import annotations
 
 import functools
-import os
 import time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Iterator, Optional
@@ -35,7 +34,7 @@ from .decoding.common import DecodeStats, Hypothesis, compression_ratio, token_c
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
 from .decoding.ssd import ctc_drafts
 from .longform import decode_sequential
-from .manifest import Utterance
+from .manifest import Utterance, estimated_seconds
 from .methods import METHODS, DecodeOptions, Encoded, ProposerFactory
 from .models.ctc import CTCHead
 from .models.registry import DEFAULT_TARGET, default_drafter
@@ -655,16 +654,6 @@ def internal_error_row(u: Utterance, exc: BaseException, method: str) -> ResultR
     """The row of an utterance whose decoding raised on its own (error code "internal")."""
     return ResultRow(id=u.id, corpus=u.corpus, audio=u.audio, reference=u.text, duration_s=u.duration_s,
                      method=method, error=f"{type(exc).__name__}: {exc}"[:2000], error_code="internal")
-
-
-def estimated_seconds(u: Utterance) -> float:
-    """Duration for length sorting: the manifest's, else estimated from the file size (16-bit 16 kHz mono)."""
-    if u.duration_s:
-        return float(u.duration_s)
-    try:
-        return os.path.getsize(u.audio) / 32000.0
-    except OSError:
-        return 0.0
 
 
 def pending_batches(utterances: list[Utterance], writer: ResultWriter, budget: BatchBudget) -> list[list[Utterance]]:

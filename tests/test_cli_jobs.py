@@ -77,7 +77,7 @@ def test_ray_job_embedded_local(tmp_path, samples_manifest, tiny_target, tiny_dr
     try:
         code = job_main([samples_manifest, "-o", out, "--target", tiny_target.model.name_or_path,
                          "--draft", tiny_draft.model.name_or_path, "--method", "draft", "--num-cpus", "2",
-                         "--targets", "2", "--target-cpus", "0.5", "--drafter-cpus", "0.5", "--max-batch", "4",
+                         "--targets", "2", "--actor-cpus", "1", "--max-batch", "4",
                          "--max-tokens-per-second", "4"])
     finally:
         ray.shutdown()
@@ -122,14 +122,31 @@ def test_ray_job_refuses_resources_the_cluster_lacks(monkeypatch):
     assert actor_layout(build_parser().parse_args(["--target-gpus", "1"])) == "split"
     assert actor_layout(build_parser().parse_args(["--actors", "split"])) == "split"
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
-    check_resources(build_parser().parse_args([]))  # one colocated actor of 1 + 1 CPUs fits
+    check_resources(build_parser().parse_args([]))  # one colocated actor of 1 CPU per CPU fits
     check_resources(build_parser().parse_args(["--actors", "split"]))  # 1 + 1 CPUs fit
     with pytest.raises(SystemExit, match="lower --drafter-gpus"):
         check_resources(build_parser().parse_args(["--target-gpus", "0.5"]))  # GPUs: split by default
-    with pytest.raises(SystemExit, match=r"2 transcriber\(s\) x 2 = 4 CPUs"):
-        check_resources(build_parser().parse_args(["--targets", "2"]))
+    with pytest.raises(SystemExit, match=r"2 transcriber\(s\) x 2 = 4 CPUs, .*: lower --actor-cpus"):
+        check_resources(build_parser().parse_args(["--targets", "2", "--actor-cpus", "2"]))
     with pytest.raises(SystemExit, match=r"1 drafter\(s\) x 1 \+ 2 target\(s\) x 1 = 3 CPUs"):
         check_resources(build_parser().parse_args(["--actors", "split", "--targets", "2"]))
+
+
+def test_actor_count_fills_the_cluster_with_colocated_actors(monkeypatch):
+    """Colocated on CPUs, by default one actor per --actor-cpus of the cluster (at most one per batch); split, or
+    with --targets, the count given."""
+    import ray
+
+    from actors.pool import actor_count
+    from jobs.transcribe import build_parser
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})
+    assert actor_count(build_parser().parse_args([])) == 4
+    assert actor_count(build_parser().parse_args([]), batches=3) == 3
+    assert actor_count(build_parser().parse_args(["--actor-cpus", "2"])) == 2
+    assert actor_count(build_parser().parse_args(["--actor-cpus", "8"])) == 1  # check_resources then refuses it
+    assert actor_count(build_parser().parse_args(["--targets", "3"])) == 3
+    assert actor_count(build_parser().parse_args(["--actors", "split"])) == 1
 
 
 def test_batches_go_to_the_least_loaded_target_and_a_drafter_on_its_node():

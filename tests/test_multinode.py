@@ -43,8 +43,8 @@ def test_node_killed_mid_job_writes_every_id_once(two_nodes, tmp_path, samples_m
             killed.append(pool.target_nodes[victim])
 
     out = str(tmp_path / "job.parquet")
-    job = build_parser().parse_args([samples_manifest, "-o", out, "--targets", "2", "--drafter-cpus", "0.5",
-                                     "--target-cpus", "0.5", *args])
+    job = build_parser().parse_args([samples_manifest, "-o", out, "--targets", "2", "--actor-cpus", "1",
+                                     *args])
     assert run(job, on_batch=kill_a_node) == 0
     assert killed
     for _ in range(100):  # the GCS declares the node dead within ~2 s (actors.local_cluster.HEALTH_CHECK)
