@@ -144,20 +144,43 @@ def actor_layout(args) -> str:
     return "split" if args.drafter_gpus or args.target_gpus else "colocated"
 
 
-def actor_count(args, batches: int | None = None) -> int:
-    """``--targets`` resolved: as given; else colocated, as many ``--actor-cpus`` actors as the connected cluster's
-    CPUs hold (at least 1, at most one per batch when ``batches`` is given), split, 1.
+def actor_memory_bytes(model_dir: str, config, slots: int) -> int:
+    """A rough peak of one colocated actor's memory in bytes: 1 GiB (Python, torch, transformers), twice the
+    checkpoint's weight files (the weights, and the packed copies of the CPU's linear layers), and ``slots`` rows of
+    float32 decoder cache (self- and cross-attention keys and values over every position; an upper bound for other
+    dtypes). whisper-base, 15 rows: 2.2 GiB estimated, 1.9-2.2 GiB RSS measured per actor (``bench/job-memory``).
 
-    Why many small actors on CPUs: on 2 CPUs, whisper-base, all 286 LJSpeech clips, two one-thread actors ran level
-    with one process, one two-thread actor 1.08x slower (``bench/ray-jobs``): a multi-threaded torch op waits for
-    its slowest thread, and Ray's daemons on the node preempt one now and then. Each actor holds its own model copy.
+    Args:
+        model_dir: the target's local directory (``rayspec.models.registry.resolve_model``); config: its
+            transformers config; slots: the actor's continuous-batch rows.
     """
-    if args.targets is not None:
-        return args.targets
-    if actor_layout(args) != "colocated":
-        return 1
-    fits = int(ray.cluster_resources().get("CPU", 0) / args.actor_cpus + 1e-9)
-    return max(1, min(batches or fits, fits))
+    weights = sum(os.path.getsize(os.path.join(model_dir, f)) for f in os.listdir(model_dir)
+                  if f.endswith((".safetensors", ".bin")))
+    positions = config.max_source_positions + config.max_target_positions
+    row = config.decoder_layers * 2 * positions * config.d_model * 4
+    return (1 << 30) + 2 * weights + slots * row
+
+
+def size_colocated(args, batches: int, actor_bytes: int) -> None:
+    """Resolve ``--targets`` and ``--actor-cpus`` of the colocated layout (in ``args``) for the connected cluster.
+
+    By default one 1-CPU (one-thread) actor per CPU: on CPUs, whisper-base, all 286 LJSpeech clips on 2 CPUs, two
+    one-thread actors ran level with one process and one two-thread actor 1.06-1.08x slower (``bench/ray-jobs``): a
+    multi-threaded torch op waits for its slowest thread, and Ray's daemons on the node preempt one now and then.
+    Each actor holds a copy of the models, so where the cluster's memory (Ray's ``memory`` resource) holds fewer
+    than that many actors of ``actor_bytes`` (:func:`actor_memory_bytes`), fewer actors get more CPUs each. Never
+    more actors than ``batches``. A count or CPUs given on the command line are kept.
+    """
+    have = ray.cluster_resources()
+    cpus = int(have.get("CPU", 0.0) + 1e-9)
+    memory_fit = max(1, int(have.get("memory", 0) // max(1, actor_bytes)))
+    if args.actor_cpus is None:
+        if args.targets is not None:
+            args.actor_cpus = float(max(1, cpus // args.targets))
+        else:
+            args.actor_cpus = float(max(1, -(-cpus // max(1, min(cpus, memory_fit)))))
+    if args.targets is None:
+        args.targets = max(1, min(batches, memory_fit, int(cpus / args.actor_cpus + 1e-9)))
 
 
 class ActorShape(NamedTuple):
@@ -170,12 +193,13 @@ class ActorShape(NamedTuple):
 
 
 def _actor_shapes(args) -> list[ActorShape]:
-    """The kinds of actor the layout starts (colocated: ``--targets`` transcriber actors with a drafter's and a
-    target's resources each)."""
+    """The kinds of actor the layout starts (colocated: ``--targets`` transcriber actors of ``--actor-cpus`` CPUs and
+    a drafter's plus a target's GPUs each, as :func:`size_colocated` resolved them; 1 where still unresolved)."""
     if actor_layout(args) == "colocated":
-        return [ActorShape("transcriber", actor_count(args), args.actor_cpus, args.drafter_gpus + args.target_gpus)]
+        return [ActorShape("transcriber", args.targets or 1, args.actor_cpus or 1.0,
+                           args.drafter_gpus + args.target_gpus)]
     return [ActorShape("drafter", args.drafters, args.drafter_cpus, args.drafter_gpus),
-            ActorShape("target", actor_count(args), args.target_cpus, args.target_gpus)]
+            ActorShape("target", args.targets or 1, args.target_cpus, args.target_gpus)]
 
 
 def check_resources(args) -> None:
@@ -184,7 +208,7 @@ def check_resources(args) -> None:
     Raises:
         SystemExit: more CPUs or GPUs asked for than the cluster has in total, or actors without CPUs.
     """
-    if min(args.actor_cpus, args.drafter_cpus, args.target_cpus) <= 0:
+    if min(args.actor_cpus or 1.0, args.drafter_cpus, args.target_cpus) <= 0:
         raise SystemExit("--actor-cpus, --drafter-cpus and --target-cpus must be > 0 (fractions are fine)")
     have = ray.cluster_resources()
     shapes = _actor_shapes(args)

@@ -8,8 +8,9 @@ embedded local Ray on loopback (127.0.0.1 only).
 Actors load their models once (see ``actors/``), in one of two layouts (``--actors``):
 
 - colocated (the default on CPUs): transcriber actors, each running audio, the target's encoder, the drafter and the
-  target decoder in one process with ``--actor-cpus`` CPUs (default 1, one torch thread); by default as many as the
-  cluster's CPUs hold (``--targets`` sets the count; each actor holds a copy of the models);
+  target decoder in one process with ``--actor-cpus`` CPUs; by default one 1-CPU (one torch thread) actor per CPU of
+  the cluster, fewer with more CPUs each where the cluster's memory holds fewer model copies (``--targets`` sets the
+  count; see ``actors.pool.size_colocated``);
 - split (the default when actors get GPUs): drafter actors (``--drafters``: audio, the target's encoder, and the CTC
   head or the draft model) and target actors (``--targets``: the target decoder). Batches stream from a drafter to
   a target through object refs (encoder states stay in the object store; the driver only sees result rows). With
@@ -34,7 +35,8 @@ import sys
 import time
 import uuid
 
-from actors.pool import ActorPool, actor_count, connect, resolve_paths, start_actors  # first: sets the loopback Ray environment
+from actors.pool import ActorPool, connect, resolve_paths, start_actors  # first: sets the loopback Ray environment
+from actors.pool import actor_layout, actor_memory_bytes, size_colocated  # noqa: E402
 import ray  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -66,11 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--drafters", type=int, default=1,
                    help="drafter actors (audio, encoder, drafter; split layout only); default 1")
     p.add_argument("--targets", type=int, default=None,
-                   help="target actors (split; default 1), or transcriber actors (colocated; default: as many as the "
-                        "cluster's CPUs hold at --actor-cpus each, one model copy per actor)")
-    p.add_argument("--actor-cpus", type=float, default=1.0,
-                   help="CPUs per colocated transcriber actor (also its torch threads unless --threads); default 1: "
-                        "on CPUs, one-thread actors side by side outrun one many-thread actor beside Ray's daemons")
+                   help="target actors (split; default 1), or transcriber actors (colocated; default: one per "
+                        "--actor-cpus of the cluster, fewer where its memory holds fewer model copies)")
+    p.add_argument("--actor-cpus", type=float, default=None,
+                   help="CPUs per colocated transcriber actor (also its torch threads unless --threads); default 1 "
+                        "(on CPUs, one-thread actors side by side outrun one many-thread actor beside Ray's daemons), "
+                        "more where memory caps the actor count, or the cluster's CPUs / --targets")
     p.add_argument("--drafter-cpus", type=float, default=1.0,
                    help="CPUs per drafter actor (split layout; also its torch threads unless --threads)")
     p.add_argument("--target-cpus", type=float, default=1.0,
@@ -113,9 +116,11 @@ def transcribe(args, on_batch=None) -> RunSummary:
         batches = pending_batches(utts, writer, budget_from_args(args, config))[::-1]
         summary = RunSummary(skipped=len(utts) - sum(len(b) for b in batches))
         connect(args.address, args.num_cpus)
-        args.targets = actor_count(args, len(batches))
+        slots = max((len(b) for b in batches), default=1)
+        if actor_layout(args) == "colocated":
+            size_colocated(args, len(batches), actor_memory_bytes(resolve_model(args.target), config, slots))
         t_start = time.perf_counter()
-        pool = start_actors(args, max((len(b) for b in batches), default=1))
+        pool = start_actors(args, slots)
         summary.startup_s = time.perf_counter() - t_start
         try:
             _stream(args, pool, batches, writer, summary, on_batch)

@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from actors.pool import connect, resolve_paths  # first: sets the loopback Ray environment
+from actors.pool import actor_memory_bytes, connect, resolve_paths  # first: sets the loopback Ray environment
 import ray  # noqa: E402
 
 from jobs.transcribe import report  # noqa: E402
@@ -111,13 +111,14 @@ def sample_rate(target: str) -> int:
     return int(AutoFeatureExtractor.from_pretrained(resolve_model(target)).sampling_rate)
 
 
-def pool_size(args) -> int:
+def pool_size(args, actor_bytes: int) -> int:
     """The default ``--concurrency``: one actor per GPU share (``--actor-gpus``), else one per CPU of the cluster
-    (one-thread actors side by side outran one many-thread actor on CPUs: ``bench/ray-jobs``)."""
+    (one-thread actors side by side outran one many-thread actor on CPUs: ``bench/ray-jobs``), at most as many as
+    the cluster's memory holds at ``actor_bytes`` each (:func:`actors.pool.actor_memory_bytes`)."""
     have = ray.cluster_resources()
     if args.actor_gpus:
         return max(1, int(have.get("GPU", 0) / args.actor_gpus + 1e-9))
-    return max(1, int(have.get("CPU", 1)))
+    return max(1, min(int(have.get("CPU", 1)), int(have.get("memory", 0) // max(1, actor_bytes))))
 
 
 def transcribe_data(args) -> RunSummary:
@@ -160,7 +161,7 @@ def transcribe_data(args) -> RunSummary:
     todo.sort(key=lambda r: -r["est_s"])
     # the actors' continuous batch holds as many rows as the largest planned batch, as in rayspec transcribe
     slots = max(len(b) for b in plan_batches(todo, [r["est_s"] for r in todo], budget))
-    concurrency = args.concurrency or pool_size(args)
+    concurrency = args.concurrency or pool_size(args, actor_memory_bytes(resolve_model(args.target), config, slots))
     threads = args.threads or max(1, int(ray.cluster_resources().get("CPU", 1) // concurrency))
     kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": decode_options(args),
               "device": "cuda" if args.actor_gpus else args.device, "dtype": DTYPES[args.dtype],

@@ -132,21 +132,38 @@ def test_ray_job_refuses_resources_the_cluster_lacks(monkeypatch):
         check_resources(build_parser().parse_args(["--actors", "split", "--targets", "2"]))
 
 
-def test_actor_count_fills_the_cluster_with_colocated_actors(monkeypatch):
-    """Colocated on CPUs, by default one actor per --actor-cpus of the cluster (at most one per batch); split, or
-    with --targets, the count given."""
+def test_colocated_actors_fill_the_cluster_within_its_memory(monkeypatch):
+    """Colocated on CPUs, by default one 1-CPU actor per CPU (at most one per batch); fewer, with more CPUs each,
+    where the cluster's memory holds fewer model copies; a count or CPUs given are kept."""
     import ray
 
-    from actors.pool import actor_count
+    from actors.pool import size_colocated
     from jobs.transcribe import build_parser
 
-    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 4.0})
-    assert actor_count(build_parser().parse_args([])) == 4
-    assert actor_count(build_parser().parse_args([]), batches=3) == 3
-    assert actor_count(build_parser().parse_args(["--actor-cpus", "2"])) == 2
-    assert actor_count(build_parser().parse_args(["--actor-cpus", "8"])) == 1  # check_resources then refuses it
-    assert actor_count(build_parser().parse_args(["--targets", "3"])) == 3
-    assert actor_count(build_parser().parse_args(["--actors", "split"])) == 1
+    def sized(flags, cpus=16, memory_gib=64, batches=100, actor_gib=2):
+        monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": float(cpus), "memory": memory_gib * 2.0**30})
+        args = build_parser().parse_args(flags)
+        size_colocated(args, batches, actor_gib << 30)
+        return args.targets, args.actor_cpus
+
+    assert sized([]) == (16, 1.0)
+    assert sized([], batches=3) == (3, 1.0)
+    assert sized([], memory_gib=20) == (8, 2.0)  # 10 copies fit: 8 actors of 2 CPUs use every CPU
+    assert sized([], memory_gib=1) == (1, 16.0)
+    assert sized(["--actor-cpus", "4"]) == (4, 4.0)
+    assert sized(["--targets", "3"]) == (3, 5.0)
+    assert sized(["--targets", "3", "--actor-cpus", "1"]) == (3, 1.0)
+
+
+def test_actor_memory_estimate_matches_the_measured_whisper_base_actor():
+    """whisper-base with 15 rows: 1.9-2.2 GiB RSS measured per actor (bench/job-memory); the estimate is near."""
+    from transformers import AutoConfig
+
+    from actors.pool import actor_memory_bytes
+    from rayspec.models.registry import resolve_model
+
+    path = resolve_model("whisper-base")
+    assert 1.8 < actor_memory_bytes(path, AutoConfig.from_pretrained(path), 15) / 2**30 < 2.6
 
 
 def test_batches_go_to_the_least_loaded_target_and_a_drafter_on_its_node():
