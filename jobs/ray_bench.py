@@ -172,14 +172,16 @@ def write_outputs(folder: str, rows: list[dict], text: str) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    fig, ax = plt.subplots(figsize=(7, 4))
-    labels = [f"{r['config']}\n{r['nodes']} x {r['cpus_per_node']} CPU (r{r['repeat']})" for r in rows]
+    fig, ax = plt.subplots(figsize=(max(7, 1.1 * len(rows)), 4.5))
+    labels = [f"{r['config'].replace(', ', chr(10))}\n{r['nodes']} x {r['cpus_per_node']} CPU\nround {r['repeat']}"
+              for r in rows]
     ax.bar(range(len(rows)), [r["wall_s"] for r in rows], label="wall (first batch to last row)")
     ax.bar(range(len(rows)), [r["load_s"] for r in rows], bottom=[r["wall_s"] for r in rows],
            label="model loading / actor start-up", alpha=0.5)
     ax.set_xticks(range(len(rows)), labels, fontsize=7)
     ax.set_ylabel("seconds")
-    ax.legend(fontsize=8)
+    ax.set_ylim(0, 1.25 * max(r["wall_s"] + r["load_s"] for r in rows))
+    ax.legend(fontsize=8, loc="upper center", ncols=2)
     fig.tight_layout()
     fig.savefig(os.path.join(folder, "ray-jobs.png"), dpi=120)
 

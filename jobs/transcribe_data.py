@@ -44,6 +44,9 @@ TASK_CPUS = 0.25
 """Logical CPUs of each task around the actors (reading the manifest, decoding audio, writing Parquet): small beside
 transcribing, so one actor per CPU at :data:`ACTOR_CPUS` leaves room for them (at Ray's default of a whole CPU per
 task, they would wait forever for the actors' CPUs)."""
+ROWS_PER_FILE = 64
+"""Rows gathered into one Parquet file (``write_parquet(min_rows_per_file=...)``): fewer files and write tasks than one
+per block of ``--batch-size`` rows; a file is also what a killed job loses at most."""
 CALLS_PER_ACTOR = 4
 """Ray Data calls that run on a transcriber actor at once (and blocks handed to it at once): the next blocks' rows wait
 in the actor's continuous batch while one block's last rows finish (one call at a time would drain the batch between
@@ -178,7 +181,7 @@ def transcribe_data(args) -> RunSummary:
             .map_batches(Transcribe, fn_constructor_args=(kwargs, threads, budget, slots), batch_format="numpy",
                          batch_size=args.batch_size, compute=pool, num_cpus=args.actor_cpus,
                          num_gpus=args.actor_gpus))
-    rows.write_parquet(args.output, ray_remote_args={"num_cpus": TASK_CPUS})
+    rows.write_parquet(args.output, ray_remote_args={"num_cpus": TASK_CPUS}, min_rows_per_file=ROWS_PER_FILE)
     summary.wall_s = time.perf_counter() - t0
     ids = {r["id"] for r in todo}
     summary.add(ResultRow(**r) for r in read_results(args.output).to_pylist() if r["id"] in ids)
