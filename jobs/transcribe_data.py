@@ -114,6 +114,24 @@ def sample_rate(target: str) -> int:
     return int(AutoFeatureExtractor.from_pretrained(resolve_model(target)).sampling_rate)
 
 
+def set_aside_unreadable(folder: str) -> list[str]:
+    """Rename the Parquet files of ``folder`` that cannot be read to ``<name>.unreadable`` (``write_parquet`` writes
+    in place, so a job killed mid-write can leave a truncated file), so that this run redoes their rows instead of
+    failing on them. Returns the renamed files' former paths."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    bad = []
+    for path in sorted(glob.glob(os.path.join(folder, "*.parquet"))):
+        try:
+            pq.read_metadata(path)
+        except (OSError, ValueError):  # pyarrow.ArrowInvalid is a ValueError
+            os.replace(path, path + ".unreadable")
+            bad.append(path)
+    return bad
+
+
 def pool_size(args, actor_bytes: int) -> int:
     """The default ``--concurrency``: one actor per GPU share (``--actor-gpus``), else one per CPU of the cluster
     (one-thread actors side by side outran one many-thread actor on CPUs: ``bench/ray-jobs``), at most as many as
@@ -147,6 +165,9 @@ def transcribe_data(args) -> RunSummary:
     source = args.input or str(resources.files("rayspec").joinpath("samples", "manifest.jsonl"))
     config = AutoConfig.from_pretrained(resolve_model(args.target))  # a model that cannot load: one line here
     budget = budget_from_args(args, config)
+    for path in set_aside_unreadable(args.output):
+        print(f"warning: {path} cannot be read (a write cut short?); renamed to .unreadable, its rows are redone",
+              file=sys.stderr)
     done = done_ids(args.output)
     connect(args.address, args.num_cpus)
     ctx = ray.data.DataContext.get_current()

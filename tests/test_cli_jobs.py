@@ -180,3 +180,18 @@ def test_batches_go_to_the_least_loaded_target_and_a_drafter_on_its_node():
     assert [colocated.route(), colocated.route(), colocated.route()] == [(None, 0), (None, 1), (None, 0)]
     colocated.finished(None, 0)
     assert colocated.target_load == [1, 1]
+
+
+def test_ray_data_rerun_sets_aside_a_truncated_file_and_redoes_its_rows(tmp_path):
+    """A file write_parquet left truncated (a job killed mid-write) is renamed, not fatal: its ids count as not done."""
+    from jobs.transcribe_data import set_aside_unreadable
+    from rayspec.results import ResultRow, done_ids, rows_to_table
+
+    folder = tmp_path / "data"
+    folder.mkdir()
+    pq.write_table(rows_to_table([ResultRow(id="a", text="x")]), folder / "good.parquet")
+    pq.write_table(rows_to_table([ResultRow(id="b", text="y")]), folder / "cut.parquet")
+    data = (folder / "cut.parquet").read_bytes()
+    (folder / "cut.parquet").write_bytes(data[: len(data) // 2])
+    assert set_aside_unreadable(str(folder)) == [str(folder / "cut.parquet")]
+    assert (folder / "cut.parquet.unreadable").exists() and done_ids(str(folder)) == {"a"}
