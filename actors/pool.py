@@ -148,7 +148,7 @@ def actor_memory_bytes(model_dir: str, config, slots: int) -> int:
     """A rough peak of one colocated actor's memory in bytes: 1 GiB (Python, torch, transformers), twice the
     checkpoint's weight files (the weights, and the packed copies of the CPU's linear layers), and ``slots`` rows of
     float32 decoder cache (self- and cross-attention keys and values over every position; an upper bound for other
-    dtypes). whisper-base, 15 rows: 2.2 GiB estimated, 1.9-2.2 GiB RSS measured per actor (``bench/job-memory``).
+    dtypes). whisper-base, 15 rows: 2.2 GiB estimated, 1.8-2.1 GiB RSS measured per actor (``bench/job-memory``).
 
     Args:
         model_dir: the target's local directory (``rayspec.models.registry.resolve_model``); config: its
@@ -161,26 +161,31 @@ def actor_memory_bytes(model_dir: str, config, slots: int) -> int:
     return (1 << 30) + 2 * weights + slots * row
 
 
+def memory_fit(actor_bytes: int) -> int:
+    """How many actors of ``actor_bytes`` (:func:`actor_memory_bytes`) the connected cluster's memory holds (Ray's
+    ``memory`` resource); at least 1."""
+    return max(1, int(ray.cluster_resources().get("memory", 0) // max(1, actor_bytes)))
+
+
 def size_colocated(args, batches: int, actor_bytes: int) -> None:
     """Resolve ``--targets`` and ``--actor-cpus`` of the colocated layout (in ``args``) for the connected cluster.
 
     By default one 1-CPU (one-thread) actor per CPU: on CPUs, whisper-base, all 286 LJSpeech clips on 2 CPUs, two
-    one-thread actors ran level with one process and one two-thread actor 1.06-1.08x slower (``bench/ray-jobs``): a
+    one-thread actors ran level with one process and one two-thread actor 1.03-1.08x slower (``bench/ray-jobs``): a
     multi-threaded torch op waits for its slowest thread, and Ray's daemons on the node preempt one now and then.
     Each actor holds a copy of the models, so where the cluster's memory (Ray's ``memory`` resource) holds fewer
     than that many actors of ``actor_bytes`` (:func:`actor_memory_bytes`), fewer actors get more CPUs each. Never
     more actors than ``batches``. A count or CPUs given on the command line are kept.
     """
-    have = ray.cluster_resources()
-    cpus = int(have.get("CPU", 0.0) + 1e-9)
-    memory_fit = max(1, int(have.get("memory", 0) // max(1, actor_bytes)))
+    cpus = int(ray.cluster_resources().get("CPU", 0.0) + 1e-9)
+    fit = memory_fit(actor_bytes)
     if args.actor_cpus is None:
         if args.targets is not None:
             args.actor_cpus = float(max(1, cpus // args.targets))
         else:
-            args.actor_cpus = float(max(1, -(-cpus // max(1, min(cpus, memory_fit)))))
+            args.actor_cpus = float(max(1, -(-cpus // max(1, min(cpus, fit)))))
     if args.targets is None:
-        args.targets = max(1, min(batches, memory_fit, int(cpus / args.actor_cpus + 1e-9)))
+        args.targets = max(1, min(batches, fit, int(cpus / args.actor_cpus + 1e-9)))
 
 
 class ActorShape(NamedTuple):

@@ -17,7 +17,6 @@ the model loading or actor start-up before it; ``total_s`` their sum. Arguments 
 from __future__ import annotations
 
 import argparse
-import csv
 import os
 import sys
 import tempfile
@@ -32,6 +31,7 @@ from jobs.transcribe_data import build_parser as data_parser  # noqa: E402
 from jobs.transcribe_data import transcribe_data  # noqa: E402
 from jobs.scaling import cpu_model, in_process  # noqa: E402
 from actors.local_cluster import start_local_cluster  # noqa: E402
+from rayspec.bench.tables import write_table  # noqa: E402
 from rayspec.manifest import read_manifest  # noqa: E402
 from rayspec.results import read_results  # noqa: E402
 
@@ -153,18 +153,13 @@ def summary(rows: list[dict]) -> list[str]:
 
 
 def write_outputs(folder: str, rows: list[dict], text: str) -> None:
-    """``ray-jobs.md`` (caption + table), ``ray-jobs.csv`` and, with matplotlib, ``ray-jobs.png`` in ``folder``."""
+    """``ray-jobs.md`` (caption, table, then the goals' :func:`summary`), ``ray-jobs.csv`` and, with matplotlib,
+    ``ray-jobs.png`` in ``folder``."""
     os.makedirs(folder, exist_ok=True)
-    md = [text, "", "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    md += ["| " + " | ".join(str(r[c]) for c in COLUMNS) + " |" for r in rows]
-    md += ["", *summary(rows)]
-    with open(os.path.join(folder, "ray-jobs.md"), "w") as f:
-        f.write("\n".join(md) + "\n")
-    with open(os.path.join(folder, "ray-jobs.csv"), "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=COLUMNS)
-        w.writeheader()
-        w.writerows(rows)
-    print(md[-1], flush=True)
+    goals = summary(rows)
+    write_table(os.path.join(folder, "ray-jobs"), text, COLUMNS, [[r[c] for c in COLUMNS] for r in rows],
+                "\n" + "\n".join(goals) + "\n")
+    print(goals[-1], flush=True)
     try:
         import matplotlib
 

@@ -108,7 +108,8 @@ def transcribe(args, on_batch=None) -> RunSummary:
     utts = read_manifest(source)
     # A model name or path that cannot load is one line here, not an actor's traceback; a CTranslate2 model is
     # converted once here instead of by every actor (on a cluster, each node without the cache converts its own)
-    config = AutoConfig.from_pretrained(resolve_model(args.target))
+    model_dir = resolve_model(args.target)
+    config = AutoConfig.from_pretrained(model_dir)
     writer = ResultWriter(args.output)
     try:
         # longest first, as rayspec transcribe: later rows are shorter, so their cross-attention fits the first
@@ -118,7 +119,7 @@ def transcribe(args, on_batch=None) -> RunSummary:
         connect(args.address, args.num_cpus)
         slots = max((len(b) for b in batches), default=1)
         if actor_layout(args) == "colocated":
-            size_colocated(args, len(batches), actor_memory_bytes(resolve_model(args.target), config, slots))
+            size_colocated(args, len(batches), actor_memory_bytes(model_dir, config, slots))
         t_start = time.perf_counter()
         pool = start_actors(args, slots)
         summary.startup_s = time.perf_counter() - t_start

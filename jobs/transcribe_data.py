@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from actors.pool import actor_memory_bytes, connect, resolve_paths  # first: sets the loopback Ray environment
+from actors.pool import actor_memory_bytes, connect, memory_fit, resolve_paths  # first: sets the loopback Ray environment
 import ray  # noqa: E402
 
 from jobs.transcribe import report  # noqa: E402
@@ -71,8 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--actor-gpus", type=float, default=0.0, help="GPUs per transcriber actor (fractions share one)")
     p.add_argument("--batch-size", type=int, default=8,
                    help="utterances per Ray Data batch handed to an actor (cut there into token-budget batches that "
-                        "join the actor's continuous batch; two calls run on an actor at once, so its batch stays "
-                        "full between them; default 8)")
+                        "join the actor's continuous batch; several calls run on an actor at once, so its batch "
+                        "stays full between them; default 8)")
     add_model_args(p)
     add_decode_args(p)
     return p
@@ -107,11 +107,12 @@ def read_manifest_dataset(path: str) -> "ray.data.Dataset":
                           fn_kwargs={"base": base, "corpus": corpus_name(Path(path))})
 
 
-def sample_rate(target: str) -> int:
-    """The target's audio rate in Hz (its feature extractor's ``sampling_rate``; 16 kHz for Whisper)."""
+def sample_rate(model_dir: str) -> int:
+    """The audio rate in Hz of the model in ``model_dir`` (its feature extractor's ``sampling_rate``; 16 kHz for
+    Whisper)."""
     from transformers import AutoFeatureExtractor
 
-    return int(AutoFeatureExtractor.from_pretrained(resolve_model(target)).sampling_rate)
+    return int(AutoFeatureExtractor.from_pretrained(model_dir).sampling_rate)
 
 
 def set_aside_unreadable(folder: str) -> list[str]:
@@ -139,7 +140,7 @@ def pool_size(args, actor_bytes: int) -> int:
     have = ray.cluster_resources()
     if args.actor_gpus:
         return max(1, int(have.get("GPU", 0) / args.actor_gpus + 1e-9))
-    return max(1, min(int(have.get("CPU", 1)), int(have.get("memory", 0) // max(1, actor_bytes))))
+    return max(1, min(int(have.get("CPU", 1)), memory_fit(actor_bytes)))
 
 
 def transcribe_data(args) -> RunSummary:
@@ -163,7 +164,8 @@ def transcribe_data(args) -> RunSummary:
         raise SystemExit("--concurrency and --batch-size must be >= 1")
     resolve_paths(args)
     source = args.input or str(resources.files("rayspec").joinpath("samples", "manifest.jsonl"))
-    config = AutoConfig.from_pretrained(resolve_model(args.target))  # a model that cannot load: one line here
+    model_dir = resolve_model(args.target)
+    config = AutoConfig.from_pretrained(model_dir)  # a model that cannot load: one line here
     budget = budget_from_args(args, config)
     for path in set_aside_unreadable(args.output):
         print(f"warning: {path} cannot be read (a write cut short?); renamed to .unreadable, its rows are redone",
@@ -185,7 +187,7 @@ def transcribe_data(args) -> RunSummary:
     todo.sort(key=lambda r: -r["est_s"])
     # the actors' continuous batch holds as many rows as the largest planned batch, as in rayspec transcribe
     slots = max(len(b) for b in plan_batches(todo, [r["est_s"] for r in todo], budget))
-    concurrency = args.concurrency or pool_size(args, actor_memory_bytes(resolve_model(args.target), config, slots))
+    concurrency = args.concurrency or pool_size(args, actor_memory_bytes(model_dir, config, slots))
     threads = args.threads or max(1, int(ray.cluster_resources().get("CPU", 1) // concurrency))
     kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": decode_options(args),
               "device": "cuda" if args.actor_gpus else args.device, "dtype": DTYPES[args.dtype],
@@ -198,7 +200,7 @@ def transcribe_data(args) -> RunSummary:
     blocks = [pa.Table.from_pylist(todo[i : i + n], schema=MANIFEST_SCHEMA) for i in range(0, len(todo), n)]
     rows = (ray.data.from_arrow(blocks)
             .map_batches(load_audio_batch, batch_format="numpy", num_cpus=TASK_CPUS,
-                         fn_kwargs={"sample_rate": sample_rate(args.target), "max_seconds": args.max_audio_seconds})
+                         fn_kwargs={"sample_rate": sample_rate(model_dir), "max_seconds": args.max_audio_seconds})
             .map_batches(Transcribe, fn_constructor_args=(kwargs, threads, budget, slots), batch_format="numpy",
                          batch_size=args.batch_size, compute=pool, num_cpus=args.actor_cpus,
                          num_gpus=args.actor_gpus))

@@ -156,7 +156,7 @@ def test_colocated_actors_fill_the_cluster_within_its_memory(monkeypatch):
 
 
 def test_actor_memory_estimate_matches_the_measured_whisper_base_actor():
-    """whisper-base with 15 rows: 1.9-2.2 GiB RSS measured per actor (bench/job-memory); the estimate is near."""
+    """whisper-base with 15 rows: 1.8-2.1 GiB RSS measured per actor (bench/job-memory); the estimate is near."""
     from transformers import AutoConfig
 
     from actors.pool import actor_memory_bytes
