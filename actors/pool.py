@@ -17,6 +17,12 @@ from typing import NamedTuple
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+IDLE_WORKER_MS = 60_000
+"""How long raylets started from here (the embedded local Ray, local clusters; cluster.yaml sets the same) keep an idle
+task worker, instead of Ray's one second: the transcriber actors hold a node's CPUs, so every task worker beside
+them is surplus to Ray, and Ray Data's audio and write tasks, seconds apart, each started a fresh Python worker
+(~0.9 CPU-s each on a 2-CPU node: 9 workers in one 286-clip run, 2 with this)."""
+os.environ.setdefault("RAY_idle_worker_killing_time_threshold_ms", str(IDLE_WORKER_MS))
 
 import ray  # noqa: E402
 from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402

@@ -40,6 +40,7 @@ from actors.pool import actor_layout, actor_memory_bytes, size_colocated  # noqa
 import ray  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
+from rayspec.batching import guided_split  # noqa: E402
 from rayspec.manifest import read_manifest  # noqa: E402
 from rayspec.models.registry import resolve_model  # noqa: E402
 from rayspec.options import EXIT_SOME_FAILED, add_decode_args, add_model_args, budget_from_args  # noqa: E402
@@ -124,6 +125,8 @@ def transcribe(args, on_batch=None) -> RunSummary:
         pool = start_actors(args, slots)
         summary.startup_s = time.perf_counter() - t_start
         try:
+            # the last batches cut smaller, so that the actors run dry within about a row of each other
+            batches = guided_split(batches, args.in_flight * len(pool.targets))
             _stream(args, pool, batches, writer, summary, on_batch)
         finally:
             pool.shutdown()

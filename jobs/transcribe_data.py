@@ -29,7 +29,7 @@ from actors.pool import actor_memory_bytes, connect, memory_fit, resolve_paths  
 import ray  # noqa: E402
 
 from jobs.transcribe import report  # noqa: E402
-from rayspec.batching import plan_batches  # noqa: E402
+from rayspec.batching import guided_split, plan_batches  # noqa: E402
 from rayspec.manifest import AUDIO_SUFFIXES, ManifestError, corpus_name, read_manifest  # noqa: E402
 from rayspec.models.registry import resolve_model  # noqa: E402
 from rayspec.options import DTYPES, add_decode_args, add_model_args, budget_from_args  # noqa: E402
@@ -94,16 +94,16 @@ def read_manifest_dataset(path: str) -> "ray.data.Dataset":
 
         ds = ray.data.from_items([asdict(u) for u in read_manifest(path)])
     elif suffix in (".jsonl", ".json"):
-        ds = ray.data.read_json(path, lines=True, file_extensions=None, num_cpus=TASK_CPUS)
+        ds = ray.data.read_json(path, file_extensions=None, num_cpus=TASK_CPUS, concurrency=1)
     elif suffix == ".csv":
-        ds = ray.data.read_csv(path, num_cpus=TASK_CPUS)
+        ds = ray.data.read_csv(path, num_cpus=TASK_CPUS, concurrency=1)
     elif suffix == ".parquet":
-        ds = ray.data.read_parquet(path, num_cpus=TASK_CPUS)
+        ds = ray.data.read_parquet(path, num_cpus=TASK_CPUS, concurrency=1)
     else:
         raise ManifestError(f"unknown manifest format {suffix!r} (use .jsonl, .csv, .parquet or a folder of audio): "
                             f"{path}")
     base = os.path.dirname(os.path.abspath(path))
-    return ds.map_batches(manifest_rows, batch_format="pyarrow", num_cpus=TASK_CPUS,
+    return ds.map_batches(manifest_rows, batch_format="pyarrow", num_cpus=TASK_CPUS, concurrency=1,
                           fn_kwargs={"base": base, "corpus": corpus_name(Path(path))})
 
 
@@ -179,7 +179,7 @@ def transcribe_data(args) -> RunSummary:
     # there: one streaming execution from then on, whose actors start at once (Ray Data's sort and repartition tasks
     # would each wait for a whole CPU, which the actors hold).
     todo = (read_manifest_dataset(source)
-            .map_batches(drop_done, batch_format="pyarrow", num_cpus=TASK_CPUS, fn_kwargs={"done": frozenset(done)})
+            .map_batches(drop_done, batch_format="pyarrow", num_cpus=TASK_CPUS, concurrency=1, fn_kwargs={"done": frozenset(done)})
             .take_all())
     summary = RunSummary(skipped=len(done))
     if not todo:
@@ -195,16 +195,19 @@ def transcribe_data(args) -> RunSummary:
     # an actor gets a block only when a call of its own is free: the blocks go to whichever actor frees first
     pool = ray.data.ActorPoolStrategy(size=concurrency, max_concurrent_calls_per_actor=CALLS_PER_ACTOR,
                                       max_tasks_in_flight_per_actor=CALLS_PER_ACTOR, enable_true_multi_threading=True)
-    # one block per Ray Data batch (the actor pool hands out blocks: one block would feed one actor)
+    # one block per Ray Data batch (the actor pool hands out blocks: one block would feed one actor), --batch-size
+    # rows each, then fewer towards the end, so that the actors run dry within about a row of each other
     n = args.batch_size
-    blocks = [pa.Table.from_pylist(todo[i : i + n], schema=MANIFEST_SCHEMA) for i in range(0, len(todo), n)]
+    blocks = [pa.Table.from_pylist(b, schema=MANIFEST_SCHEMA)
+              for b in guided_split([todo[i : i + n] for i in range(0, len(todo), n)], concurrency * CALLS_PER_ACTOR)]
     rows = (ray.data.from_arrow(blocks)
-            .map_batches(load_audio_batch, batch_format="numpy", num_cpus=TASK_CPUS,
+            .map_batches(load_audio_batch, batch_format="numpy", num_cpus=TASK_CPUS, concurrency=concurrency,
                          fn_kwargs={"sample_rate": sample_rate(model_dir), "max_seconds": args.max_audio_seconds})
             .map_batches(Transcribe, fn_constructor_args=(kwargs, threads, budget, slots), batch_format="numpy",
-                         batch_size=args.batch_size, compute=pool, num_cpus=args.actor_cpus,
+                         batch_size=None, compute=pool, num_cpus=args.actor_cpus,
                          num_gpus=args.actor_gpus))
-    rows.write_parquet(args.output, ray_remote_args={"num_cpus": TASK_CPUS}, min_rows_per_file=ROWS_PER_FILE)
+    rows.write_parquet(args.output, ray_remote_args={"num_cpus": TASK_CPUS}, min_rows_per_file=ROWS_PER_FILE,
+                       concurrency=1)
     summary.wall_s = time.perf_counter() - t0
     ids = {r["id"] for r in todo}
     summary.add(ResultRow(**r) for r in read_results(args.output).to_pylist() if r["id"] in ids)

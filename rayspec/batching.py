@@ -76,3 +76,35 @@ def plan_batches(items: Sequence[T], seconds: Sequence[float], budget: BatchBudg
     if cur:
         batches.append([items[j] for j in cur])
     return batches
+
+
+
+def guided_split(batches: Sequence[Sequence[T]], in_flight: int) -> list[list[T]]:
+    """``batches`` (in hand-out order) with the last ones cut smaller, for workers that each hold several batches at
+    once: a batch keeps its rows while plenty remain, and is cut to at most ``ceil(remaining / in_flight)`` rows
+    towards the end, down to single rows (guided self-scheduling: Polychronopoulos and Kuck, "Guided
+    self-scheduling", IEEE Trans. Computers 36(12), 1987). The workers then run dry within about one row of each
+    other instead of one whole batch (a CPU transcriber spends about the same on every row: the encoder's 30-s
+    window). Order and rows are kept; only batch boundaries are added.
+
+    Args:
+        batches: the planned batches (lists of rows); in_flight: batches held by all workers together (workers x
+            batches each).
+
+    Returns:
+        The batches, the tail ones split; every row once, in the same order.
+
+    Raises:
+        ValueError: ``in_flight`` below 1.
+    """
+    if in_flight < 1:
+        raise ValueError(f"in_flight must be >= 1, got {in_flight}")
+    remaining = sum(len(b) for b in batches)
+    out: list[list[T]] = []
+    for batch in batches:
+        rows = list(batch)
+        while rows:
+            n = min(len(rows), -(-remaining // in_flight))
+            out.append(rows[:n])
+            rows, remaining = rows[n:], remaining - n
+    return out

@@ -2,7 +2,7 @@ import pytest
 
 from types import SimpleNamespace
 
-from rayspec.batching import BatchBudget, budget_for_model, plan_batches
+from rayspec.batching import BatchBudget, budget_for_model, guided_split, plan_batches
 from rayspec.results import SCHEMA, ResultRow, ResultWriter, read_results
 
 
@@ -34,6 +34,24 @@ def test_fixed_window_models_pay_their_whole_window_per_row():
 def test_plan_batches_length_mismatch():
     with pytest.raises(ValueError):
         plan_batches([1, 2], [1.0], BatchBudget())
+
+
+def test_guided_split_cuts_the_tail_batches():
+    """Whole batches while plenty remain, then at most ceil(remaining / in_flight) rows, down to single rows; every
+    row once, in order."""
+    rows = list(range(286))
+    batches = guided_split([rows[i : i + 8] for i in range(0, 286, 8)], 8)
+    assert [r for b in batches for r in b] == rows
+    sizes = [len(b) for b in batches]
+    assert sizes[:29] == [8] * 29 and sizes[-8:] == [1] * 8  # 64 rows left after 29 batches: then an eighth of them
+    left = 286
+    for n in sizes:
+        assert n <= -(-left // 8)
+        left -= n
+    assert guided_split([[1, 2, 3, 4, 5]], 2) == [[1, 2, 3], [4], [5]] and guided_split([], 2) == []
+    assert guided_split([[1, 2], [3, 4, 5, 6]], 1) == [[1, 2], [3, 4, 5, 6]]
+    with pytest.raises(ValueError):
+        guided_split([[1]], 0)
 
 
 def test_writer_resumes_and_deduplicates(tmp_path):
