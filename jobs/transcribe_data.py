@@ -4,7 +4,8 @@
 
 The manifest is read with Ray Data's readers (``read_json`` for .jsonl, ``read_csv``, ``read_parquet``; a folder of
 audio is listed by ``rayspec.manifest.read_manifest``), ids already in the output are dropped, the rest sorted
-longest first on the driver and cut into blocks of ``--batch-size`` rows; CPU tasks decode the audio
+longest first on the driver and cut into blocks of ``--batch-size`` rows (the last ones smaller:
+:func:`rayspec.batching.guided_split`); CPU tasks decode the audio
 (:func:`actors.data.load_audio_batch`), an actor pool of ``--concurrency`` actors (default: one per CPU, or per GPU
 share) with ``--actor-cpus`` / ``--actor-gpus`` each transcribes (:class:`actors.data.Transcribe`: one continuous
 batch per actor, as ``rayspec transcribe``, fed by :data:`CALLS_PER_ACTOR` calls at once), and ``write_parquet``
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "forever); its torch threads are --threads, default the cluster's CPUs / --concurrency")
     p.add_argument("--actor-gpus", type=float, default=0.0, help="GPUs per transcriber actor (fractions share one)")
     p.add_argument("--batch-size", type=int, default=8,
-                   help="utterances per Ray Data batch handed to an actor (cut there into token-budget batches that "
+                   help="utterances per Ray Data batch handed to an actor, fewer in the last ones (cut there into token-budget batches that "
                         "join the actor's continuous batch; several calls run on an actor at once, so its batch "
                         "stays full between them; default 8)")
     add_model_args(p)
