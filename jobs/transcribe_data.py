@@ -71,9 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "forever); its torch threads are --threads, default the cluster's CPUs / --concurrency")
     p.add_argument("--actor-gpus", type=float, default=0.0, help="GPUs per transcriber actor (fractions share one)")
     p.add_argument("--batch-size", type=int, default=8,
-                   help="utterances per Ray Data batch handed to an actor, fewer in the last ones (cut there into token-budget batches that "
-                        "join the actor's continuous batch; several calls run on an actor at once, so its batch "
-                        "stays full between them; default 8)")
+                   help="utterances per Ray Data batch handed to an actor, fewer in the last ones (cut there into "
+                        "token-budget batches that join the actor's continuous batch; several calls run on an actor "
+                        "at once, so its batch stays full between them; default 8)")
     add_model_args(p)
     add_decode_args(p)
     return p
@@ -180,7 +180,8 @@ def transcribe_data(args) -> RunSummary:
     # there: one streaming execution from then on, whose actors start at once (Ray Data's sort and repartition tasks
     # would each wait for a whole CPU, which the actors hold).
     todo = (read_manifest_dataset(source)
-            .map_batches(drop_done, batch_format="pyarrow", num_cpus=TASK_CPUS, concurrency=1, fn_kwargs={"done": frozenset(done)})
+            .map_batches(drop_done, batch_format="pyarrow", num_cpus=TASK_CPUS, concurrency=1,
+                         fn_kwargs={"done": frozenset(done)})
             .take_all())
     summary = RunSummary(skipped=len(done))
     if not todo:
@@ -199,8 +200,8 @@ def transcribe_data(args) -> RunSummary:
     # one block per Ray Data batch (the actor pool hands out blocks: one block would feed one actor), --batch-size
     # rows each, then fewer towards the end, so that the actors run dry within about a row of each other
     n = args.batch_size
-    blocks = [pa.Table.from_pylist(b, schema=MANIFEST_SCHEMA)
-              for b in guided_split([todo[i : i + n] for i in range(0, len(todo), n)], concurrency * CALLS_PER_ACTOR)]
+    cut = guided_split([todo[i : i + n] for i in range(0, len(todo), n)], concurrency * CALLS_PER_ACTOR)
+    blocks = [pa.Table.from_pylist(b, schema=MANIFEST_SCHEMA) for b in cut]
     rows = (ray.data.from_arrow(blocks)
             .map_batches(load_audio_batch, batch_format="numpy", num_cpus=TASK_CPUS, concurrency=concurrency,
                          fn_kwargs={"sample_rate": sample_rate(model_dir), "max_seconds": args.max_audio_seconds})
