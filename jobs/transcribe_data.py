@@ -95,16 +95,16 @@ def read_manifest_dataset(path: str) -> "ray.data.Dataset":
 
         ds = ray.data.from_items([asdict(u) for u in read_manifest(path)])
     elif suffix in (".jsonl", ".json"):
-        ds = ray.data.read_json(path, file_extensions=None, num_cpus=TASK_CPUS, concurrency=1)
+        ds = ray.data.read_json(path, file_extensions=None, num_cpus=TASK_CPUS)
     elif suffix == ".csv":
-        ds = ray.data.read_csv(path, num_cpus=TASK_CPUS, concurrency=1)
+        ds = ray.data.read_csv(path, num_cpus=TASK_CPUS)
     elif suffix == ".parquet":
-        ds = ray.data.read_parquet(path, num_cpus=TASK_CPUS, concurrency=1)
+        ds = ray.data.read_parquet(path, num_cpus=TASK_CPUS)
     else:
         raise ManifestError(f"unknown manifest format {suffix!r} (use .jsonl, .csv, .parquet or a folder of audio): "
                             f"{path}")
     base = os.path.dirname(os.path.abspath(path))
-    return ds.map_batches(manifest_rows, batch_format="pyarrow", num_cpus=TASK_CPUS, concurrency=1,
+    return ds.map_batches(manifest_rows, batch_format="pyarrow", num_cpus=TASK_CPUS,
                           fn_kwargs={"base": base, "corpus": corpus_name(Path(path))})
 
 
@@ -180,8 +180,7 @@ def transcribe_data(args) -> RunSummary:
     # there: one streaming execution from then on, whose actors start at once (Ray Data's sort and repartition tasks
     # would each wait for a whole CPU, which the actors hold).
     todo = (read_manifest_dataset(source)
-            .map_batches(drop_done, batch_format="pyarrow", num_cpus=TASK_CPUS, concurrency=1,
-                         fn_kwargs={"done": frozenset(done)})
+            .map_batches(drop_done, batch_format="pyarrow", num_cpus=TASK_CPUS, fn_kwargs={"done": frozenset(done)})
             .take_all())
     summary = RunSummary(skipped=len(done))
     if not todo:
@@ -203,13 +202,12 @@ def transcribe_data(args) -> RunSummary:
     cut = guided_split([todo[i : i + n] for i in range(0, len(todo), n)], concurrency * CALLS_PER_ACTOR)
     blocks = [pa.Table.from_pylist(b, schema=MANIFEST_SCHEMA) for b in cut]
     rows = (ray.data.from_arrow(blocks)
-            .map_batches(load_audio_batch, batch_format="numpy", num_cpus=TASK_CPUS, concurrency=concurrency,
+            .map_batches(load_audio_batch, batch_format="numpy", num_cpus=TASK_CPUS,
                          fn_kwargs={"sample_rate": sample_rate(model_dir), "max_seconds": args.max_audio_seconds})
             .map_batches(Transcribe, fn_constructor_args=(kwargs, threads, budget, slots), batch_format="numpy",
                          batch_size=None, compute=pool, num_cpus=args.actor_cpus,
                          num_gpus=args.actor_gpus))
-    rows.write_parquet(args.output, ray_remote_args={"num_cpus": TASK_CPUS}, min_rows_per_file=ROWS_PER_FILE,
-                       concurrency=1)
+    rows.write_parquet(args.output, ray_remote_args={"num_cpus": TASK_CPUS}, min_rows_per_file=ROWS_PER_FILE)
     summary.wall_s = time.perf_counter() - t0
     ids = {r["id"] for r in todo}
     summary.add(ResultRow(**r) for r in read_results(args.output).to_pylist() if r["id"] in ids)

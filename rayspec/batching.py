@@ -78,7 +78,6 @@ def plan_batches(items: Sequence[T], seconds: Sequence[float], budget: BatchBudg
     return batches
 
 
-
 def guided_split(batches: Sequence[Sequence[T]], in_flight: int) -> list[list[T]]:
     """``batches`` (in hand-out order) with the last ones cut smaller, for workers that each hold several batches at
     once: a batch keeps its rows while plenty remain, and is cut to at most ``ceil(remaining / in_flight)`` rows
