@@ -144,11 +144,46 @@ def pool_size(args, actor_bytes: int) -> int:
     return max(1, min(int(have.get("CPU", 1)), memory_fit(actor_bytes)))
 
 
+def startup_seconds(ds: "ray.data.Dataset", t0: float, end: float) -> float:
+    """Seconds from ``t0`` to the first :class:`~actors.data.Transcribe` call of the executed dataset ``ds``: the
+    pipeline's start-up (manifest read, actor start-up, model loading), the part of a run that the actor-pool job
+    counts apart from its wall time.
+
+    Read from Ray Data's execution stats (``Dataset.get_stats_summary``): each task's start is stamped on its node's
+    monotonic clock, the clock of the driver's ``time.perf_counter()`` when every node runs on the driver's machine.
+
+    Args:
+        ds: the executed dataset; t0, end: ``time.perf_counter()`` on the driver as the run began and ended.
+
+    Returns:
+        The start-up in seconds, 0.0 where it cannot be known: nodes on other machines (their monotonic clocks
+        differ), stats without the transcriber's operator, or a start outside ``[t0, end]``.
+    """
+    from actors.data import Transcribe
+
+    here = ray.util.get_node_ip_address()
+    if any(n["NodeManagerAddress"] != here for n in ray.nodes() if n["Alive"]):
+        return 0.0
+    starts, pending = [], [ds.get_stats_summary()]
+    try:
+        while pending:  # the write's stats, then those of the operators before it
+            stats = pending.pop()
+            starts += [op.earliest_start_time for op in stats.operators_stats
+                       if Transcribe.__name__ in op.operator_name]
+            pending += stats.parents
+    except AttributeError:  # stats laid out otherwise (another Ray version): unknown
+        return 0.0
+    first = min((s for s in starts if s is not None), default=None)
+    return first - t0 if first is not None and t0 <= first <= end else 0.0
+
+
 def transcribe_data(args) -> RunSummary:
     """Run the pipeline over ``args.input`` into the folder ``args.output`` (skipping ids already there).
 
-    The summary's ``wall_s`` counts from reading the manifest to the last file written, the actors' model loading
-    included (Ray Data starts the pool as the data arrives).
+    The summary's ``wall_s`` counts from the first transcription call to the last file written, as the actor-pool
+    job's; ``startup_s`` is the time before it: reading the manifest, starting the actor pool (Ray Data starts it as
+    the data arrives) and loading the models (:func:`startup_seconds`; where that cannot be measured, ``startup_s`` is
+    0 and ``wall_s`` holds it all).
 
     Raises:
         ManifestError: an unreadable manifest; ModelLoadError: a target that cannot load.
@@ -208,7 +243,9 @@ def transcribe_data(args) -> RunSummary:
                          batch_size=None, compute=pool, num_cpus=args.actor_cpus,
                          num_gpus=args.actor_gpus))
     rows.write_parquet(args.output, ray_remote_args={"num_cpus": TASK_CPUS}, min_rows_per_file=ROWS_PER_FILE)
-    summary.wall_s = time.perf_counter() - t0
+    end = time.perf_counter()
+    summary.startup_s = startup_seconds(rows, t0, end)
+    summary.wall_s = end - t0 - summary.startup_s
     ids = {r["id"] for r in todo}
     summary.add(ResultRow(**r) for r in read_results(args.output).to_pylist() if r["id"] in ids)
     return summary

@@ -261,8 +261,9 @@ def budget_from_args(args, config):
 def print_summary(summary, output: str) -> None:
     for uid, err in summary.failures[:20]:
         print(f"  failed {uid}: {err}", file=sys.stderr)
+    startup = f" after {summary.startup_s:.1f} s of start-up" if summary.startup_s else ""
     print(f"{summary.written} utterances written ({summary.skipped} already done), {summary.failed} failed, "
-          f"{summary.audio_s:.1f} s of audio in {summary.wall_s:.1f} s (RTFx {summary.rtfx:.1f}) -> {output}")
+          f"{summary.audio_s:.1f} s of audio in {summary.wall_s:.1f} s{startup} (RTFx {summary.rtfx:.1f}) -> {output}")
 
 
 def user_errors() -> tuple:

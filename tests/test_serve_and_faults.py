@@ -258,6 +258,23 @@ def test_hostile_corpus_through_the_ray_job_matches_the_cli(ray_local, tmp_path,
     assert cli == job and len(job) == 10
 
 
+def test_ray_data_startup_is_read_from_the_execution_stats(ray_local):
+    """The Ray Data run's start-up (to its first transcription call) comes from the stats of the write and the
+    operators before it; a start outside the run is unknown (0)."""
+    from types import SimpleNamespace as NS
+
+    from jobs.transcribe_data import startup_seconds
+
+    def stats(name, start, parents=()):
+        return NS(operators_stats=[NS(operator_name=name, earliest_start_time=start)], parents=list(parents))
+
+    chain = stats("Write", 9.0, [stats("MapBatches(Transcribe)", 4.0, [stats("MapBatches(load_audio_batch)", 2.0)])])
+    ds = NS(get_stats_summary=lambda: chain)
+    assert startup_seconds(ds, 1.0, 10.0) == 3.0
+    assert startup_seconds(ds, 5.0, 10.0) == 0.0
+    assert startup_seconds(NS(get_stats_summary=lambda: stats("Write", 9.0)), 1.0, 10.0) == 0.0
+
+
 def test_ray_data_pipeline_matches_the_cli_and_resumes(ray_local, tmp_path, samples_manifest, tiny_target):
     """jobs.transcribe_data (Ray Data: read_json, CPU audio tasks, an actor pool, write_parquet) writes the CLI's
     rows, one error row per bad file; a re-run writes nothing more."""
