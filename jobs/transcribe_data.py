@@ -95,11 +95,11 @@ def read_manifest_dataset(path: str) -> "ray.data.Dataset":
 
         ds = ray.data.from_items([asdict(u) for u in read_manifest(path)])
     elif suffix in (".jsonl", ".json"):
-        ds = ray.data.read_json(path, file_extensions=None, num_cpus=TASK_CPUS)
+        ds = ray.data.read_json(path, file_extensions=None, num_cpus=TASK_CPUS, override_num_blocks=1)
     elif suffix == ".csv":
-        ds = ray.data.read_csv(path, num_cpus=TASK_CPUS)
+        ds = ray.data.read_csv(path, num_cpus=TASK_CPUS, override_num_blocks=1)
     elif suffix == ".parquet":
-        ds = ray.data.read_parquet(path, num_cpus=TASK_CPUS)
+        ds = ray.data.read_parquet(path, num_cpus=TASK_CPUS, override_num_blocks=1)
     else:
         raise ManifestError(f"unknown manifest format {suffix!r} (use .jsonl, .csv, .parquet or a folder of audio): "
                             f"{path}")
