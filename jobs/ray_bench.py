@@ -10,8 +10,9 @@ transcriber actor per CPU), plus, on one node, the Ray job with one actor of ``-
 --actor-cpus N``: one model copy, the least memory). Each cluster has a head node without CPUs (GCS and driver). Rounds
 alternate the order (in-process, 1 node, N nodes, then reversed). Times: ``wall_s`` from the first batch (Ray Data:
 its first transcription call) to the last row; ``load_s`` the model loading or actor start-up before it (Ray Data:
-also its manifest read, ``jobs.transcribe_data.startup_seconds``); ``total_s`` their sum. Arguments not listed below (``--target``,
-``--method``, ...) go to every configuration. Writes ``ray-jobs.md``, ``ray-jobs.csv`` and ``ray-jobs.png``.
+also its manifest read, ``jobs.transcribe_data.startup_seconds``); ``total_s`` their sum. Arguments not listed below
+(``--target``, ``--method``, ...) go to every configuration. Writes ``ray-jobs.md``, ``ray-jobs.csv`` and
+``ray-jobs.png``.
 """
 
 from __future__ import annotations

@@ -164,8 +164,9 @@ def startup_seconds(ds: "ray.data.Dataset", t0: float, end: float) -> float:
     here = ray.util.get_node_ip_address()
     if any(n["NodeManagerAddress"] != here for n in ray.nodes() if n["Alive"]):
         return 0.0
-    starts, pending = [], [ds.get_stats_summary()]
+    starts = []
     try:
+        pending = [ds.get_stats_summary()]
         while pending:  # the write's stats, then those of the operators before it
             stats = pending.pop()
             starts += [op.earliest_start_time for op in stats.operators_stats
