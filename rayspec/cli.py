@@ -519,8 +519,10 @@ def build_parser() -> argparse.ArgumentParser:
     _serve_parser(sub)
     from .bench.cli import add_bench_parser
     from .chat.commands import add_chat_parsers
+    from .corpora import add_data_parser
 
     add_chat_parsers(sub)
+    add_data_parser(sub)
 
     add_bench_parser(sub)
     return parser
