@@ -17,6 +17,8 @@ Every error, validation included, is JSON of one shape, ``{"error": {"message", 
 | status | when |
 |---|---|
 | 400 | bad form fields, empty, too short (< 50 ms) or non-finite audio |
+| 401 | the server has an API key and the request lacks it (OpenAI's body: ``"code": "invalid_api_key"``, see
+|     | :class:`AccessMiddleware`) |
 | 404 | a ``model`` that is not served here (``GET /v1/models`` lists the names) |
 | 408 | the body did not arrive within ``body_timeout_s`` |
 | 413 | a body over ``max_upload_bytes`` (by ``Content-Length``, before reading it; else while reading), or audio
@@ -31,6 +33,7 @@ Start with ``rayspec serve`` (127.0.0.1:8000) or ``serve run actors.serve_app:ap
 """
 
 import asyncio
+import hmac
 import io
 import itertools
 import json
@@ -44,6 +47,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, PlainTextResponse, Res
 from pydantic import BaseModel
 from ray import serve
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 
 from rayspec.audio import DEFAULT_MAX_BYTES, AudioError, AudioLimits, load_audio
 from rayspec.engine import TranscriptionEngine
@@ -137,11 +141,17 @@ class AdmissionMiddleware:
 
 
 def _admission() -> Admission:
-    """This replica's :class:`Admission` (Serve runs a copy of ``api``, so the limits live on the replica)."""
+    """This replica's :class:`Admission`."""
+    return _replica_setting("admission", DEFAULT_ADMISSION)
+
+
+def _replica_setting(name: str, default):
+    """The replica's attribute ``name`` (Serve runs a copy of ``api``, so per-replica settings live on the replica),
+    or ``default`` outside a replica (e.g. the app under a test client)."""
     try:
-        return serve.get_replica_context().servable_object.admission
-    except (AttributeError, RuntimeError):  # outside a replica (e.g. the app under a test client)
-        return DEFAULT_ADMISSION
+        return getattr(serve.get_replica_context().servable_object, name)
+    except (AttributeError, RuntimeError):
+        return default
 
 
 async def _read_body(receive, limit: int) -> Optional[bytes]:
@@ -185,16 +195,109 @@ async def _drain(receive, timeout_s: float, limit: int = DRAIN_BYTES) -> None:
     reading.cancel()
 
 
-async def _send(send, status: int, message: str, headers: Optional[dict] = None) -> None:
-    body = json.dumps(error_body(status, message)).encode()
+async def _send(send, status: int, message: str, headers: Optional[dict] = None, body: Optional[dict] = None) -> None:
+    """Answer ``status`` with ``body`` (default: :func:`error_body` of ``message``) and close the connection."""
+    body = json.dumps(body or error_body(status, message)).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
            (b"connection", b"close")] + [(k.lower().encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body})
 
 
+@dataclass(frozen=True)
+class Access:
+    """Who may use a replica (see :class:`AccessMiddleware`).
+
+    Attributes:
+        api_key: the bearer token every route but :data:`OPEN_PATHS` needs; None: no key (anyone who reaches the
+            port). allowed_origins: the browser origins (``https://app.example:8443``) that may call the endpoint
+            cross-origin (CORS); empty: none.
+    """
+
+    api_key: Optional[str] = None
+    allowed_origins: tuple = ()
+
+
+OPEN_PATHS = ("/health", "/")
+"""Paths answered without the key: the health check, and the voice-chat page (static HTML; it sends the key on its
+WebSocket, read from the page address's ``#key=`` fragment)."""
+KEY_SUBPROTOCOL = "openai-insecure-api-key."
+"""WebSocket subprotocol prefix that carries the key where a browser cannot set headers (OpenAI Realtime's)."""
+
+
+def presented_key(scope) -> Optional[bytes]:
+    """The key a request presents: its ``Authorization: Bearer <key>`` header, or for a WebSocket a
+    :data:`KEY_SUBPROTOCOL` subprotocol; None without either."""
+    for name, value in scope.get("headers") or ():
+        if name == b"authorization":
+            scheme, _, token = value.partition(b" ")
+            return token.strip() if scheme.lower() == b"bearer" else None
+    if scope["type"] == "websocket":
+        for protocol in scope.get("subprotocols") or ():
+            if protocol.startswith(KEY_SUBPROTOCOL):
+                return protocol[len(KEY_SUBPROTOCOL):].encode()
+    return None
+
+
+def unauthorized_body(presented: Optional[bytes]) -> dict:
+    """OpenAI's 401 body, for a missing (``presented`` None) or a wrong key."""
+    message = ("incorrect API key provided" if presented is not None else
+               "this server needs an API key: send the header Authorization: Bearer <key>")
+    return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}}
+
+
+class AccessMiddleware:
+    """ASGI middleware in front of every route: the API key, then CORS.
+
+    With :attr:`Access.api_key` set, each HTTP request and WebSocket outside :data:`OPEN_PATHS` must present it
+    (:func:`presented_key`; compared with :func:`hmac.compare_digest`, in time independent of where it differs);
+    otherwise HTTP gets 401 with :func:`unauthorized_body` (its body drained first, as a 413's) and a WebSocket is
+    closed with code 1008 before it opens. Nothing of a refused request reaches the application: it neither queues
+    (:class:`AdmissionMiddleware`) nor decodes. With :attr:`Access.allowed_origins`, Starlette's CORS middleware
+    answers preflights and labels answers for those origins (401s included); without, no CORS headers are sent, so
+    browsers keep other sites' pages from reading answers.
+    """
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self._chains: dict = {}
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        access = _replica_setting("access", DEFAULT_ACCESS)
+        chain = self._chains.get(access)
+        if chain is None:
+            async def guarded(scope, receive, send):
+                return await self._guard(access, scope, receive, send)
+
+            chain = guarded
+            if access.allowed_origins:
+                chain = CORSMiddleware(guarded, allow_origins=list(access.allowed_origins),
+                                       allow_methods=["GET", "POST"], allow_headers=["Authorization", "Content-Type"],
+                                       expose_headers=["Retry-After"])
+            self._chains[access] = chain
+        return await chain(scope, receive, send)
+
+    async def _guard(self, access: Access, scope, receive, send):
+        if access.api_key is None or scope["path"] in OPEN_PATHS:
+            return await self.app(scope, receive, send)
+        presented = presented_key(scope)
+        if presented is not None and hmac.compare_digest(presented, access.api_key.encode()):
+            return await self.app(scope, receive, send)
+        if scope["type"] == "websocket":
+            await receive()  # websocket.connect
+            return await send({"type": "websocket.close", "code": 1008, "reason": "invalid_api_key"})
+        limits = _admission()
+        if dict(scope.get("headers") or []).get(b"expect", b"").lower() != b"100-continue":
+            await _drain(receive, limits.body_timeout_s, limits.max_body_bytes)
+        return await _send(send, 401, "", headers={"WWW-Authenticate": "Bearer"}, body=unauthorized_body(presented))
+
+
 DEFAULT_ADMISSION = Admission()
+DEFAULT_ACCESS = Access()
 api.add_middleware(AdmissionMiddleware)
+api.add_middleware(AccessMiddleware)  # added last, so it runs first: a refused request is neither queued nor read
 
 
 @api.exception_handler(RequestValidationError)
@@ -240,11 +343,13 @@ class TranscriptionService:
         threads: torch CPU threads (0 = default).
         max_queued: requests admitted at once per replica (decoding or waiting); 503 beyond.
         body_timeout_s: seconds allowed for an upload to arrive (408 after).
+        access: the API key and CORS origins (:class:`Access`; default: no key, no cross-origin access).
     """
 
     def __init__(self, transcriber: dict, max_batch_size: int = 16,
                  max_upload_bytes: int = DEFAULT_MAX_BYTES, threads: int = 0, max_queued: int = 256,
-                 body_timeout_s: float = 30.0, speech=None, chat: Optional[dict] = None) -> None:
+                 body_timeout_s: float = 30.0, speech=None, chat: Optional[dict] = None,
+                 access: Access = DEFAULT_ACCESS) -> None:
         import torch
 
         from rayspec.pipeline import Transcriber
@@ -257,6 +362,7 @@ class TranscriptionService:
         self._requests = itertools.count()
         self.limits = AudioLimits(self.transcriber.limits.max_seconds, max_upload_bytes)
         self.admission = Admission(max_upload_bytes + MULTIPART_OVERHEAD, max_queued, body_timeout_s)
+        self.access = access
         self.models = {self.transcriber.target.name, *MODEL_ALIASES}
         self.speech = speech  # a handle to actors.speech_app.SpeechService, or None (synthesis not served)
         self.chat = chat  # {"llm", "voice"} handles (actors.voicechat_app), or None (voice chat not served)
@@ -276,7 +382,8 @@ class TranscriptionService:
         """A voice-chat session (``actors/voicechat_app.py``: events, PredGen input-time speculation)."""
         from actors.voicechat_app import RealtimeSession, error_event
 
-        await ws.accept()
+        # a browser that offered subprotocols (the key's, see AccessMiddleware) needs one of them echoed
+        await ws.accept(subprotocol="realtime" if "realtime" in (ws.scope.get("subprotocols") or ()) else None)
         if self.chat is None:
             await ws.send_text(error_event("not_served", "voice chat is off here (rayspec serve --chat)"))
             await ws.close()
@@ -407,7 +514,7 @@ SERVING_OPTIONS = {"target", "draft", "ctc", "device", "dtype", "encoder_dtype",
                    "num_cpus", "num_gpus", "max_upload_bytes", "max_queued", "body_timeout_s",
                    "tts", "tts_target", "tts_draft", "codec", "tts_method", "tts_theta", "tts_beta",
                    "tts_temperature", "tts_lookahead", "tts_cpus", "chat", "chat_lm", "chat_tts", "chat_cpus",
-                   "chat_llm_backend", "chat_vllm_python"}
+                   "chat_llm_backend", "chat_vllm_python", "api_key", "allowed_origins"}
 TRUE = ("1", "true", "yes", "on")
 
 
@@ -415,8 +522,10 @@ def build_app(args: Optional[dict] = None):
     """The Serve application; ``args`` (from ``serve run ... key=value``, ``RAYSPEC_*`` environment variables or
     ``rayspec serve``) may set ``target``, ``draft``, ``ctc``, ``device``, ``dtype``, ``encoder_dtype``,
     ``max_batch_size``, ``threads``,
-    ``num_replicas``, ``num_cpus``, ``num_gpus``, ``max_upload_bytes``, ``max_queued``, ``body_timeout_s`` and any
-    decoding option of ``rayspec transcribe`` (``method``, ``tau_ctc``, ...: same names, same defaults).
+    ``num_replicas``, ``num_cpus``, ``num_gpus``, ``max_upload_bytes``, ``max_queued``, ``body_timeout_s``,
+    ``api_key`` (the bearer token of :class:`AccessMiddleware`; ``RAYSPEC_API_KEY``), ``allowed_origins`` (CORS
+    origins, a list or a comma-separated string) and any decoding option of ``rayspec transcribe`` (``method``,
+    ``tau_ctc``, ...: same names, same defaults).
 
     Raises:
         ValueError: an unknown option.
@@ -461,8 +570,11 @@ def build_app(args: Optional[dict] = None):
         chat = {"llm": ChatLLM.options(ray_actor_options=cpus).bind(args.get("chat_lm"), 1, backend,
                                                                     args.get("chat_vllm_python")),
                 "voice": ChatVoice.options(ray_actor_options=cpus).bind(args.get("chat_tts") or "piper")}
+    origins = args.get("allowed_origins") or ()
+    origins = tuple(o.strip() for o in (origins.split(",") if isinstance(origins, str) else origins) if o.strip())
+    access = Access(args.get("api_key") or None, origins)
     return deployment.bind(transcriber, max_batch, int(args.get("max_upload_bytes", DEFAULT_MAX_BYTES)), int(args.get("threads", 0)),
-                           max_queued, float(args.get("body_timeout_s", 30.0)), speech, chat)
+                           max_queued, float(args.get("body_timeout_s", 30.0)), speech, chat, access)
 
 
 def serve_forever(options: dict, host: str, port: int, request_timeout_s: float, address: Optional[str]) -> int:
@@ -483,7 +595,8 @@ def serve_forever(options: dict, host: str, port: int, request_timeout_s: float,
         routes.append(f"POST http://{host}:{port}/v1/audio/speech")
     if str(options.get("chat", "")).lower() in TRUE:
         routes.append(f"WebSocket ws://{host}:{port}/v1/realtime")
-    print(f"serving {', '.join(routes)} (Ctrl-C to stop)", flush=True)
+    key = "API key required" if options.get("api_key") else "no API key"
+    print(f"serving {', '.join(routes)} ({key}; Ctrl-C to stop)", flush=True)
     try:
         while True:
             time.sleep(3600)

@@ -4,6 +4,7 @@
     python examples/openai_client.py [AUDIO] [--base-url http://127.0.0.1:8000/v1] [-o speech.wav]
 """
 import argparse
+import os
 
 from openai import OpenAI
 
@@ -13,7 +14,8 @@ p.add_argument("--base-url", default="http://127.0.0.1:8000/v1")
 p.add_argument("-o", "--output", default="speech.wav")
 args = p.parse_args()
 
-client = OpenAI(base_url=args.base_url, api_key="unused")  # rayspec checks no key: keep it on loopback
+# the key of `rayspec serve --api-key` (or its RAYSPEC_API_KEY); a server without one takes any string
+client = OpenAI(base_url=args.base_url, api_key=os.environ.get("RAYSPEC_API_KEY", "unused"))
 
 # POST /v1/audio/transcriptions: "whisper-1" names whatever target the server runs
 with open(args.audio, "rb") as f:

@@ -291,10 +291,25 @@ def _tts_data(args) -> int:
     return 0
 
 
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` (an IP address or a name) serves this machine only: ``localhost`` or a loopback
+    address (127.0.0.0/8, ::1). Other names count as reachable from the network."""
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return host.lower() == "localhost"
+
+
 def cmd_serve(args) -> int:
     """Ray lives outside the library: the Serve application and its driver loop are in ``actors/serve_app.py``."""
     import os
 
+    if not args.api_key and not is_loopback(args.host) and not args.allow_unauthenticated:
+        print(f"rayspec serve: error: --host {args.host} is reachable from the network: set an API key (--api-key "
+              f"or RAYSPEC_API_KEY), or pass --allow-unauthenticated to serve anyone who reaches it", file=sys.stderr)
+        return EXIT_USAGE
     for key, value in (("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0"), ("RAY_AUTH_MODE", "disabled"),
                        ("RAY_USAGE_STATS_ENABLED", "0")):
         os.environ.setdefault(key, value)
@@ -310,7 +325,8 @@ def cmd_serve(args) -> int:
                           "tts_method": args.tts_method, "tts_theta": args.tts_theta, "tts_cpus": args.tts_cpus,
                           "chat": args.chat, "chat_lm": args.chat_lm, "chat_tts": args.chat_tts,
                           "chat_cpus": args.chat_cpus, "chat_llm_backend": args.chat_llm_backend,
-                          "chat_vllm_python": args.chat_vllm_python},
+                          "chat_vllm_python": args.chat_vllm_python, "api_key": args.api_key,
+                          "allowed_origins": args.allowed_origins},
                          args.host, args.port, args.request_timeout, args.address)
 
 
@@ -324,13 +340,26 @@ def _serve_parser(sub) -> None:
                     "joins the running decode as a slot frees), every method. "
                     "Long audio is segmented. Errors are JSON {\"error\": {message, type, code}}: 400 bad input, "
                     "404 unknown model, 408 slow upload, 413 over 25 MB (checked before reading the body), "
-                    "415 undecodable audio, 503 + Retry-After when --max-queued requests wait.",
+                    "415 undecodable audio, 503 + Retry-After when --max-queued requests wait. With an API key, "
+                    "every route but /health and the chat page needs Authorization: Bearer <key> (401 otherwise); "
+                    "a --host other than loopback needs a key or --allow-unauthenticated.",
         epilog="example:\n  rayspec serve --method draft &\n  curl -F file=@clip.flac "
                "http://127.0.0.1:8000/v1/audio/transcriptions",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to listen on (default 127.0.0.1); another than loopback needs --api-key or "
+                        "--allow-unauthenticated")
     p.add_argument("--port", type=int, default=8000)
+    a = p.add_argument_group("access")
+    a.add_argument("--api-key", default=os.environ.get("RAYSPEC_API_KEY") or None,
+                   help="bearer token every request but GET /health must send (Authorization: Bearer <key>); "
+                        "default: the RAYSPEC_API_KEY environment variable, which keeps it out of the process list")
+    a.add_argument("--allow-unauthenticated", action="store_true",
+                   help="serve a non-loopback --host without an API key (anyone who reaches the port)")
+    a.add_argument("--allowed-origins", default="",
+                   help="comma-separated browser origins allowed cross-origin (CORS), e.g. https://app.example; "
+                        "default none")
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else a local Ray on 127.0.0.1)")
     p.add_argument("--max-batch-size", type=int, default=16,
                    help="rows decoded together per replica: the continuous batch's slots; default 16")

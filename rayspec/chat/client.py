@@ -46,7 +46,8 @@ def chat_over_websocket(args) -> int:
     session = {"verifier": args.verifier, "top_k": args.top_k, "max_reply_tokens": args.max_reply_tokens,
                "max_wasted_tokens": args.max_wasted_tokens, "candidate_tokens": args.candidate_tokens}
     chunks, rate, sent = [], 16000, {}
-    with connect(args.server, max_size=None) as ws:
+    headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else None  # rayspec serve --api-key
+    with connect(args.server, max_size=None, additional_headers=headers) as ws:
         ws.recv(timeout=60)  # session.created
         ws.send(json.dumps({"type": "session.update", "session": session}))
         ws.recv(timeout=60)

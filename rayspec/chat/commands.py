@@ -170,6 +170,8 @@ def add_chat_parsers(sub) -> None:
     p.add_argument("--server", help="talk to a voice-chat endpoint instead of running in-process, e.g. "
                                     "ws://127.0.0.1:8000/v1/realtime (rayspec serve --chat); input is streamed in "
                                     "real time")
+    p.add_argument("--api-key", default=os.environ.get("RAYSPEC_API_KEY") or None,
+                   help="--server: the endpoint's API key (rayspec serve --api-key; default: RAYSPEC_API_KEY)")
     p.add_argument("-o", "--output", help="write the spoken reply here (.wav/.flac)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     add_predgen_args(p)
