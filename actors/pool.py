@@ -45,7 +45,7 @@ def connect(address: str | None, num_cpus: int | None) -> None:
 def submission_dir() -> str | None:
     """The directory relative paths of a ``ray job submit`` command line refer to, on a single-node cluster.
 
-    A submitted job runs in a copy of ``--working-dir``, so ``../shared/data/x.jsonl`` typed in the repository means
+    A submitted job runs in a copy of ``--working-dir``, so ``../data/x.jsonl`` typed in the repository means
     nothing there. Inside a Ray job this returns ``RAYSPEC_SUBMIT_DIR`` if set, else the directory ``ray start`` ran
     in (the raylet's working directory, found through /proc); outside a Ray job, or when it cannot be found, None.
     """

@@ -1,6 +1,6 @@
 """Scaling run: throughput (RTFx, utterances/s) against drafter/target actor counts and the batch token budget.
 
-    ray job submit --working-dir . -- python -m jobs.scaling ../shared/data/an4/test.jsonl \\
+    ray job submit --working-dir . -- python -m jobs.scaling an4/test.jsonl \\
         --targets 1 2 --batch-tokens 2000 8000 --method draft -o bench/scaling
 
 Each point runs the full pipeline of :mod:`jobs.transcribe` in its split layout (drafter and target actors, object

@@ -24,10 +24,11 @@ from .options import (  # noqa: F401 - EXIT_USAGE is part of the CLI's interface
 EPILOG = textwrap.dedent(
     """\
     examples:
-      rayspec transcribe ../shared/data/an4/test.jsonl -o an4.parquet            # Whisper base, greedy (AR)
+      rayspec transcribe an4/test.jsonl -o an4.parquet                          # Whisper base, greedy (AR)
       rayspec transcribe clips/ -o out.parquet --target whisper-tiny.en          # a folder, another model
-      rayspec transcribe ../shared/data/an4/test.jsonl -o an4-spec.parquet --method draft
-      rayspec transcribe ../shared/data/an4/test.jsonl -o an4-medusa.parquet --method medusa
+      rayspec transcribe an4/test.jsonl -o an4-spec.parquet --method draft
+      rayspec transcribe an4/test.jsonl -o an4-medusa.parquet --method medusa
+      rayspec data manifest an4 --corpus an4 -o an4/test.jsonl                  # a manifest of CMU's AN4 test set
       rayspec score an4.parquet                                                 # WER/CER per corpus
       rayspec export out.parquet --format srt vtt -o subs/                      # subtitles (--timestamps)
       rayspec synthesize texts.txt -o tts-out --method pcg                      # speculative TTS
@@ -434,10 +435,10 @@ def _train_parser(sub) -> None:
             and cache Lyra codes + forced alignments of recordings in --work-dir.
 
             example (Medusa heads for the frozen whisper-base):
-              rayspec train medusa ../shared/data/an4/train.jsonl --target whisper-base \\
+              rayspec train medusa an4/train.jsonl --target whisper-base \\
                   -o runs/medusa-base --work-dir runs/medusa-base-work
             example (a TTS target taught by the Piper voice):
-              rayspec train tts-data ../shared/data/ljspeech/metadata_text_only.csv --sentences 3000 -o runs/tts/data
+              rayspec train tts-data LJSpeech-1.1/metadata.csv --sentences 3000 -o runs/tts/data
               rayspec train tts-target runs/tts/data -o runs/tts/target --work-dir runs/tts/work --epochs 3
             """),
     )

@@ -439,7 +439,7 @@ def cmd_bench_timestamps(args) -> int:
 
     if not args.manifests:
         raise FileNotFoundError("the timestamps suite needs the LJSpeech clips manifest, e.g. "
-                                "../shared/data/ljspeech/clips.jsonl")
+                                "ljspeech/clips.jsonl (docs: Data)")
     clips = args.manifests[0]
     texts = args.texts or os.path.join(os.path.dirname(os.path.abspath(clips)), "metadata_text_only.csv")
     sections = [s for s in args.sections.split(",") if s]

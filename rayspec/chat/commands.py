@@ -184,7 +184,7 @@ def add_chat_parsers(sub) -> None:
                                    "LlamaForCausalLM directory (safetensors + tokenizer.json) with the same greedy "
                                    "output. --pad-head-dim widens attention heads with identical outputs (vLLM's CPU "
                                    "attention needs head sizes of 32, 64, ...).")
-    p.add_argument("checkpoint", help="llama2.c model .bin (e.g. ../shared/data/llm/stories260K/stories260K.bin)")
+    p.add_argument("checkpoint", help="llama2.c model .bin (e.g. stories260K.bin)")
     p.add_argument("tokenizer", help="llama2.c tokenizer .bin (e.g. tok512.bin)")
     p.add_argument("-o", "--output", required=True, help="output directory")
     p.add_argument("--pad-head-dim", type=int, help="widen heads to this size (a multiple of the head size)")

@@ -1,6 +1,6 @@
 """llama2.c checkpoints (Karpathy's ``run.c`` format) -> a transformers ``LlamaForCausalLM`` directory.
 
-The bundled voice-chat LM is llama2.c's stories260K (../shared/data/llm). Its ``.bin`` holds a 7-int header (dim,
+The bundled voice-chat LM is llama2.c's stories260K (karpathy/tinyllamas). Its ``.bin`` holds a 7-int header (dim,
 hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size (negative: separate classifier), seq_len) and float32 arrays in
 ``run.c``'s order; ``tok512.bin`` holds the vocabulary with merge scores. Two format facts shape the conversion:
 

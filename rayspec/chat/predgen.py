@@ -1,5 +1,6 @@
 """Input-time speculation for cascade voice chat (PredGen: "Accelerated Inference of Large Language Models through
-Input-Time Speculation for Real-Time Speech Interaction", ../shared/seeds/predgen.txt, Algorithm 1 and section 3.1).
+Input-Time Speculation for Real-Time Speech Interaction", Li & Grover 2025, arXiv:2506.15556, Algorithm 1 and
+section 3.1).
 
 While the user is still speaking, every partial prompt ``P_i`` (1) verifies the previous candidate reply ``R_{i-1}``
 in one forward pass over ``P_i + R_{i-1}`` with the KV cache cut to the shared prompt prefix, (2) keeps the longest

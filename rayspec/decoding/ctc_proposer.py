@@ -1,7 +1,7 @@
 """A proposer whose draft is the CTC head's greedy hypothesis, re-aligned after every correction: exact
 speculation with no draft decoder at all.
 
-SSD (../shared/seeds/ssd-ctc-self-speculative.txt, section 2) verifies the CTC hypothesis once and then decodes
+SSD (Saon et al. 2026, arXiv:2603.11243, section 2) verifies the CTC hypothesis once and then decodes
 token by token from the verified prefix. Here the hypothesis keeps drafting: each round proposes the part of it not
 yet emitted (plus EOS), the target verifies it in one pass with greedy acceptance, and after the target's correction
 the proposer re-joins the hypothesis where the correction suggests (:func:`_rejoin`), as SpecASR IV.B re-joins a

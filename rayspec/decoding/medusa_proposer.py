@@ -1,6 +1,6 @@
 """The Medusa proposer: a sparse token tree from the Medusa heads' top candidates, read from the target's own hidden
 state of the last verification (Cai et al. 2024, arXiv:2401.10774, sections 2.1.1-2.1.2; Whisper-Medusa,
-../shared/seeds/whisper-medusa.txt).
+Segal-Feldman et al. 2024, arXiv:2409.15869).
 
 After each verification the loop hands back the target's hidden state at the end of the kept path (the state that
 predicted the row's newest token); head ``k`` turns it into candidates for the ``k``-th token after that one. The

@@ -1,6 +1,6 @@
 """The drafting side of draft-model speculative decoding: a proposer that owns the draft model's KV cache.
 
-Source: SpecASR (../shared/seeds/specasr.txt): IV.A adaptive single-sequence prediction, IV.B draft sequence
+Source: SpecASR (Wei et al. 2025, arXiv:2507.18181): IV.A adaptive single-sequence prediction, IV.B draft sequence
 recycling, IV.C two-pass sparse token tree. The verify loop (:class:`~rayspec.spec.loop.VerifyLoop`)
 and the proposer only exchange small per-row messages (:class:`~rayspec.spec.loop.DraftRequest` in, a
 :class:`~rayspec.spec.loop.Proposal` token tree out, :class:`~rayspec.spec.loop.Feedback` back), so the proposer can

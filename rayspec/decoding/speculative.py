@@ -1,6 +1,6 @@
 """Exact, batched draft-model speculative decoding with SpecASR's three techniques.
 
-Source: SpecASR (../shared/seeds/specasr.txt): IV.A adaptive single-sequence prediction, IV.B draft sequence
+Source: SpecASR (Wei et al. 2025, arXiv:2507.18181): IV.A adaptive single-sequence prediction, IV.B draft sequence
 recycling, IV.C two-pass sparse token tree; tree attention after SpecInfer. The drafting side is
 :class:`~rayspec.decoding.proposer.DraftProposer`; verification is the shared verify loop
 (:class:`~rayspec.spec.loop.VerifyLoop`) with greedy acceptance (Leviathan et al. 2023 at temperature 0), so the

@@ -1,5 +1,5 @@
 """Self-speculative decoding with a CTC drafter: CTC gating -> one-pass verification -> fallback from the verified
-prefix (../shared/seeds/ssd-ctc-self-speculative.txt, section 2, eq. 2-7; batching as section 3.2).
+prefix (Saon et al. 2026, arXiv:2603.11243, section 2, eq. 2-7; batching as section 3.2).
 
 Per utterance:
 

@@ -1,5 +1,5 @@
 """A CTC head over a target's encoder states: the self-speculative drafter of the SSD paper
-(../shared/seeds/ssd-ctc-self-speculative.txt, section 3.1, eq. 1-3).
+(Saon et al. 2026, arXiv:2603.11243, section 3.1, eq. 1-3).
 
 Its classes are ``blank`` (index 0) plus single-character tokens of the target's tokenizer (a character vocabulary:
 for a byte-level BPE such as Whisper's, the printable ASCII characters), so a CTC hypothesis is a string that the

@@ -1,5 +1,5 @@
 """Medusa heads over a target's last decoder hidden state (Cai et al. 2024, arXiv:2401.10774, section 2.1.1;
-Whisper-Medusa, ../shared/seeds/whisper-medusa.txt).
+Whisper-Medusa, Segal-Feldman et al. 2024, arXiv:2409.15869).
 
 Head ``k`` (``k = 1 .. K``) is a residual block ``h + SiLU(W_k h + b_k)`` followed by the target's own output
 projection (shared and frozen, Medusa-1): from the hidden state that predicts token ``t + 1`` it predicts token
@@ -30,7 +30,7 @@ from .pretrained import Pretrained
 
 
 class CrossBlock(nn.Module):
-    """Whisper-Medusa's Medusa-Block (../shared/seeds/whisper-medusa.txt, section 2, Fig. 1 right) without its
+    """Whisper-Medusa's Medusa-Block (section 2, Fig. 1 right) without its
     self-attention: ``x + CrossAttn(LN(x))``, then ``+ MLP(LN(.))`` and a final layer norm, over the target's
     cross-attention keys/values of its last decoder layer (shared, frozen: they are the target's KV cache, so the
     block computes no keys/values of its own). The hidden state it reads already went through the target's six

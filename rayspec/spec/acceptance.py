@@ -7,13 +7,13 @@ One module for every method, as vLLM's one rejection sampler serves all its prop
     target's own greedy continuation (Leviathan et al. 2023, arXiv:2211.17192, at temperature 0; tree verification
     after SpecInfer, arXiv:2305.09781; SpecASR IV.C).
   - ``threshold``: kept if the target's probability of the token exceeds ``tau`` (SSD, CTC self-speculative decoding,
-    ../shared/seeds/ssd-ctc-self-speculative.txt, section 2, eq. 5; on a chain the verified prefix ends at the first
+    Saon et al. 2026, arXiv:2603.11243, section 2, eq. 5; on a chain the verified prefix ends at the first
     failing token, eq. 6), and with ``exact`` also the argmax.
   - ``typical``: kept if its probability exceeds ``min(epsilon, delta * exp(-H))`` with ``H`` the entropy of the
     target's distribution at the parent (Medusa's typical acceptance, Cai et al. 2024, arXiv:2401.10774, section
     2.3.1; Whisper-Medusa uses it). The longest kept path wins.
   - ``topk``: kept if its token is among the target's ``top_k`` most likely at the parent (PredGen's top-k
-    verifier, ../shared/seeds/predgen.txt, section 3.1.1).
+    verifier, Li & Grover 2025, arXiv:2506.15556, section 3.1.1).
 
   In all four the emitted token after the path is the target's argmax at its last node (the "bonus" token), so
   ``greedy`` is exact and the others are lossy with a threshold.

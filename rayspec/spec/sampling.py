@@ -9,7 +9,7 @@ the target after a full accept. Ratios:
   Output distributed exactly as the target's (Leviathan et al. 2023, arXiv:2211.17192, Algorithm 1 / Theorem 3.5;
   Chen et al. 2023, arXiv:2302.01318).
 * :class:`RelaxedRatio` (``ssd``): keep with ``min(1, p(x) / q(x)) + beta``: faster, biased (the relaxation the PCG
-  paper compares against, ../shared/seeds/pcg-coarse-grained-acceptance.txt, section 3).
+  paper compares against: PCG, Yanuka et al. 2025, arXiv:2511.13732, section 3).
 * :class:`GroupRatio` (``pcg``): Principled Coarse-Graining: acceptance over Acoustic Similarity Groups, exact in
   the distribution over groups (PCG paper, section 2): overlapping groups ``G`` of tokens whose target input
   embeddings have cosine above ``theta``; each token splits its mass equally over its ``N(t)`` groups, so

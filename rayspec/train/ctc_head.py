@@ -1,6 +1,6 @@
 """``rayspec train ctc``: a CTC head over a frozen target's encoder, trained on the target's own transcripts.
 
-The drafter of SSD (../shared/seeds/ssd-ctc-self-speculative.txt, section 3.1): the target's encoder is frozen and
+The drafter of SSD (Saon et al. 2026, arXiv:2603.11243, section 3.1): the target's encoder is frozen and
 shared, only the head trains. Its vocabulary is small: the printable characters
 (:func:`~rayspec.models.ctc.character_vocabulary`) plus the target's few thousand most frequent text tokens
 (:func:`token_shortlist`), not all 51,865; a word outside the shortlist is spelled in characters. At decode time the

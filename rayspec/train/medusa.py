@@ -2,7 +2,7 @@
 
 Source: Medusa (Cai et al. 2024, arXiv:2401.10774) section 2.2.1 (Medusa-1: frozen backbone, loss
 ``sum_k lambda^k * CE(head_k)``) and 2.3.2 (self-distillation: train on the model's own outputs so the heads predict
-what the target will say); Whisper-Medusa (../shared/seeds/whisper-medusa.txt) trains its heads the same way.
+what the target will say); Whisper-Medusa (Segal-Feldman et al. 2024, arXiv:2409.15869) trains its heads the same way.
 
 1. The target greedy-decodes every training and dev utterance; one teacher-forced pass over prompt + transcript +
    EOS gives its last hidden states. Both are cached in the work directory (``states.pt``), so head training never

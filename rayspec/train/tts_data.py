@@ -25,7 +25,7 @@ from ..audio import load_audio
 from ..manifest import read_manifest
 from ..tts.codec import FRAME_SAMPLES, SAMPLE_RATE, LyraCodec
 
-# The 30 LJSpeech clips the intelligibility floors of ../shared/notes/speech-synthesis.md were measured on: dev.
+# The 30 LJSpeech clips the TTS benchmark's intelligibility floors are measured on (LJ002-0071..0100): dev.
 DEV_IDS = tuple(f"LJ002-{i:04d}" for i in range(71, 101))
 
 

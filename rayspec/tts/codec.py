@@ -4,10 +4,9 @@ Lyra v2 (google/lyra, Apache-2.0) is a SoundStream encoder (320 samples -> a 64-
 vector quantizer with up to 46 codebooks of 16 codes, and the LyraGAN decoder (latent -> 320 samples). The three
 TFLite models are streaming and stateful, so each utterance runs on fresh interpreters (8 ms to create).
 
-rayspec's speech-token stream (see ../shared/notes/speech-synthesis.md for the intelligibility measurements behind
-it): the first two codebooks combined are one *coarse* token (``16 * c1 + c2``, 256 values), generated
-autoregressively and speculated; codebooks 3..16 are *fine* codes, produced by the target's depth head on accepted
-frames. 16 codebooks resynthesise LJSpeech at 33.9% WER by pocketsphinx (real recordings: 28.5%).
+rayspec's speech-token stream (chosen by the intelligibility of Lyra resyntheses of LJSpeech, below): the first
+two codebooks combined are one *coarse* token (``16 * c1 + c2``, 256 values), generated autoregressively and
+speculated; codebooks 3..16 are *fine* codes, produced by the target's depth head on accepted frames. 16 codebooks resynthesise LJSpeech at 33.9% WER by pocketsphinx (real recordings: 28.5%).
 """
 
 from __future__ import annotations
