@@ -2,10 +2,11 @@
 ``Dataset.map_batches`` (the pipeline itself is ``jobs/transcribe_data.py``).
 
 - :func:`manifest_rows` normalises a manifest's rows (read by Ray Data's ``read_json`` / ``read_csv`` /
-  ``read_parquet``) to :data:`MANIFEST_SCHEMA`: audio paths made absolute against the manifest's folder, the corpus
-  named as ``rayspec.manifest.read_manifest`` names it, and ``est_s`` (seconds, for length sorting).
-- :func:`load_audio_batch` (CPU tasks): decodes, down-mixes and resamples each file
-  (``rayspec.audio.load_audio``); unreadable files are marked, not raised.
+  ``read_parquet``) to :data:`MANIFEST_SCHEMA`, as ``rayspec.manifest.read_manifest`` reads them: audio paths made
+  absolute against the manifest's folder, audio bytes (a Parquet column of bytes or of Hugging Face's
+  ``{"bytes", "path"}`` struct) kept in ``data``, the corpus named, and ``est_s`` (seconds, for length sorting).
+- :func:`load_audio_batch` (CPU tasks): decodes, down-mixes and resamples each file or row's bytes
+  (``rayspec.audio.load_audio``); unreadable audio is marked, not raised.
 - :class:`Transcribe` (an actor pool: ``concurrency`` actors of ``num_cpus`` / ``num_gpus`` each): one
   :class:`rayspec.pipeline.Transcriber` per actor behind a continuous-batching engine
   (:class:`rayspec.engine.TranscriptionEngine`); each Ray Data batch is cut into length-sorted token-budget batches
@@ -18,43 +19,36 @@ moving them would move 30-s padded spectrograms instead of the waveforms).
 
 from __future__ import annotations
 
-import os
 from typing import Optional
 
 import numpy as np
 import pyarrow as pa
 
 MANIFEST_SCHEMA = pa.schema([("id", pa.string()), ("audio", pa.string()), ("text", pa.string()),
-                             ("duration_s", pa.float64()), ("corpus", pa.string()), ("est_s", pa.float64())])
-"""The manifest columns the pipeline carries (``est_s``: the manifest's duration, else one estimated from the file
-size, :func:`rayspec.manifest.estimated_seconds`)."""
+                             ("duration_s", pa.float64()), ("corpus", pa.string()), ("est_s", pa.float64()),
+                             ("data", pa.binary())])
+"""The manifest columns the pipeline carries (``rayspec.manifest.Utterance``'s fields; ``est_s``: the manifest's
+duration, else one estimated from the file's size, :func:`rayspec.manifest.estimated_seconds`)."""
 
 
-def manifest_rows(batch: pa.Table, base: str, corpus: str) -> pa.Table:
-    """A manifest batch as :data:`MANIFEST_SCHEMA` rows.
+def manifest_rows(batch: pa.Table, base: str, corpus: str, manifest: str = "manifest") -> pa.Table:
+    """A manifest batch as :data:`MANIFEST_SCHEMA` rows (each read by ``rayspec.manifest.utterance_from_row``).
 
     Args:
-        batch: rows with at least ``id`` and ``audio`` (optional ``text``, ``duration_s``, ``corpus``; others are
-            dropped); base: the manifest's folder (relative audio paths are resolved against it); corpus: the
-            default corpus name.
+        batch: rows with at least ``id`` and ``audio`` (a path, bytes, or Hugging Face's ``{"bytes", "path"}``
+            struct; optional ``text``, ``duration_s``, ``corpus``; others are dropped); base: the manifest's folder
+            (relative audio paths are resolved against it); corpus: the default corpus name; manifest: its path.
 
     Raises:
         rayspec.manifest.ManifestError: a batch without ``id`` or ``audio``, or a row with either missing.
     """
-    from rayspec.manifest import ManifestError, Utterance, estimated_seconds
+    from rayspec.manifest import estimated_seconds, utterance_from_row
 
-    rows = batch.to_pylist()
     out = []
-    for r in rows:
-        if r.get("id") is None or r.get("audio") is None:
-            raise ManifestError(f"a manifest row lacks 'id' or 'audio' (has {sorted(r)})")
-        audio = str(r["audio"])
-        audio = audio if os.path.isabs(audio) else os.path.join(base, audio)
-        duration = None if r.get("duration_s") is None else float(r["duration_s"])
-        u = Utterance(str(r["id"]), audio, None if r.get("text") is None else str(r["text"]), duration,
-                      str(r.get("corpus") or corpus))
+    for r in batch.to_pylist():
+        u = utterance_from_row(r, base, corpus, manifest)
         out.append({"id": u.id, "audio": u.audio, "text": u.text, "duration_s": u.duration_s, "corpus": u.corpus,
-                    "est_s": estimated_seconds(u)})
+                    "est_s": estimated_seconds(u), "data": u.data})
     return pa.Table.from_pylist(out, schema=MANIFEST_SCHEMA)
 
 
@@ -74,14 +68,17 @@ def utterances(batch: dict) -> list:
     def opt(v):  # a column of nulls can reach here as float NaNs (float32 too)
         return None if v is None or (isinstance(v, (float, np.floating)) and np.isnan(v)) else v
 
-    return [Utterance(str(i), str(a), None if opt(t) is None else str(t), None if opt(d) is None else float(d), str(c))
-            for i, a, t, d, c in zip(batch["id"], batch["audio"], batch["text"], batch["duration_s"], batch["corpus"])]
+    data = batch["data"] if "data" in batch else [None] * len(batch["id"])
+    return [Utterance(str(i), str(a), None if opt(t) is None else str(t), None if opt(d) is None else float(d), str(c),
+                      None if b is None else bytes(b))
+            for i, a, t, d, c, b in zip(batch["id"], batch["audio"], batch["text"], batch["duration_s"],
+                                        batch["corpus"], data)]
 
 
 def load_audio_batch(batch: dict, sample_rate: int = 16000, max_seconds: Optional[float] = None) -> dict:
-    """Decodes each row's audio file (a Ray Data map over CPU tasks): adds ``samples`` (float32 mono waveform at
-    ``sample_rate`` Hz, empty for a file that cannot be used) and ``loaded`` (False for such a file: the transcriber
-    reloads it and writes its error row, as ``rayspec transcribe`` does).
+    """Decodes each row's audio file or bytes (a Ray Data map over CPU tasks): adds ``samples`` (float32 mono waveform
+    at ``sample_rate`` Hz, empty for audio that cannot be used) and ``loaded`` (False for such audio: the transcriber
+    reloads it and writes its error row, as ``rayspec transcribe`` does); a loaded row's bytes are dropped.
 
     Args:
         batch: :data:`MANIFEST_SCHEMA` columns (numpy format); sample_rate: the target model's rate in Hz;
@@ -91,14 +88,16 @@ def load_audio_batch(batch: dict, sample_rate: int = 16000, max_seconds: Optiona
 
     limits = AudioLimits(max_seconds=max_seconds) if max_seconds else AudioLimits()
     samples, loaded = [], []
-    for path in batch["audio"]:
+    for u in utterances(batch):
         try:
-            samples.append(load_audio(str(path), sample_rate, limits))
+            samples.append(load_audio(u.source, sample_rate, limits))
             loaded.append(True)
         except AudioError:
             samples.append(np.zeros(0, np.float32))
             loaded.append(False)
     out = dict(batch)
+    if "data" in out:  # held by a failed row only, which the transcriber reloads
+        out["data"] = np.array([None if ok else b for ok, b in zip(loaded, out["data"])] + [None], dtype=object)[:-1]
     out["samples"] = np.array(samples + [None], dtype=object)[:-1]  # ragged: one array per row
     out["loaded"] = np.array(loaded)
     return out

@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
                "share it with fractions (--drafter-gpus 0.3 --target-gpus 0.7); on CPU leave both at 0.",
     )
     p.add_argument("input", nargs="?", default=None,
-                   help="manifest or folder of audio (default: the bundled AN4 and LJSpeech sample clips)")
+                   help="manifest (a Parquet 'audio' column may hold the files' bytes), folder of audio or of Parquet "
+                        "shards (default: the bundled AN4 and LJSpeech sample clips)")
     p.add_argument("-o", "--output", default="results/samples.parquet", help="results .parquet file")
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else an embedded local Ray)")
     p.add_argument("--actors", choices=["auto", "colocated", "split"], default="auto",

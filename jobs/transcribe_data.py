@@ -2,8 +2,9 @@
 
     ray job submit --working-dir . -- python -m jobs.transcribe_data <manifest> -o results/corpus
 
-The manifest is read with Ray Data's readers (``read_json`` for .jsonl, ``read_csv``, ``read_parquet``; a folder of
-audio is listed by ``rayspec.manifest.read_manifest``), ids already in the output are dropped, the rest sorted
+The manifest is read with Ray Data's readers (``read_json`` for .jsonl, ``read_csv``, ``read_parquet``, also for a
+folder of Parquet shards whose ``audio`` column holds the audio's bytes; a folder of audio is listed by
+``rayspec.manifest.read_manifest``), ids already in the output are dropped, the rest sorted
 longest first on the driver and cut into blocks of ``--batch-size`` rows (the last ones smaller:
 :func:`rayspec.batching.guided_split`); CPU tasks decode the audio
 (:func:`actors.data.load_audio_batch`), an actor pool of ``--concurrency`` actors (default: one per CPU, or per GPU
@@ -31,7 +32,7 @@ import ray  # noqa: E402
 
 from jobs.transcribe import report  # noqa: E402
 from rayspec.batching import guided_split, plan_batches  # noqa: E402
-from rayspec.manifest import AUDIO_SUFFIXES, ManifestError, corpus_name, read_manifest  # noqa: E402
+from rayspec.manifest import AUDIO_SUFFIXES, ManifestError, corpus_name, parquet_shards, read_manifest  # noqa: E402
 from rayspec.models.registry import resolve_model  # noqa: E402
 from rayspec.options import DTYPES, add_decode_args, add_model_args, budget_from_args  # noqa: E402
 from rayspec.options import decode_options, encoder_dtype, limits_from_args, run_command  # noqa: E402
@@ -58,7 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m jobs.transcribe_data", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("input", nargs="?", default=None,
-                   help="manifest (.jsonl, .csv, .parquet) or folder of audio (default: the bundled sample clips)")
+                   help="manifest (.jsonl, .csv, .parquet: its 'audio' column may hold the files' bytes), folder of "
+                        "audio or of Parquet shards (default: the bundled sample clips)")
     p.add_argument("-o", "--output", default="results/data", help="results folder (Parquet files; default results/data)")
     p.add_argument("--address", help="Ray address (default: RAY_ADDRESS, else an embedded local Ray)")
     p.add_argument("--num-cpus", type=int, default=None, help="CPUs of the embedded local Ray")
@@ -90,7 +92,9 @@ def read_manifest_dataset(path: str) -> "ray.data.Dataset":
     if not os.path.exists(path):
         raise ManifestError(f"manifest not found: {path}")
     suffix = os.path.splitext(path)[1].lower()
-    if os.path.isdir(path) or suffix in AUDIO_SUFFIXES:
+    if os.path.isdir(path) and parquet_shards(path):  # read straight from the shards, audio bytes and all
+        ds = ray.data.read_parquet(path, file_extensions=["parquet"], num_cpus=TASK_CPUS, override_num_blocks=1)
+    elif os.path.isdir(path) or suffix in AUDIO_SUFFIXES:
         from dataclasses import asdict
 
         ds = ray.data.from_items([asdict(u) for u in read_manifest(path)])
@@ -103,9 +107,9 @@ def read_manifest_dataset(path: str) -> "ray.data.Dataset":
     else:
         raise ManifestError(f"unknown manifest format {suffix!r} (use .jsonl, .csv, .parquet or a folder of audio): "
                             f"{path}")
-    base = os.path.dirname(os.path.abspath(path))
+    base = os.path.abspath(path) if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     return ds.map_batches(manifest_rows, batch_format="pyarrow", num_cpus=TASK_CPUS,
-                          fn_kwargs={"base": base, "corpus": corpus_name(Path(path))})
+                          fn_kwargs={"base": base, "corpus": corpus_name(Path(path)), "manifest": path})
 
 
 def sample_rate(model_dir: str) -> int:

@@ -513,7 +513,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "a token budget. Re-running with the same output resumes: finished ids are skipped. A bad file "
                     f"becomes a row with 'error' set; the exit status is then {EXIT_SOME_FAILED}.",
     )
-    p.add_argument("input", help="manifest file (JSONL/CSV/Parquet), folder of audio, or one audio file")
+    p.add_argument("input", help="manifest file (JSONL/CSV/Parquet; a Parquet 'audio' column may hold the files' "
+                                  "bytes), folder of audio or of Parquet shards, or one audio file")
     p.add_argument("-o", "--output", required=True, help="results .parquet file")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar")
     add_model_args(p)

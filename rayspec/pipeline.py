@@ -301,7 +301,7 @@ class Drafter:
         pieces, owners, spans = [], [], []
         for i, u in enumerate(utterances):
             try:
-                audio = load_audio(u.audio, rate, self.limits) if audios is None else audios[i]
+                audio = load_audio(u.source, rate, self.limits) if audios is None else audios[i]
             except AudioError as exc:
                 errors[i], codes[i] = str(exc), exc.code
                 continue
@@ -571,7 +571,7 @@ class Transcriber:
         loaded, where = [], []
         for i, u in enumerate(utterances):
             try:
-                loaded.append(load_audio(u.audio, rate, self.limits) if audios is None else audios[i])
+                loaded.append(load_audio(u.source, rate, self.limits) if audios is None else audios[i])
                 where.append(i)
             except AudioError as exc:
                 rows[i] = dec._row(u, None, 0.0, name, error=str(exc), code=exc.code)
