@@ -13,7 +13,7 @@ import os
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-# Loopback only (see the README): set before Ray is imported.
+# Loopback only (see the README's quick start): set before Ray is imported.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -5,7 +5,8 @@ The job's default on CPUs (``--actors colocated``): one process holds one copy o
 with all its threads, where the split layout (``actors/drafter.py`` + ``actors/target.py``) needs two processes,
 each with its own torch runtime, and an object-store hop for the encoder states; the split in exchange overlaps one
 batch's encoder with another's decoder (whisper-base on all 286 LJSpeech clips, 2 CPUs: 2.1 against 2.9 GiB, 168
-against 155 s with static batches; README). The split layout is the default for models on GPUs.
+against 155 s with static batches; docs/benchmarks/scaling.md, "Job memory"). The split layout is the default for
+models on GPUs.
 
 The batches the driver has in flight on the actor (``--in-flight``) join one continuous batch
 (:class:`rayspec.engine.TranscriptionEngine`, as in ``rayspec transcribe`` and Serve): a queued batch is encoded

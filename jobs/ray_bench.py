@@ -75,8 +75,9 @@ def ray_data(manifest: str, out: str, extra: list[str]) -> dict:
 
 
 def caption(args, extra: list[str], n: int) -> str:
-    return (f"{n} utterances of {args.input}; {args.cpus} CPUs per configuration ({cpu_model()}); {args.repeats} round(s), "
-            f"alternating; options: {' '.join(extra) or 'defaults'}; {time.strftime('%Y-%m-%d', time.gmtime())}")
+    return (f"{n} utterances of {os.path.basename(args.input)}; {args.cpus} CPUs per configuration ({cpu_model()}); "
+            f"{args.repeats} round(s), alternating; options: {' '.join(extra) or 'defaults'}; "
+            f"{time.strftime('%Y-%m-%d', time.gmtime())}")
 
 
 def main(argv=None) -> int:

@@ -59,7 +59,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "rounds are plain target steps (as vLLM's disable_by_batch_size; the transcripts are the same "
                         "either way). 'all': speculate at any batch size. Default auto: "
                         f"{CPU_SPECULATE_MAX_ROWS} on a CPU, where verifying many rows' drafts costs more than the "
-                        "steps it saves (see the README's medusa benchmark), all on a GPU")
+                        "steps it saves (see docs/benchmarks/medusa.md), all on a GPU")
     g.add_argument("--max-tokens-per-second", type=float, default=30.0,
                    help="cap on generated tokens per second of audio, against runaway repetition (default 30)")
     g.add_argument("--language", default="en",
@@ -79,7 +79,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="lossy speed-up for short clips: cut the encoder's 30 s window to each batch's longest clip "
                         "+ 2 s, at least SECONDS (whisper.cpp's audio_ctx, chosen per batch). whisper-base: 10 kept "
                         "LJSpeech's WER at 2.6x the speed but hurt 2-5 s clips; 20 gave 1.6x at a small cost (see "
-                        "the README). Turns the no-speech gate off. Default 0: the full window, the exact reference")
+                        "docs/benchmarks/whisper.md). Turns the no-speech gate off. Default 0: the full window, the "
+                        "exact reference")
     d = SpeculationOptions()
     g.add_argument("--draft-max", type=int, default=d.max_draft,
                    help=f"longest draft per round (SpecASR IV.A; default {d.max_draft}; SpecASR used 24)")

@@ -38,7 +38,7 @@ class NamedModel:
     """A model name users pass as ``--target``.
 
     Attributes:
-        name: the name; summary: one line for ``--help`` and the README's model table.
+        name: the name; summary: one line for ``--help`` and the models page's table (docs/models/index.md).
         model_bin: the parts of CTranslate2's ``model.bin``, in order (one file, or a file split across packages).
         support: ``config.json``, ``tokenizer.json`` and the vocabulary file, in one folder.
     """

@@ -592,7 +592,8 @@ class WhisperASR:
         rounded up to whole seconds, at most the model's window. The encoder's cost falls with the window (its
         attention quadratically); the model, trained on 30 s windows, may transcribe differently: in a 3 s window
         Whisper base repeated a 1.9 s LJSpeech clip's text to the token cap, and in 10 s windows it misheard
-        speechocean762's 2-5 s sentences far more often than in 30 s ones (the README's table).
+        speechocean762's 2-5 s sentences far more often than in 30 s ones (docs/benchmarks/whisper.md, "Short encoder
+        window").
 
         Args:
             features: ``[B, n_mels, T]`` from :meth:`features`; frame_lengths: int64 ``[B]``, real frames per row.

@@ -44,7 +44,7 @@ LAZY_MIN_NODES = 16
 # on a CPU, speculation pays only while the batch is small: a verification pass's cost grows with its rows x draft
 # nodes (whisper-base, 2 threads, 16 rows: 37 / 58 / 91 / 150 ms for 1 / 2 / 4 / 10 new positions per row, one
 # row: 12.7 / 13.5 / 13.0 / 16.1 ms), so above this many live rows a round verifies no draft (vLLM's
-# ``disable_by_batch_size``); measured by decoding 32 LJSpeech clips at 1-16 rows, see the README's medusa benchmark
+# ``disable_by_batch_size``); measured by decoding 32 LJSpeech clips at 1-16 rows, see docs/benchmarks/medusa.md
 CPU_SPECULATE_MAX_ROWS = 2
 
 
