@@ -38,7 +38,8 @@ def dequantized_dir(gguf: str, key: str, label: str) -> str:
         gguf: the ``.gguf`` path; key: hex digest naming its contents; label: the folder's readable prefix.
 
     Raises:
-        ModelLoadError: transformers cannot read the file, or the cache is not writable (:func:`build_cached`).
+        ModelLoadError: transformers cannot read the file, or the cache is not writable (:func:`build_cached`);
+        MissingExtra: gguf or accelerate (the ``chat`` extra) is not installed.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -47,6 +48,10 @@ def dequantized_dir(gguf: str, key: str, label: str) -> str:
             os.path.join(folder, "tokenizer.json"))
 
     def build(tmp: str) -> None:
+        from ..extras import require
+
+        for module in ("gguf", "accelerate"):  # transformers reads GGUF through both
+            require(module, "chat", "a GGUF LLM")
         folder, name = os.path.split(os.path.abspath(gguf))
         try:
             model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype="float32")

@@ -90,10 +90,14 @@ def build_whisper_tokenizer(tiktoken_path: str, out_dir: str):
         The loaded tokenizer.
 
     Raises:
-        FileNotFoundError: no file at ``tiktoken_path``.
+        FileNotFoundError: no file at ``tiktoken_path``; MissingExtra: tiktoken (the ``peers`` extra) is not
+        installed.
     """
     from transformers.convert_slow_tokenizer import TikTokenConverter
 
+    from ..extras import require
+
+    require("tiktoken", "peers", "building Whisper's tokenizer from its BPE ranks")
     if not os.path.isfile(tiktoken_path):
         raise FileNotFoundError(f"no BPE ranks at {tiktoken_path} (Whisper's gpt2.tiktoken)")
     vocab, merges = TikTokenConverter(vocab_file=tiktoken_path).extract_vocab_merges_from_model(tiktoken_path)

@@ -104,9 +104,10 @@ def run_named_rayspec(name: str, method: str, compute_type: str, audios, batch_s
 
 def run_faster_whisper(ct2_dir: str, batched: bool, compute_type: str, audios, batch_sizes,
                        threads: int) -> tuple[str, float, list]:
-    import faster_whisper
-    from faster_whisper import BatchedInferencePipeline, WhisperModel
+    from ..extras import require
 
+    faster_whisper = require("faster_whisper", "peers", "the faster-whisper peer")
+    WhisperModel, BatchedInferencePipeline = faster_whisper.WhisperModel, faster_whisper.BatchedInferencePipeline
     model = WhisperModel(ct2_dir, device="cpu", compute_type=compute_type or "float32", cpu_threads=threads)
     pipe = BatchedInferencePipeline(model) if batched else None
     startup = time.perf_counter() - T_START
@@ -129,9 +130,11 @@ def run_faster_whisper(ct2_dir: str, batched: bool, compute_type: str, audios, b
 
 def run_ctranslate2(ct2_dir: str, hf_dir: str, compute_type: str, audios, batch_sizes,
                     threads: int) -> tuple[str, float, list]:
-    import ctranslate2
     from transformers import AutoTokenizer, GenerationConfig, WhisperFeatureExtractor
 
+    from ..extras import require
+
+    ctranslate2 = require("ctranslate2", "peers", "the CTranslate2 peer")
     model = ctranslate2.models.Whisper(ct2_dir, device="cpu", compute_type=compute_type or "float32",
                                        intra_threads=threads)
     fe = WhisperFeatureExtractor.from_pretrained(hf_dir)

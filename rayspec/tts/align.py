@@ -85,9 +85,9 @@ class Aligner:
     """
 
     def _decoder_for(self, words: list[str]):
-        from pocketsphinx import Decoder
+        from ..extras import require
 
-        d = Decoder(samprate=16000, loglevel="FATAL")
+        d = require("pocketsphinx", "tts", "forced alignment").Decoder(samprate=16000, loglevel="FATAL")
         for word in words:
             if d.lookup_word(word) is None:
                 d.add_word(word, " ".join(word_phones(word)), True)

@@ -24,7 +24,7 @@ MAX_CODEBOOKS = 46
 
 
 class CodecError(RuntimeError):
-    """The codec's model files are missing or its runtime (``ai-edge-litert``) is not installed."""
+    """The codec's model files are missing or its runtime (``ai-edge-litert``, the ``tts`` extra) is not installed."""
 
 
 def coarse_tokens(codes: np.ndarray) -> np.ndarray:
@@ -63,7 +63,9 @@ class LyraCodec:
         try:
             from ai_edge_litert.interpreter import Interpreter
         except ImportError as e:  # pragma: no cover - an install problem, not a code path
-            raise CodecError("the Lyra codec needs the 'ai-edge-litert' package (pip install ai-edge-litert)") from e
+            from ..extras import extra_hint
+
+            raise CodecError(extra_hint("tts", "the Lyra codec (ai-edge-litert)")) from e
         return Interpreter
 
     def _runner(self, name: str, signature: str | None = None):

@@ -24,9 +24,10 @@ class PocketsphinxJudge:
     """Transcribe 16 kHz float32 audio with pocketsphinx's default en-us models."""
 
     def __init__(self) -> None:
-        from pocketsphinx import Decoder
+        from ..extras import require
 
-        self._decoder = Decoder(samprate=16000, loglevel="FATAL")
+        self._decoder = require("pocketsphinx", "tts", "the pocketsphinx judge").Decoder(samprate=16000,
+                                                                                          loglevel="FATAL")
 
     def transcribe(self, audio: np.ndarray) -> str:
         """pocketsphinx's transcript of float ``[S]`` audio at 16 kHz (clipped to -1..1)."""

@@ -24,6 +24,8 @@ from contextlib import closing
 from functools import lru_cache
 from importlib import metadata
 
+from ..extras import MissingExtra, extra_hint, require
+
 PUNCTUATION = ",.;:!?"
 _TOKEN = re.compile(r"\d+(?:[.,]\d+)*|[^\W\d_]+(?:['’][^\W\d_]+)*|[,.;:!?]")
 LETTER_A = "ˈeɪ"  # the letter's name ("API"); the lexicon's "a" is the article
@@ -35,12 +37,12 @@ def _lang_file(*parts: str) -> str:
     """A data file of the installed ``gruut-lang-en`` distribution (found through its metadata, not imported).
 
     Raises:
-        ModuleNotFoundError: the distribution is not installed.
+        MissingExtra: the distribution (the ``tts`` extra) is not installed.
     """
     try:
         dist = metadata.distribution("gruut-lang-en")
     except metadata.PackageNotFoundError as e:
-        raise ModuleNotFoundError("the English G2P needs gruut-lang-en: pip install gruut-lang-en") from e
+        raise MissingExtra(extra_hint("tts", "the English G2P (gruut-lang-en)"), name="gruut_lang_en") from e
     return str(dist.locate_file(os.path.join("gruut_lang_en", "espeak", *parts)))
 
 
@@ -54,9 +56,7 @@ def lexicon() -> dict[str, str]:
 
 @lru_cache(maxsize=1)
 def _tagger():
-    import pycrfsuite
-
-    tagger = pycrfsuite.Tagger()
+    tagger = require("pycrfsuite", "tts", "the English G2P").Tagger()
     tagger.open(_lang_file("g2p", "model.crf"))
     return tagger
 
@@ -120,9 +120,7 @@ def word_ipa(word: str) -> str:
 
 def _number_words(number: str) -> list[str]:
     """Words of a number token (``"1,500"``, ``"3.14"``, ``"1984"``); digit by digit where ``inflect`` gives up."""
-    import inflect
-
-    engine = inflect.engine()
+    engine = require("inflect", "tts", "numbers in the English G2P").engine()
     try:
         if re.fullmatch(r"1[1-9]\d\d|20[1-9]\d", number):  # a year: "nineteen eighty-four", "nineteen oh five"
             hi, lo = number[:2], number[2:]

