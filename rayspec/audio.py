@@ -19,10 +19,10 @@ import numpy as np
 DEFAULT_MAX_SECONDS = 4 * 3600.0  # a guard: longer recordings are segmented up to this (see rayspec.vad)
 DEFAULT_MIN_SECONDS = 0.05  # 800 samples at 16 kHz: two STFT windows; shorter holds no word
 DEFAULT_MAX_BYTES = 25 * 1024 * 1024  # OpenAI's audio API upload limit (Serve's uploads)
-DEFAULT_MAX_FILE_BYTES = 4 * 1024 ** 3  # files and manifest bytes: decoding holds the output only, so duration bounds memory
+DEFAULT_MAX_FILE_BYTES = 4 * 1024 ** 3  # files, manifest bytes: decoding holds its output only (duration bounds memory)
 MEDIA_HINT = "pip install 'rayspec[media]' (PyAV) or put ffmpeg on PATH"
 """How to add FFmpeg's decoders, as error messages name it."""
-CHUNK_FRAMES = 1 << 16  # decoded frames per chunk (1.5-4 s): down-mixed and resampled a chunk at a time
+CHUNK_FRAMES = 1 << 20  # decoded frames per chunk (24-65 s): down-mixed and resampled a chunk at a time
 
 
 class AudioError(ValueError):
@@ -64,7 +64,8 @@ class AudioLimits:
 
 
 
-def load_audio(source, sample_rate: int = 16000, limits: AudioLimits = AudioLimits()) -> np.ndarray:
+def load_audio(source, sample_rate: int = 16000, limits: AudioLimits = AudioLimits(),
+               decoder: Optional[str] = None) -> np.ndarray:
     """Decode, down-mix and resample one audio file, chunk by chunk.
 
     Args:
@@ -74,6 +75,8 @@ def load_audio(source, sample_rate: int = 16000, limits: AudioLimits = AudioLimi
         sample_rate: target rate in Hz; resampling uses soxr's high-quality filter (FFmpeg's own resampler on the
             ``ffmpeg`` executable's path).
         limits: byte and duration limits.
+        decoder: one of :data:`DECODERS` alone (to compare them); default: libsndfile, then FFmpeg (PyAV where
+            installed, else an ``ffmpeg`` on PATH) for what libsndfile cannot read.
 
     Returns:
         float32 array of shape ``[num_samples]`` in [-1, 1] at ``sample_rate`` Hz, channels averaged.
@@ -91,16 +94,16 @@ def load_audio(source, sample_rate: int = 16000, limits: AudioLimits = AudioLimi
         raise AudioTooLargeError(f"audio file is {size} bytes, over the limit of {limits.max_bytes}: {name}")
     start = None if isinstance(source, (str, os.PathLike)) else source.tell()
     reason = ""
-    for decoder in _decoders():
+    for read in _decoders() if decoder is None else [DECODERS[decoder]]:
         if start is not None:
             source.seek(start)
         try:
-            return decoder(source, _Sink(name, sample_rate, limits))
+            return read(source, _Sink(name, sample_rate, limits))
         except AudioError:
             raise
         except Exception as exc:  # each decoder's own error types: the next decoder tries; the last one's reason
             reason = _reason(exc)
-            if decoder is _read_soundfile and getattr(exc, "code", None) == SF_ERR_UNRECOGNISED_FORMAT:
+            if read is _read_soundfile and getattr(exc, "code", None) == SF_ERR_UNRECOGNISED_FORMAT:
                 reason += f" (libsndfile reads WAV, FLAC, OGG and MP3; for other formats: {MEDIA_HINT})"
     raise AudioError(f"cannot decode audio {name}: {reason}", "undecodable")
 
@@ -147,16 +150,19 @@ def _decoders() -> list:
 
 
 class _Sink:
-    """Down-mixed chunks at the source's rate -> one float32 buffer at ``sample_rate`` Hz.
+    """Down-mixed chunks at the source's rate -> float32 samples at ``sample_rate`` Hz.
 
-    Resamples as a stream (soxr HQ; the same samples as resampling the whole signal at once) into a buffer sized
-    from the duration the header states (grown if it understated it), and checks the limits as chunks arrive.
+    A file that comes in one chunk (up to :data:`CHUNK_FRAMES` frames) is resampled at once (soxr HQ). A longer one
+    is resampled as a stream (the same samples) into one buffer sized from the duration its header states (grown if
+    it understated it), so it is held once, at ``sample_rate``. The limits are checked as chunks arrive.
     """
 
     def __init__(self, name: str, sample_rate: int, limits: AudioLimits) -> None:
         self.name, self.sample_rate, self.limits = name, sample_rate, limits
         self.rate = 0
+        self.seconds: Optional[float] = None  # the duration the header states
         self.frames = 0  # input frames seen
+        self.first: Optional[np.ndarray] = None  # the first chunk, until a second one comes
         self.n = 0  # output samples written
         self.out = self.resampler = None
 
@@ -164,23 +170,28 @@ class _Sink:
         """Open for a source at ``rate`` Hz stating ``seconds`` (None: unknown); raises AudioTooLargeError if over."""
         if seconds is not None and seconds > self.limits.max_seconds:
             self._too_long(seconds)
-        import soxr  # here, not at import: the library's decoding path runs without it (a GPU host's benchmark
-        # of pre-packed arrays, rayspec bench --suite gpu --random-weights)
-
-        self.rate = int(rate)
-        if self.rate != self.sample_rate:
-            self.resampler = soxr.ResampleStream(self.rate, self.sample_rate, 1, dtype="float32", quality="HQ")
-        expected = 1.01 * seconds + 1.0 if seconds is not None else 60.0  # headers may understate (codec padding)
-        self.out = np.empty(int(expected * self.sample_rate), np.float32)
+        self.rate, self.seconds = int(rate), seconds
 
     def add(self, mono: np.ndarray) -> None:
-        """Append float32 mono samples ``[frames]`` at the source's rate."""
+        """Append float32 mono samples ``[frames]`` at the source's rate (an array the caller no longer writes)."""
         self.frames += len(mono)
         if self.frames > self.limits.max_seconds * self.rate:
             self._too_long(self.frames / self.rate)
         if not np.isfinite(mono).all():
             raise AudioError(f"audio has NaN or infinite samples: {self.name}", "non_finite")
-        self._put(self.resampler.resample_chunk(mono) if self.resampler else mono)
+        if self.out is None and self.first is None:
+            self.first = mono
+            return
+        if self.out is None:  # a second chunk: stream from here on
+            import soxr
+
+            expected = 1.01 * self.seconds + 1.0 if self.seconds else 60.0  # headers may understate (codec padding)
+            self.out = np.empty(int(expected * self.sample_rate), np.float32)
+            if self.rate != self.sample_rate:
+                self.resampler = soxr.ResampleStream(self.rate, self.sample_rate, 1, dtype="float32", quality="HQ")
+            first, self.first = self.first, None
+            self._resample(first)
+        self._resample(mono)
 
     def finish(self) -> np.ndarray:
         """The decoded audio, ``[num_samples]`` float32 at ``sample_rate``; raises AudioError if empty or too short."""
@@ -189,10 +200,21 @@ class _Sink:
         if self.frames < self.limits.min_seconds * self.rate:
             raise AudioError(f"audio is {1000 * self.frames / self.rate:.1f} ms long, under the minimum of "
                              f"{1000 * self.limits.min_seconds:.0f} ms: {self.name}", "too_short")
+        if self.first is not None:  # one chunk
+            import soxr  # here, not at import: the library's decoding path runs without it (a GPU host's
+            # benchmark of pre-packed arrays, rayspec bench --suite gpu --random-weights)
+
+            mono = self.first
+            if self.rate != self.sample_rate:
+                mono = soxr.resample(mono, self.rate, self.sample_rate, quality="HQ")
+            return np.ascontiguousarray(mono, dtype=np.float32)
         if self.resampler:
             self._put(self.resampler.resample_chunk(np.zeros(0, np.float32), last=True))
         self.out.resize(self.n, refcheck=False)  # shrinks in place: the buffer is never copied whole
         return self.out
+
+    def _resample(self, mono: np.ndarray) -> None:
+        self._put(self.resampler.resample_chunk(mono) if self.resampler else mono)
 
     def _put(self, samples: np.ndarray) -> None:
         end = self.n + len(samples)
@@ -219,6 +241,8 @@ def _read_soundfile(source, sink: _Sink) -> np.ndarray:
 
 def _read_pyav(source, sink: _Sink) -> np.ndarray:
     """Decode the first audio stream with FFmpeg through PyAV, in frames of :data:`CHUNK_FRAMES` samples."""
+    import itertools
+
     import av
 
     with av.open(source, metadata_errors="ignore") as container:
@@ -232,15 +256,12 @@ def _read_pyav(source, sink: _Sink) -> np.ndarray:
             seconds = container.duration / 1e6 if container.duration else None
         # float planar at the first frame's layout and rate (later frames converted to them), fixed-size frames
         resampler = av.AudioResampler(format="fltp", frame_size=CHUNK_FRAMES)
-        for frame in container.decode(stream):
+        for frame in itertools.chain(container.decode(stream), [None]):  # None: flush the resampler
+            if frame is not None and not sink.rate:
+                sink.start(frame.sample_rate, seconds)
             for out in resampler.resample(frame):
-                if not sink.rate:
-                    sink.start(out.sample_rate, seconds)
                 x = out.to_ndarray()  # [channels, frames]
                 sink.add(x.mean(axis=0) if x.shape[0] > 1 else x[0])
-        for out in resampler.resample(None):
-            x = out.to_ndarray()
-            sink.add(x.mean(axis=0) if x.shape[0] > 1 else x[0])
     if not sink.rate:
         sink.start(stream.rate or sink.sample_rate, 0.0)
     return sink.finish()
@@ -282,3 +303,8 @@ def _read_ffmpeg(source, sink: _Sink) -> np.ndarray:
                     raise AudioError(f"no audio stream in {sink.name}", "undecodable")
                 raise RuntimeError(text.splitlines()[-1] if text else f"ffmpeg exit status {proc.returncode}")
     return sink.finish()
+
+
+DECODERS = {"libsndfile": _read_soundfile, "pyav": _read_pyav, "ffmpeg": _read_ffmpeg}
+"""The decoders by name (``load_audio(decoder=...)``): libsndfile (soundfile), FFmpeg through PyAV, an ``ffmpeg``
+executable."""
