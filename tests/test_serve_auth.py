@@ -68,7 +68,8 @@ def test_every_route_but_health_and_the_chat_page_needs_the_key(client):
             for kw in ({"headers": {"Authorization": f"Bearer {KEY}"}},
                        {"subprotocols": ["realtime", f"openai-insecure-api-key.{KEY}"]}):
                 with c.websocket_connect(path, **kw) as ws:  # chat is off here: an error event, then close
-                    assert "voice chat is off" in ws.receive_text()
+                    assert "voice chat is off" in ws.receive_text()  # a browser needs one offered protocol echoed:
+                    assert ws.accepted_subprotocol == ("realtime" if "subprotocols" in kw else None)  # not the key
             continue
         for headers, message in (({}, "needs an API key"), ({"Authorization": "Bearer sk-wrong"}, "incorrect"),
                                  ({"Authorization": f"Bearer {KEY}x"}, "incorrect"),
