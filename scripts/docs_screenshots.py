@@ -16,7 +16,7 @@ import tempfile
 import threading
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-PAGES = {"screenshot-home.png": "", "screenshot-benchmark.png": "benchmarks/methods/"}
+PAGES = {"screenshot-home.png": "", "screenshot-benchmark.png": "benchmarks/methods.html"}
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
          "--disable-sync", "--no-first-run", "--hide-scrollbars", "--window-size=1440,1000"]
 

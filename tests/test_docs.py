@@ -79,16 +79,22 @@ def _checked_links(text: str) -> list[tuple[str, str, str]]:
     return [(label, path, title) for label, path, title in LINK.findall(text) if path.startswith("bench/")]
 
 
-def test_site_builds_strict(tmp_path):
-    """`mkdocs build --strict`: a broken link, a missing include or a bad API reference fails."""
-    site = tmp_path / "site"
+@pytest.fixture(scope="module")
+def site(tmp_path_factory):
+    """The site, built once for this module's tests with `mkdocs build --strict`."""
+    site = tmp_path_factory.mktemp("docs") / "site"
     proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(site)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, NO_MKDOCS_2_WARNING="1"))
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    page = (site / "benchmarks" / "methods" / "index.html").read_text(encoding="utf-8")
+    return site
+
+
+def test_site_builds_strict(site):
+    """`mkdocs build --strict`: a broken link, a missing include or a bad API reference fails."""
+    page = (site / "benchmarks" / "methods.html").read_text(encoding="utf-8")
     assert "<table>" in page and "bench-methods.png" in page
     assert (site / "bench" / "methods" / "bench-methods.png").is_file()  # the plots are served (docs/hooks.py)
-    assert "rayspec.pipeline.Transcriber" in (site / "api" / "library" / "index.html").read_text(encoding="utf-8")
+    assert "rayspec.pipeline.Transcriber" in (site / "api" / "library.html").read_text(encoding="utf-8")
 
 
 def test_readme_is_short_and_opens_with_the_two_commands():
@@ -141,3 +147,50 @@ def test_bench_value_finds_exactly_one_cell():
     assert _bench_value("bench/methods/bench-methods.md", "draft; 1 @ NFE/utt") == "6.12"
     with pytest.raises(AssertionError, match="2 cells"):
         _bench_value("bench/methods/bench-methods.md", "draft @ NFE/utt")  # batch 1 and 16
+
+
+def test_site_reads_from_disk(site):
+    """Offline: pages are files (links land on pages, not folder listings), search has its index as a script, and
+    no page loads a script or style from the network (mermaid is bundled)."""
+    page = (site / "architecture.html").read_text(encoding="utf-8")
+    assert 'href="getting-started.html"' in (site / "index.html").read_text(encoding="utf-8")
+    assert (site / "search" / "search_index.js").is_file()  # MkDocs Material's offline plugin
+    assert (site / "javascripts" / "mermaid.min.js").is_file() and (site / "javascripts" / "LICENSE.mermaid").is_file()
+    for html in (site / "architecture.html", site / "index.html", site / "ray" / "index.html"):
+        text = html.read_text(encoding="utf-8")
+        remote = re.findall(r'<(?:script|link)[^>]+(?:src|href)="(https?:[^"]+)"', text)
+        assert not remote, f"{html.name} loads {remote}"
+    assert 'class="mermaid"' in page
+
+
+def test_architecture_diagrams_render_offline_in_chromium(site):
+    """Headless Chromium opens the built architecture page from disk with every network request refused, finds each
+    mermaid diagram drawn as SVG (not left as its `flowchart` source), and gets search results."""
+    from browser import chromium
+
+    exe = chromium()  # skips the test where there is no browser (CI has one)
+    from playwright.sync_api import sync_playwright
+
+    page_file = site / "architecture.html"
+    diagrams = page_file.read_text(encoding="utf-8").count('class="mermaid"')
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=exe, headless=True, args=[
+            "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"])
+        try:
+            page = browser.new_page()
+            page.route("**/*", lambda route: route.continue_() if route.request.url.startswith("file:")
+                       else route.abort())
+            # Material draws each diagram into a closed shadow root: open them so the test can look inside
+            page.add_init_script("const attach = Element.prototype.attachShadow; Element.prototype.attachShadow = "
+                                 "function (init) { return attach.call(this, {...init, mode: 'open'}); };")
+            page.goto(page_file.as_uri())
+            drawn = "[...document.querySelectorAll('div.mermaid')].filter(d => d.shadowRoot && " \
+                    "d.shadowRoot.querySelector('svg')).length"
+            page.wait_for_function(f"{drawn} >= {diagrams}", timeout=60000)
+            source_left = page.evaluate("[...document.querySelectorAll('pre.mermaid, .mermaid code')]"
+                                        ".map(e => e.textContent).join(' ')")
+            page.fill("input.md-search__input", "speculative")  # search runs from disk too
+            page.wait_for_function("document.querySelectorAll('.md-search-result__item').length > 0", timeout=30000)
+        finally:
+            browser.close()
+    assert diagrams >= 2 and "flowchart" not in source_left

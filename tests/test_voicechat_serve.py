@@ -5,12 +5,12 @@ chat page in a real headless Chromium. The LLM is the bundled stories260K (fast)
 import base64
 import json
 import os
-import shutil
 import time
 
 import numpy as np
 import pytest
 
+from browser import chromium
 from rayspec.chat.commands import load_lm
 
 PORT = 8769
@@ -119,29 +119,12 @@ def test_malformed_events_and_a_client_that_leaves(server):
         assert _events_until(ws, "response.done")[-1]["type"] == "response.done"
 
 
-def _chromium():
-    """A Chromium for the page test: $RAYSPEC_CHROMIUM or one on PATH (Debian's package: apt-get install chromium);
-    None if there is none. CI sets RAYSPEC_REQUIRE_BROWSER=1, so a missing browser fails there instead of skipping."""
-    required = os.environ.get("RAYSPEC_REQUIRE_BROWSER") == "1"
-    try:
-        import playwright.sync_api  # noqa: F401
-    except ImportError:
-        if required:
-            raise
-        pytest.skip("playwright is not installed (pip install 'rayspec[test]')")
-    exe = os.environ.get("RAYSPEC_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser")
-    if exe is None:
-        assert not required, "RAYSPEC_REQUIRE_BROWSER=1 but no Chromium on PATH"
-        pytest.skip("no Chromium installed (apt-get install chromium)")
-    return exe
-
-
 def test_chat_page_in_headless_chromium(server, tmp_path):
     """Load the page served at /, type a turn (streamed as typed), press Enter, wait for the reply text, an audio
     chunk and the latency table, take a screenshot. The reply is the greedy cascade's (lossless PredGen)."""
     from playwright.sync_api import sync_playwright
 
-    exe = _chromium()
+    exe = chromium()
     lm = load_lm(LM)
     expected = lm.decode(lm.generate(lm.prompt_ids(PROMPT), 80))  # the page's default reply cap: 80 tokens
     url = server.replace("ws://", "http://").replace("/v1/realtime", "/")
