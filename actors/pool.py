@@ -28,7 +28,7 @@ import ray  # noqa: E402
 from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
-from rayspec.options import DTYPES, decode_options, encoder_dtype, limits_from_args  # noqa: E402
+from rayspec.options import decode_options, encoder_dtype, limits_from_args  # noqa: E402
 
 
 def connect(address: str | None, num_cpus: int | None) -> None:
@@ -245,8 +245,9 @@ def start_actors(args, slots: int = 16) -> ActorPool:
     check_resources(args)
     options = decode_options(args)
     layout = actor_layout(args)
+    device = "cuda" if args.drafter_gpus else args.device
     kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": options,
-              "device": "cuda" if args.drafter_gpus else args.device, "dtype": DTYPES[args.dtype],
+              "device": device, "dtype": args.compute_type,  # resolved by each actor on its own node
               "limits": limits_from_args(args), "encoder_dtype": encoder_dtype(args)}
     # One bundle per actor, packed onto as few nodes as possible (drafters next to their targets).
     shapes = _actor_shapes(args)

@@ -510,7 +510,8 @@ class TranscriptionService:
         return Response(audio, media_type=media, headers=headers)
 
 
-SERVING_OPTIONS = {"target", "draft", "ctc", "device", "dtype", "encoder_dtype", "max_batch_size", "threads", "num_replicas",
+SERVING_OPTIONS = {"target", "draft", "ctc", "device", "compute_type", "encoder_dtype", "max_batch_size", "threads",
+                   "num_replicas",
                    "num_cpus", "num_gpus", "max_upload_bytes", "max_queued", "body_timeout_s",
                    "tts", "tts_target", "tts_draft", "codec", "tts_method", "tts_theta", "tts_beta",
                    "tts_temperature", "tts_lookahead", "tts_cpus", "chat", "chat_lm", "chat_tts", "chat_cpus",
@@ -520,8 +521,8 @@ TRUE = ("1", "true", "yes", "on")
 
 def build_app(args: Optional[dict] = None):
     """The Serve application; ``args`` (from ``serve run ... key=value``, ``RAYSPEC_*`` environment variables or
-    ``rayspec serve``) may set ``target``, ``draft``, ``ctc``, ``device``, ``dtype``, ``encoder_dtype``,
-    ``max_batch_size``, ``threads``,
+    ``rayspec serve``) may set ``target``, ``draft``, ``ctc``, ``device``, ``compute_type`` (default
+    ``RAYSPEC_COMPUTE_TYPE`` or auto: :mod:`rayspec.compute`), ``encoder_dtype``, ``max_batch_size``, ``threads``,
     ``num_replicas``, ``num_cpus``, ``num_gpus``, ``max_upload_bytes``, ``max_queued``, ``body_timeout_s``,
     ``api_key`` (the bearer token of :class:`AccessMiddleware`; ``RAYSPEC_API_KEY``), ``allowed_origins`` (CORS
     origins, a list or a comma-separated string) and any decoding option of ``rayspec transcribe`` (``method``,
@@ -530,7 +531,8 @@ def build_app(args: Optional[dict] = None):
     Raises:
         ValueError: an unknown option.
     """
-    from rayspec.options import DTYPES, decode_option_names, decode_options_from
+    from rayspec.compute import DTYPES
+    from rayspec.options import decode_option_names, decode_options_from
 
     args = dict(args or {})
     names = decode_option_names() - {"ctc"}
@@ -540,7 +542,7 @@ def build_app(args: Optional[dict] = None):
     options = decode_options_from({k: v for k, v in args.items() if k in names})
     transcriber = {"target": args.get("target"), "draft": args.get("draft"), "ctc": args.get("ctc"),
                    "options": options, "device": args.get("device", "cpu"),
-                   "dtype": DTYPES[args.get("dtype") or "float32"],
+                   "dtype": args.get("compute_type"),  # resolved by each replica on its node (None: the default)
                    "encoder_dtype": DTYPES[args["encoder_dtype"]] if args.get("encoder_dtype") else None}
     max_batch = int(args.get("max_batch_size", 16))
     max_queued = int(args.get("max_queued", 256))

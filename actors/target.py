@@ -26,13 +26,14 @@ def _build(target, options, device: str, threads: int, dtype):
     :class:`rayspec.engine.StreamEngine` for why)."""
     import torch
 
+    from rayspec.compute import as_dtype
     from rayspec.models.registry import DEFAULT_TARGET
     from rayspec.models.whisper import WhisperASR
     from rayspec.pipeline import TargetDecoder
 
     if threads:
         torch.set_num_threads(threads)
-    model = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, dtype or torch.float32)
+    model = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, as_dtype(dtype or torch.float32, device))
     model.release("encoder")  # the encoder runs on the drafter actors
     model.pack_for_inference()
     return TargetDecoder(model, options)

@@ -15,6 +15,7 @@ from .options import (  # noqa: F401 - EXIT_USAGE is part of the CLI's interface
     add_model_args,
     budget_from_args,
     build_transcriber,
+    compute_type,
     decode_option_names,
     print_summary,
     run_command,
@@ -47,6 +48,7 @@ def cmd_transcribe(args) -> int:
     from .pipeline import run_corpus
 
     utts = read_manifest(args.input)
+    compute_type(args, announce=True)
     transcriber = build_transcriber(args)
     with tqdm(total=len(utts), desc="transcribe", unit="utt", disable=args.quiet) as bar:
         summary = run_corpus(utts, transcriber, args.output, budget_from_args(args, transcriber.target.config),
@@ -317,7 +319,7 @@ def cmd_serve(args) -> int:
     from actors.serve_app import serve_forever
 
     decoding = {k: getattr(args, k) for k in decode_option_names()}
-    return serve_forever({**decoding, "target": args.target, "draft": args.draft, "dtype": args.dtype,
+    return serve_forever({**decoding, "target": args.target, "draft": args.draft, "compute_type": args.compute_type,
                           "encoder_dtype": args.encoder_dtype, "max_batch_size": args.max_batch_size,
                           "num_replicas": args.replicas,
                           "num_cpus": args.replica_cpus, "num_gpus": args.replica_gpus, "threads": args.threads,

@@ -30,6 +30,7 @@ import torch
 
 from .audio import AudioError, AudioLimits, load_audio
 from .batching import BatchBudget, budget_for_model, plan_batches
+from .compute import as_dtype, label as compute_type_label
 from .decoding.common import DecodeStats, Hypothesis, compression_ratio, token_cap
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
 from .decoding.ssd import ctc_drafts
@@ -246,7 +247,8 @@ class Drafter:
         draft: draft model directory for ``method="draft"`` and the ssd draft fallback (default: the draft bundled
             for the target, :func:`~rayspec.models.registry.default_drafter`).
         ctc: CTC head directory for ``method="ssd"`` / ``"ctc-draft"`` (default: the one bundled for the target).
-        options: decoder choice and options; device: torch device; dtype: model dtype (fp32 is the exact reference);
+        options: decoder choice and options; device: torch device; dtype: model dtype (fp32 is the exact reference),
+            or a compute type name (``auto``: resolved here, :mod:`rayspec.compute`);
             encoder_dtype: the encoders' compute dtype if not ``dtype`` (a lossy speed option, e.g. bfloat16 on CPU).
         limits: audio byte/duration limits (default :class:`~rayspec.audio.AudioLimits`: 25 MB, 50 ms to 4 h; audio
             longer than the target's window is segmented).
@@ -258,9 +260,10 @@ class Drafter:
 
     def __init__(self, target: Optional[str] = None, draft: Optional[str] = None,
                  options: DecodeOptions = DecodeOptions(), ctc: Optional[str] = None, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32, limits: Optional[AudioLimits] = None,
+                 dtype: torch.dtype | str = torch.float32, limits: Optional[AudioLimits] = None,
                  encoder_dtype: Optional[torch.dtype] = None) -> None:
         self.options = options
+        dtype = as_dtype(dtype, device)
         self.target = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, dtype, encoder_dtype)
         self.target.pack_for_inference()
         self.target.prompt_for(None if options.language == "auto" else options.language, options.task,
@@ -341,6 +344,8 @@ class TargetDecoder:
 
     def __init__(self, target: WhisperASR, options: DecodeOptions) -> None:
         self.target, self.options = target, options
+        encoder = target.encoder_dtype if getattr(target.model.model, "encoder", None) is not None else None
+        self._compute_type = compute_type_label(target.dtype, encoder)
         # static-shape steps (and on CUDA their graphs) captured now, before any job: rayspec.runner.static_step
         self.static_steps = prepare_static_steps(target, options.static_steps, options.cuda_graphs,
                                                  options.max_graph_batch)
@@ -472,7 +477,7 @@ class TargetDecoder:
             id=u.id, corpus=u.corpus, audio=u.audio, reference=u.text,
             duration_s=duration if duration else u.duration_s,
             model=self.target.name, draft_model=draft_model, method=self.options.method,
-            mode=self.options.mode, error=error, error_code=code, decode_s=seconds,
+            mode=self.options.mode, compute_type=self._compute_type, error=error, error_code=code, decode_s=seconds,
         )
         if h is not None:
             s = h.stats
@@ -495,7 +500,7 @@ class Transcriber:
 
     def __init__(self, target: Optional[str] = None, draft: Optional[str] = None,
                  options: DecodeOptions = DecodeOptions(), ctc: Optional[str] = None, device: str = "cpu",
-                 dtype: torch.dtype = torch.float32, limits: Optional[AudioLimits] = None,
+                 dtype: torch.dtype | str = torch.float32, limits: Optional[AudioLimits] = None,
                  encoder_dtype: Optional[torch.dtype] = None) -> None:
         self.drafter = Drafter(target, draft, options, ctc, device, dtype, limits, encoder_dtype)
         self.decoder = TargetDecoder(self.drafter.target, options)

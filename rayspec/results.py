@@ -56,6 +56,7 @@ SCHEMA = pa.schema(
         pa.field("draft_model", pa.string()),
         pa.field("method", pa.string()),
         pa.field("mode", pa.string()),
+        pa.field("compute_type", pa.string()),
         pa.field("error", pa.string()),
         pa.field("error_code", pa.string()),
         pa.field("segments", pa.list_(SEGMENT)),
@@ -73,7 +74,8 @@ class ResultRow:
     ``text`` is empty and ``error`` (message) and ``error_code`` (stable reason: an
     :class:`~rayspec.audio.AudioError` code, or "internal") set when the utterance failed; ``decode_s`` is the
     utterance's share of its batch's wall time (seconds), split by audio duration. ``mode`` is "exact" (identical to
-    the target's greedy output) or "lossy". ``segments`` lists ``{start_s, end_s, text}`` (:data:`SEGMENT`) of
+    the target's greedy output) or "lossy"; ``compute_type`` the target's (``--compute-type``: float32, bfloat16 or
+    float16; "float32 (encoder bfloat16)" where the encoder ran in another). ``segments`` lists ``{start_s, end_s, text}`` (:data:`SEGMENT`) of
     every timed segment (``--timestamps segment`` or ``word``: Whisper's timestamp tokens; ``--segments``: the
     decoded VAD segments), ``words`` lists ``{word, start_s, end_s, probability}`` (:data:`WORD`, ``--timestamps
     word``); both in seconds from the start of the audio file, empty lists when not asked for (and in error rows).
@@ -110,6 +112,7 @@ class ResultRow:
     draft_model: str = ""
     method: str = ""
     mode: str = "exact"
+    compute_type: str = ""
     error: Optional[str] = None
     error_code: Optional[str] = None
     segments: list = field(default_factory=list)

@@ -9,6 +9,9 @@ os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# float32, the exact reference, is the tests' compute type (their expected transcripts were made in it), whatever the
+# host's auto type; tests of other types ask for them (test_compute_type.py)
+os.environ["RAYSPEC_COMPUTE_TYPE"] = "float32"
 torch.set_num_threads(2)
 
 from tiny import make_noisy_copy, make_tiny  # noqa: E402

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from ..batching import BatchBudget, plan_batches
+from ..compute import name_of
 from ..pipeline import DecodeOptions
 from ..runner.static_step import BATCH_BUCKETS, StaticSteps, bucket, prepare_static_steps
 from .tables import write_table
@@ -77,13 +78,13 @@ def random_models(device: str, dtype: torch.dtype, seed: int = 0):
 
 def real_models(args):
     """The target and the methods' bundled drafters (draft decoder, CTC head; Medusa heads load per run), on
-    ``args.device`` in ``args.dtype``."""
+    ``args.device`` in ``--compute-type``."""
     from ..models.ctc import CTCHead
     from ..models.registry import default_drafter
     from ..models.whisper import WhisperASR
-    from ..options import DTYPES
+    from ..options import compute_type
 
-    dtype = DTYPES[args.dtype]
+    dtype = compute_type(args).dtype
     target = WhisperASR.from_pretrained(args.target, args.device, dtype).pack_for_inference()
     draft = WhisperASR.from_pretrained(args.draft or default_drafter(target.name, "draft"), args.device,
                                        dtype).pack_for_inference()
@@ -372,9 +373,9 @@ def write_tables(out_dir: str, title: str, rows: list[dict], peers: list[dict], 
 
 
 def _dtype(args) -> torch.dtype:
-    from ..options import DTYPES
+    from ..options import compute_type
 
-    return DTYPES[args.dtype]
+    return compute_type(args).dtype
 
 
 def cmd_bench_gpu(args) -> int:
@@ -400,11 +401,11 @@ def cmd_bench_gpu(args) -> int:
 
     env = dict(device=device, torch=torch.__version__, transformers=transformers.__version__,
                date=time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), command=" ".join(["rayspec", *sys.argv[1:]]),
-               dtype=args.dtype, threads=torch.get_num_threads(), random_weights=random)
+               dtype=name_of(_dtype(args)), threads=torch.get_num_threads(), random_weights=random)
     with open(os.path.join(args.output, "gpu-env.json"), "w") as f:
         json.dump(env, f, indent=1)
     audio_s = sum(len(a) for a in audios) / target.sample_rate
-    title = (f"gpu: {target.name}, {args.dtype}, {device}, {len(audios)} clips ({audio_s:.0f} s; batches >= "
+    title = (f"gpu: {target.name}, {name_of(_dtype(args))}, {device}, {len(audios)} clips ({audio_s:.0f} s; batches >= "
              f"{BIG_BATCH} x{COPIES}), wall = best of {args.repeats}")
     rows, capture, peers, passes, cold = [], {}, [], [], []
     write = lambda: write_tables(args.output, title, rows, peers, passes, cold, capture)  # noqa: E731

@@ -84,7 +84,8 @@ class DecoderCache:
                 None if self.cross_mask is None else self.cross_mask[..., :s])
 
     def attention_layout(self, q: int, ancestors: Optional[torch.Tensor] = None,
-                         depths: Optional[torch.Tensor] = None, max_positions: Optional[int] = None):
+                         depths: Optional[torch.Tensor] = None, max_positions: Optional[int] = None,
+                         key_block: int = 1):
         """Where ``Q`` new tokens per row go and what they see (no device read).
 
         New token ``i`` of row ``b`` sits at position ``lengths[b] + depths[i]``, is written to slot
@@ -97,6 +98,9 @@ class DecoderCache:
             ancestors: bool ``[Q, Q]`` or ``[B, Q, Q]``; default causal.
             depths: int64 ``[Q]`` or ``[B, Q]``; default ``arange(Q)``.
             max_positions: clamp positions below this (the model's position table; only padding reaches it).
+            key_block: ``top`` is rounded up to a multiple of this (at most the capacity): attention then reads the
+                same number of keys, masked past a row's own, whatever the batch and the number of new tokens
+                (see :data:`~rayspec.models.whisper.KEY_BLOCK`).
 
         Returns:
             ``(positions, slots, top, visible)``: int64 ``[B, Q]`` positions, int64 ``[B, Q]`` cache slots to write,
@@ -110,6 +114,7 @@ class DecoderCache:
         top = int(self.host_lengths.max()) + q  # from the host copy: no device read
         if top > self.capacity:
             raise ValueError(f"decoder positions up to {top} exceed the cache capacity {self.capacity}")
+        top = min(-(-top // key_block) * key_block, self.capacity)
         positions, slots, visible = attention_layout(self.lengths, q, top, ancestors, depths, max_positions)
         return positions, slots, top, visible
 

@@ -192,6 +192,12 @@ EMBEDDING_KEY = "model.decoder.embed_tokens.weight"
 CPU_ENCODER_POSITIONS = 1500  # encoder positions per call on a CPU (see WhisperASR.encode)
 SHORT_WINDOW_MARGIN_S = 2.0  # padding kept after a batch's longest row in a short encoder window (short_window)
 SHORTLIST_TOKENS = 4096  # token ids whose logits bound a row's largest one in lazy greedy verification
+PROJECT_ROWS = 32  # most rows per output-projection product in batch-invariant decoding (see WhisperASR.project)
+KEY_BLOCK = 64
+"""Batch-invariant decoding (:attr:`WhisperASR.batch_invariant`) reads self-attention keys in blocks of this many
+slots: a row's attention then sums over the same key count (its own, then masked ones that add exact zeros), whatever
+the batch's longest row and the number of new tokens. Without it bfloat16's sums differ in the last bit between a
+one-token step and a multi-token pass often enough to flip a greedy choice now and then."""
 
 
 class WhisperASR:
@@ -241,6 +247,18 @@ class WhisperASR:
         # the static-shape decoder step (rayspec.runner.static_step.StaticSteps) when one is attached: it owns
         # preallocated KV slots and, on CUDA, the captured graphs; None: every step runs at its own shapes
         self.static_steps = None
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether the decoder runs its batch-invariant arithmetic: a row's logits are bitwise the same whatever else
+        is in the pass (other rows, a one-token step or a multi-token draft verification), so every exact method
+        equals ``ar`` and any batch size equals batch 1. On for bfloat16 / float16 decoders on a CPU, where
+        the kernels' last-bit differences are large enough to flip greedy choices: PyTorch's oneDNN bfloat16 linear
+        layers give a row the same result at any row count, and attention is made to by reading keys in
+        :data:`KEY_BLOCK` blocks and giving a one-token query a second row (its flash kernel takes another path for
+        one query). float32 keeps the kernels it was measured with (the exact reference; its last-bit differences
+        have not flipped a choice in the exactness tests)."""
+        return self._dtype in (torch.bfloat16, torch.float16) and self.device.type == "cpu"
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -631,6 +649,8 @@ class WhisperASR:
         dec = self._half("decoder")
         states = encoder_output.states
         b, s, _ = states.shape
+        if self.batch_invariant:  # whole key blocks (see attention_layout's key_block)
+            capacity = -(-capacity // KEY_BLOCK) * KEY_BLOCK
         cross_k, cross_v, self_k, self_v = [], [], [], []
         memo = encoder_output.cross if cross else None
         if memo is not None and id(self) not in memo:
@@ -724,8 +744,11 @@ class WhisperASR:
             return self.static_steps.decode_hidden(cache, tokens, ancestors, depths, hidden_from)
         b, q = tokens.shape
         # Callers cap real tokens below max_target_positions; only padding may reach past it, and is clamped.
-        positions, slots, top, visible = cache.attention_layout(q, ancestors, depths, self.max_target_positions)
+        positions, slots, top, visible = cache.attention_layout(q, ancestors, depths, self.max_target_positions,
+                                                                KEY_BLOCK if self.batch_invariant else 1)
         cross_k, cross_v, cross_mask = cache.cross()
+        if self.batch_invariant and cross_mask is None and cross_k:  # one attention path whether or not a batch
+            cross_mask = cross_k[0].new_ones((b, 1, 1, cross_k[0].shape[2]), dtype=torch.bool)  # has masked rows
         with decode_attention(tokens.device):
             hidden = self.decoder_layers(tokens, positions, slots, visible, cache.self_k, cache.self_v, top, cross_k,
                                          cross_v, cross_mask, cross_heads, cross_out)
@@ -790,8 +813,12 @@ class WhisperASR:
 
     def _attend(self, attn, q, k, v, mask) -> torch.Tensor:
         p = attn.dropout if attn.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)
-        b, _, n, _ = out.shape
+        n = q.shape[2]
+        if n == 1 and self.batch_invariant:  # one query runs the flash kernel's other path: give it a second row
+            q = q.repeat(1, 1, 2, 1)
+            mask = None if mask is None else mask.expand(-1, -1, 2, -1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)[:, :, :n]
+        b = out.shape[0]
         return linear_layer(attn.out_proj, out.transpose(1, 2).reshape(b, n, -1))
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -799,9 +826,15 @@ class WhisperASR:
 
         Through :func:`~rayspec.models.linear.linear`: on a CPU without autograd the ``[V, D]`` weight is read in
         oneDNN's packed layout, at about the same cost for 1 to 16 rows (whisper-base, 51,865 x 512, 2 threads:
-        4.3 ms for one row, 4.5 ms for 10; MKL on the stored weight: 9.8 and 21.7 ms).
+        4.3 ms for one row, 4.5 ms for 10; MKL on the stored weight: 9.8 and 21.7 ms). A :attr:`batch_invariant`
+        decoder projects at most :data:`PROJECT_ROWS` rows per product: oneDNN's bfloat16 product over this weight
+        rounds a row otherwise from 37 rows on.
         """
         proj = self.model.proj_out
+        if self.batch_invariant and hidden.numel() > PROJECT_ROWS * hidden.shape[-1]:
+            rows = hidden.reshape(-1, hidden.shape[-1])
+            out = torch.cat([linear(r, proj.weight, proj.bias) for r in rows.split(PROJECT_ROWS)])
+            return out.reshape(*hidden.shape[:-1], -1)
         return linear(hidden, proj.weight, proj.bias)
 
     def token_logits(self, hidden: torch.Tensor, tokens: torch.Tensor, first: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,123 @@
+"""The compute type: the dtype a model runs in, chosen per host and device (``--compute-type``).
+
+``auto`` (the default) picks the fastest type the hardware runs natively, as CTranslate2's ``compute_type="auto"``
+does: float16 on a CUDA GPU; bfloat16 on a CPU with native bfloat16 products (Intel AMX-BF16 or AVX-512 BF16, which
+oneDNN uses for PyTorch's bfloat16 linear layers), unless oneDNN is told not to use them (``ONEDNN_MAX_CPU_ISA``
+below ``AVX512_CORE_BF16``); float32 elsewhere. float32 is the exact reference: the transcripts the tests and the
+peers compare against. Every exact method stays identical to ``ar`` at whatever type is chosen
+(:mod:`rayspec.models.invariant`).
+
+Measured on the 2-core Intel Xeon (AMX) this was chosen on, whisper-base, 99 LJSpeech clips at batch 1: see
+``bench/compute-type``. No int8 path is offered: PyTorch's dynamic int8 linear layers were not measured faster than
+bfloat16 where bfloat16 is native, and where it is not they are a separate project.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+import torch
+
+COMPUTE_TYPES = ("auto", "float32", "bfloat16", "float16")
+"""Values of ``--compute-type``."""
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+"""Compute type name -> torch dtype (every type but ``auto``)."""
+
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+"""``/proc/cpuinfo`` flags of a CPU with native bfloat16 products."""
+
+# oneDNN's ISA names, in order (``ONEDNN_MAX_CPU_ISA``); bfloat16 products are native from AVX512_CORE_BF16 on
+_ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
+                "AVX512_CORE_BF16", "AVX10_1_512", "AVX512_CORE_FP16", "AVX10_1_512_AMX", "AVX512_CORE_AMX",
+                "AVX10_1_512_AMX_FP16", "AVX512_CORE_AMX_FP16")
+
+
+@dataclass(frozen=True)
+class ComputeType:
+    """A resolved compute type: ``name`` (``float32`` / ``bfloat16`` / ``float16``), its torch ``dtype``, and
+    ``reason``, one line on why it was chosen (printed by the CLI, e.g. "auto: this CPU has AMX-BF16")."""
+
+    name: str
+    dtype: torch.dtype
+    reason: str
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags as Linux reports them (``flags`` of the first processor in ``path``); empty where the
+    file does not exist (another OS: ``auto`` then falls back to float32 unless PyTorch reports bfloat16 support)."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def onednn_allows_bf16(max_isa: Optional[str]) -> bool:
+    """Whether ``ONEDNN_MAX_CPU_ISA`` (None: unset) leaves oneDNN its native bfloat16 kernels."""
+    if not max_isa or max_isa.upper() in ("ALL", "DEFAULT"):
+        return True
+    isa = max_isa.upper()
+    return isa in _ONEDNN_ISAS and _ONEDNN_ISAS.index(isa) >= _ONEDNN_ISAS.index("AVX512_CORE_BF16")
+
+
+def choose(device: str, flags: Iterable[str], max_isa: Optional[str] = None) -> ComputeType:
+    """The compute type ``auto`` means on ``device`` (``cpu``, ``cuda``, ``cuda:1``) for a CPU with feature ``flags``
+    (``/proc/cpuinfo`` names) and oneDNN's ``ONEDNN_MAX_CPU_ISA`` value ``max_isa``: float16 on CUDA, bfloat16 on a
+    CPU with AMX-BF16 or AVX-512 BF16 that oneDNN may use, float32 otherwise. A pure function (tested per flag set)."""
+    if str(device).startswith("cuda"):
+        return ComputeType("float16", torch.float16, "auto: a CUDA GPU")
+    have = [f for f in BF16_FLAGS if f in set(flags)]
+    if have and onednn_allows_bf16(max_isa):
+        return ComputeType("bfloat16", torch.bfloat16, f"auto: this CPU has {have[0].upper().replace('_', '-')}")
+    why = (f"ONEDNN_MAX_CPU_ISA={max_isa} masks bfloat16" if have else "this CPU has no native bfloat16 products")
+    return ComputeType("float32", torch.float32, f"auto: {why}")
+
+
+ENV = "RAYSPEC_COMPUTE_TYPE"
+"""Environment variable that sets ``--compute-type``'s default (e.g. ``float32`` to pin the reference everywhere, as
+the test suite does); unset: ``auto``."""
+
+
+def default_name() -> str:
+    """``--compute-type``'s default: :data:`ENV` if set, else ``auto``."""
+    return os.environ.get(ENV) or "auto"
+
+
+def resolve(name: Optional[str], device: str = "cpu") -> ComputeType:
+    """``--compute-type`` ``name`` on ``device`` as a :class:`ComputeType` (``auto`` through :func:`choose` with this
+    host's CPU flags and environment; None: :func:`default_name`).
+
+    Raises:
+        ValueError: ``name`` is not one of :data:`COMPUTE_TYPES`.
+    """
+    name = (name or default_name()).lower()
+    if name == "auto":
+        return choose(device, cpu_flags(), os.environ.get("ONEDNN_MAX_CPU_ISA"))
+    if name not in DTYPES:
+        raise ValueError(f"unknown compute type {name!r}; choose from {', '.join(COMPUTE_TYPES)}")
+    return ComputeType(name, DTYPES[name], "as asked")
+
+
+def name_of(dtype: torch.dtype) -> str:
+    """The compute type name of a torch dtype (``torch.bfloat16`` -> ``bfloat16``)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def label(dtype: torch.dtype, encoder_dtype: Optional[torch.dtype] = None) -> str:
+    """The ``compute_type`` a result row records: the decoder's type, and the encoder's where it differs
+    (``"float32 (encoder bfloat16)"``, ``--encoder-dtype``)."""
+    if encoder_dtype is None or encoder_dtype == dtype:
+        return name_of(dtype)
+    return f"{name_of(dtype)} (encoder {name_of(encoder_dtype)})"
+
+
+def as_dtype(value, device: str = "cpu") -> torch.dtype:
+    """A torch dtype from a dtype or a compute type name (``auto`` resolved on ``device`` of this host: what an actor
+    does on its own node, whose CPU may differ from the driver's)."""
+    return value if isinstance(value, torch.dtype) else resolve(value, device).dtype

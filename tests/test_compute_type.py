@@ -1,0 +1,136 @@
+"""The compute type: what ``auto`` picks for a given CPU, how it reaches the result rows, and every exact method equal
+to ``ar`` at bfloat16 (the type ``auto`` picks on a CPU with AMX or AVX-512 BF16)."""
+
+import argparse
+
+import pytest
+import torch
+
+from rayspec.compute import choose, onednn_allows_bf16, resolve
+from rayspec.models.whisper import KEY_BLOCK, WhisperASR
+
+AMX = {"fpu", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int8"}
+ZEN4 = {"fpu", "avx2", "avx512f", "avx512_bf16"}
+AVX2 = {"fpu", "sse4_2", "avx", "avx2", "fma"}
+SKYLAKE = {"fpu", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
+
+
+@pytest.mark.parametrize("flags, max_isa, expected", [
+    (AMX, None, "bfloat16"),
+    (ZEN4, None, "bfloat16"),
+    (AVX2, None, "float32"),
+    (SKYLAKE, None, "float32"),  # AVX-512 without BF16: oneDNN emulates bfloat16, slower than float32
+    (AMX, "AVX2", "float32"),  # BF16 masked off, as on a CPU without it
+    (AMX, "avx512_core_vnni", "float32"),
+    (AMX, "AVX512_CORE_BF16", "bfloat16"),
+    (AMX, "AVX512_CORE_AMX", "bfloat16"),
+    (AMX, "ALL", "bfloat16"),
+])
+def test_auto_picks_bfloat16_only_where_the_cpu_has_native_bfloat16(flags, max_isa, expected):
+    chosen = choose("cpu", flags, max_isa)
+    assert chosen.name == expected and chosen.dtype == getattr(torch, expected)
+    assert chosen.reason.startswith("auto: ")
+
+
+def test_auto_on_a_gpu_is_float16_and_named_types_are_taken_as_asked(monkeypatch):
+    assert choose("cuda:1", set()).name == "float16"
+    assert resolve("float32").dtype == torch.float32 and resolve("BFloat16").dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="unknown compute type 'int4'"):
+        resolve("int4")
+    assert not onednn_allows_bf16("AVX") and onednn_allows_bf16(None) and not onednn_allows_bf16("bogus")
+    monkeypatch.setenv("RAYSPEC_COMPUTE_TYPE", "bfloat16")
+    assert resolve(None).name == "bfloat16"
+
+
+def test_compute_type_flag_its_alias_and_its_default(monkeypatch):
+    from rayspec.options import add_model_args
+
+    def parse(*argv):
+        p = argparse.ArgumentParser()
+        add_model_args(p)
+        return p.parse_args(list(argv))
+
+    assert parse("--compute-type", "bfloat16").compute_type == "bfloat16"
+    assert parse("--dtype", "float32").compute_type == "float32"  # the earlier flag's name still works
+    assert parse().compute_type == "float32"  # conftest pins the tests' default
+    monkeypatch.delenv("RAYSPEC_COMPUTE_TYPE")
+    assert parse().compute_type == "auto"
+
+
+def test_result_rows_record_the_compute_type(tiny_target, tmp_path):
+    from rayspec.compute import label
+    from rayspec.pipeline import DecodeOptions, TargetDecoder
+
+    assert TargetDecoder(tiny_target, DecodeOptions("ar"))._compute_type == "float32"
+    assert label(torch.float32, torch.bfloat16) == "float32 (encoder bfloat16)"
+    assert label(torch.bfloat16, torch.bfloat16) == "bfloat16"
+
+
+def test_batch_invariant_steps_equal_a_multi_token_pass(tmp_path):
+    """bfloat16 on a CPU: caches hold whole key blocks, and a token decoded one step at a time gets bitwise the states
+    it gets inside a longer pass (what verifying a draft computes), so greedy choices cannot differ between them."""
+    import numpy as np
+
+    from tiny import make_tiny
+
+    fp32 = make_tiny(tmp_path, d_model=64, layers=2, seed=5)
+    assert not fp32.batch_invariant
+    model = WhisperASR(fp32.model.to(torch.bfloat16), fp32.feature_extractor, fp32.tokenizer, fp32.generation_config)
+    assert model.batch_invariant
+    feats, lengths = model.features([np.random.default_rng(0).standard_normal(16000).astype(np.float32)])
+    with torch.inference_mode():
+        enc = model.encode(feats.to(torch.bfloat16), lengths)
+        prompt = torch.tensor([model.prompt_ids])
+        new = torch.tensor([[5, 9, 12, 7, 30, 31]])
+        p = prompt.shape[1]
+
+        def primed():
+            cache = model.new_cache(enc, p + new.shape[1])
+            model.decode_hidden(cache, prompt)
+            cache.commit(np.arange(p)[None], np.array([p]))
+            return cache
+
+        one = primed()
+        assert one.capacity % KEY_BLOCK == 0
+        steps = []
+        for t in new[0]:
+            steps.append(model.decode_hidden(one, t.view(1, 1)))
+            one.commit(np.zeros((1, 1), dtype=np.int64), np.array([1]))
+        passed = model.decode_hidden(primed(), new)
+        assert torch.equal(torch.cat(steps, 1), passed)
+        assert torch.equal(model.project(torch.cat(steps, 1)).argmax(-1), model.project(passed).argmax(-1))
+
+
+@pytest.mark.parametrize("batch_size", [1, 4])
+def test_every_method_equals_ar_at_bfloat16(tiny_en_drafters, samples_manifest, batch_size, tmp_path):
+    """Real whisper-tiny.en at bfloat16 (what auto picks on a CPU with AMX or AVX-512 BF16): every exact method gives
+    ar's tokens at the same batch size."""
+    from rayspec.audio import load_audio
+    from rayspec.manifest import read_manifest
+    from rayspec.models.ctc import CTCHead
+    from rayspec.models.medusa import MedusaHeads
+    from rayspec.options import decode_options_from
+    from rayspec.pipeline import decode_batch
+
+    model = WhisperASR.from_pretrained("whisper-tiny.en", dtype=torch.bfloat16).pack_for_inference()
+    assert model.batch_invariant
+    draft = WhisperASR.from_pretrained(tiny_en_drafters[0], dtype=torch.bfloat16)
+    ctc = CTCHead.from_pretrained(tiny_en_drafters[1]).to(torch.bfloat16)
+    torch.manual_seed(0)
+    MedusaHeads(model.config.d_model, 3).save_pretrained(str(tmp_path / "heads"))
+    clips = [load_audio(u.audio, 16000) for u in read_manifest(samples_manifest)[:6]]
+
+    def run(method):
+        options = decode_options_from({"method": method, "max_tokens_per_second": 1000.0, "tau_ctc": 0.0,
+                                       "exact": True, "medusa": str(tmp_path / "heads")})
+        out = []
+        for s in range(0, len(clips), batch_size):
+            a = clips[s: s + batch_size]
+            out += [h.tokens for h in decode_batch(model, options, a, [len(x) / 16000 for x in a], draft=draft,
+                                                   ctc=ctc)]
+        return out
+
+    ar = run("ar")
+    assert all(ar)
+    for method in ("draft", "ctc-draft", "medusa", "ssd"):
+        assert run(method) == ar, method
