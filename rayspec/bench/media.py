@@ -1,7 +1,7 @@
 """Audio through FFmpeg: clips re-encoded in the formats users have (phone m4a, browser webm, mp4 video, mp3, stereo
 44.1 kHz m4a), transcribed beside the originals; libsndfile's and FFmpeg's decoding speed; the memory of a long file.
 
-    python -m rayspec.bench.media ../shared/data/ljspeech/clips.jsonl --skip 200 --clips 20 -o bench/media
+    python -m rayspec.bench.media ljspeech/clips.jsonl --skip 200 --clips 20 -o bench/media
 
 Needs the media extra (PyAV: ``pip install 'rayspec[media]'``), which also encodes the clips (:func:`encode`, used by
 the tests too). Writes ``<output>/bench-media.md``: per format, failures and WER against the same clips as read from
