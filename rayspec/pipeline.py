@@ -264,7 +264,7 @@ class Drafter:
                  encoder_dtype: Optional[torch.dtype] = None) -> None:
         self.options = options
         dtype = as_dtype(dtype, device)
-        self.target = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, dtype, encoder_dtype)
+        self.target = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, dtype, encoder_dtype, lean=True)
         self.target.pack_for_inference()
         self.target.prompt_for(None if options.language == "auto" else options.language, options.task,
                                options.timestamps != "none")  # checked

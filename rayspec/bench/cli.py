@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import os
+
+from .process import DEFAULT_CONFIGS
 import tempfile
 
 from ..options import add_model_args
@@ -146,6 +148,11 @@ def add_bench_parser(sub) -> None:
                    help="also load rayspec serve (once per rayspec engine of --engines: rayspec:draft serves "
                         "--method draft, rayspec@bfloat16 --encoder-dtype bfloat16) and vLLM's OpenAI server (first "
                         "--peer-models model) with this many requests in flight, e.g. 1 8 32 (default: off)")
+    w.add_argument("--whole-process", nargs="?", const=",".join(DEFAULT_CONFIGS), metavar="CONFIGS",
+                   help="time whole processes instead (start to exit: imports, model load, audio decoding, "
+                        "transcription) on the installed whisper-base, each configuration of CONFIGS (default "
+                        f"{','.join(DEFAULT_CONFIGS)}; see rayspec.bench.process) --repeats times, alternating; "
+                        "--threads per process (default 2)")
     w.add_argument("--serve-tokens-per-second", type=float, default=8.0,
                    help="serve load: token cap per second of audio on both servers (default 8)")
     g = p.add_argument_group("gpu suite (manifests: optional with --random-weights; --tokens, --repeats, --no-hf)")

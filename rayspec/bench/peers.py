@@ -21,6 +21,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from importlib import resources
 from typing import Optional
@@ -283,6 +284,35 @@ def write_serve_outputs(results: list, out_dir: str, title: str, notes: str = ""
     return write_table(os.path.join(out_dir, "bench-peers-serve"), title, header, cells, notes)
 
 
+def cmd_whole_process(args, utts) -> int:
+    """``--whole-process``: :mod:`rayspec.bench.process` over ``utts`` (written to a manifest of their files)."""
+    from .process import FW_BATCH, cpu_description, run_processes, write_process_outputs
+
+    manifest = os.path.join(args.output, "process-runs", "manifest.jsonl")
+    os.makedirs(os.path.dirname(manifest), exist_ok=True)
+    write_atomic(manifest, "".join(json.dumps({"id": u.id, "audio": u.audio, "text": u.text or "",
+                                               "duration_s": u.duration_s}) + "\n" for u in utts))
+    threads = args.threads or 2
+    configs = [c for c in args.whole_process.split(",") if c]
+    best, failures = run_processes(configs, manifest, args.output, threads,
+                                   peer_ct2_folder("whisper-base", args.models_dir), args.repeats)
+    audio_s = sum(u.duration_s or 0.0 for u in utts)
+    title = (f"whole processes: whisper-base, {len(utts)} utterances ({audio_s:.0f} s audio), greedy, {threads} "
+             f"threads, fastest of {args.repeats} alternating round(s), {cpu_description()}, "
+             f"{time.strftime('%Y-%m-%d')}")
+    notes = ("\n- Whole: process start to exit (interpreter, imports, model load, audio decoding from the files, "
+             "transcription, writing the output), as a user waits for `rayspec transcribe` or a faster-whisper "
+             "script. Start-up: whole minus the transcription time the process reports. Batch 1: file by file "
+             f"(`--max-batch 1`; faster-whisper's WhisperModel.transcribe); default: rayspec's default batching, "
+             f"faster-whisper's BatchedInferencePipeline at batch {FW_BATCH}. rayspec's compute type auto is "
+             "what `rayspec transcribe` runs with no flags; #AVX2 runs it with ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN "
+             "without bfloat16 products, as a CPU without AVX-512 BF16/AMX: auto then picks float32). WER after "
+             "Whisper's English normalizer. faster-whisper int8 / this: above 1 this configuration is faster.\n")
+    notes += "".join(f"- FAILED {line}\n" for line in failures)
+    print(write_process_outputs(best, {u.id: u.text or "" for u in utts}, audio_s, args.output, title, notes))
+    return 0
+
+
 def cmd_bench_peers(args) -> int:
     """The ``peers`` suite of ``rayspec bench``."""
     import platform
@@ -298,6 +328,8 @@ def cmd_bench_peers(args) -> int:
         folder = resources.files("rayspec") / "samples" / "an4"
         utts = read_manifest(str(folder))
     utts = utts[: args.limit or 64]
+    if args.whole_process:
+        return cmd_whole_process(args, utts)
     audios = [load_audio(u.audio, 16000) for u in tqdm(utts, desc="audio")]
     engines = [e for e in args.engines.split(",") if e]
     unknown = {e for e in engines if e.partition("@")[0].partition(":")[0] not in ENGINES}

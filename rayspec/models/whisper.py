@@ -39,6 +39,7 @@ from .errors import ModelLoadError
 from .features import log_mel, supports
 from .linear import PackedLinear, linear, linear_layer, pack_linears
 from .registry import resolve_model
+from .whisper_modules import load_lean
 from ..spec.timestamps import TimestampTokens
 
 
@@ -264,7 +265,7 @@ class WhisperASR:
     @classmethod
     def from_pretrained(
         cls, path: str, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-        encoder_dtype: Optional[torch.dtype] = None,
+        encoder_dtype: Optional[torch.dtype] = None, lean: bool = False,
     ) -> "WhisperASR":
         """Load model, feature extractor, tokenizer and generation config from a model name or local directory
         (:func:`~rayspec.models.registry.resolve_model`: ``whisper-base``, ``whisper-tiny.en``, a transformers
@@ -286,15 +287,11 @@ class WhisperASR:
                 encoder of Whisper base 116 vs 378 ms per utterance here, batch 1, 2 threads); its states are cast back to ``dtype`` for the decoder, so
                 every method stays exact against AR at the same setting, while the transcript may differ from
                 ``dtype``'s (a lossy compute type: measure its WER).
+            lean: hold the weights in :mod:`rayspec.models.whisper_modules`' plain module tree (inference only: no
+                ``generate()``, no training; seconds less start-up, as transformers' modelling code is not imported)
+                where the checkpoint allows; else transformers' classes.
         """
-        from transformers import (
-            AutoConfig,
-            AutoTokenizer,
-            GenerationConfig,
-            WhisperFeatureExtractor,
-            WhisperForCausalLM,
-            WhisperForConditionalGeneration,
-        )
+        from transformers import AutoConfig, AutoTokenizer, GenerationConfig, WhisperFeatureExtractor
 
         name = os.path.basename(os.fspath(path).rstrip("/"))
         path = resolve_model(os.fspath(path))
@@ -305,8 +302,12 @@ class WhisperASR:
         if shared:  # a draft decoder shipped without the embedding it shares with its target
             model, path = _with_target_embedding(path, config, dtype), resolve_model(shared)
         else:
-            cls_ = WhisperForCausalLM if decoder_only else WhisperForConditionalGeneration
-            model = cls_.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
+            model = load_lean(path, config, dtype, device) if lean and not decoder_only else None
+            if model is None:
+                import transformers
+
+                cls_ = transformers.WhisperForCausalLM if decoder_only else transformers.WhisperForConditionalGeneration
+                model = cls_.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
         model.to(device).eval()
         if encoder_dtype is not None and not decoder_only:
             model.model.encoder.to(encoder_dtype)
