@@ -144,9 +144,10 @@ def _long_m4a(utts, minutes: float, path: str) -> None:
         f.write(encode(samples, rate, "m4a"))
 
 
-PEAK = ("import atexit, resource, sys; atexit.register(lambda: print('peak_rss_kib', "
-        "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)); ")
-"""``python -c`` code printing the process's peak RSS to stderr at exit (then the code it runs)."""
+PEAK = ("import atexit, sys; atexit.register(lambda: print('peak_rss_kib', [line.split()[1] for line in "
+        "open('/proc/self/status') if line.startswith('VmHWM:')][0], file=sys.stderr)); ")
+"""``python -c`` code printing the process's peak RSS to stderr at exit (then the code it runs): Linux's ``VmHWM``,
+this program's own (``ru_maxrss`` would count the parent's memory at the fork too)."""
 RUN = {"decode": "from rayspec.audio import load_audio; print(f'{len(load_audio(sys.argv[1])) / 16000:.1f} s decoded')",
        "transcribe": "from rayspec.cli import main; sys.exit(main(['transcribe', *sys.argv[1:]]))"}
 """What a child process runs on a file (its path, then options): decode it to 16 kHz, or ``rayspec transcribe`` it."""
@@ -241,7 +242,8 @@ def main(argv=None) -> int:
         torch.set_num_threads(args.threads)
     utts = read_manifest(args.manifest)[args.skip: args.skip + args.clips]
     os.makedirs(args.output, exist_ok=True)
-    lines = [f"# Audio through FFmpeg: {len(utts)} clips ({utts[0].id} .. {utts[-1].id}), {args.target}", ""]
+    model = "" if args.no_formats else f", {args.target}"
+    lines = [f"# Audio through FFmpeg: {len(utts)} clips ({utts[0].id} .. {utts[-1].id}){model}", ""]
     with tempfile.TemporaryDirectory(prefix="rayspec-media-") as tmp:
         if not args.no_formats:
             lines += _formats_section(utts, tmp, args.target) + [""]
