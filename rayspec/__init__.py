@@ -6,3 +6,11 @@ cluster. The Ray layer lives in the top-level ``actors`` and ``jobs`` packages.
 """
 
 __version__ = "0.1.0"
+
+
+def load(*args, **kwargs):
+    """``rayspec.load("whisper-base", method="draft")``: a model to ``transcribe`` files or arrays with, from Python
+    (:func:`rayspec.api.load`; imported on first use, so ``import rayspec`` stays light)."""
+    from .api import load as _load
+
+    return _load(*args, **kwargs)

@@ -507,6 +507,20 @@ class Transcriber:
         self.options = options
         self.warm_up_s = self.warm_up() if self.target.device.type == "cuda" else 0.0
 
+    def set_options(self, options: DecodeOptions) -> None:
+        """Decode with ``options`` from now on (the Python call's per-call options, :mod:`rayspec.api`).
+
+        Raises:
+            ValueError: another method than the loaded one (its drafter is not loaded), or a language or task the
+                target cannot take.
+        """
+        if options.method != self.options.method:
+            raise ValueError(f"this model was loaded for method {self.options.method!r}, not {options.method!r}: "
+                             "load it again with that method")
+        self.target.prompt_for(None if options.language == "auto" else options.language, options.task,
+                               options.timestamps != "none")  # checked
+        self.options = self.drafter.options = self.decoder.options = options
+
     def warm_up(self, seconds: float = 1.0) -> float:
         """Decode ``seconds`` of noise with the configured method (no VAD), so that a GPU's one-time costs (CUDA
         context, cuBLAS handles and workspaces, kernel selection of the encoder's shapes) are paid at load, before
