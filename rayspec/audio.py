@@ -4,8 +4,8 @@ Decoders, tried in order: libsndfile (``soundfile``, a required dependency: WAV,
 NIST SPHERE), then FFmpeg for every other container and codec (m4a/AAC, webm/Opus, mp4 and other video files' first
 audio stream, ...): through PyAV where it is installed (``pip install 'rayspec[media]'``: PyAV's source is BSD, but its
 PyPI wheels bundle an FFmpeg that links GPL libraries, so it is never required), else through an ``ffmpeg`` executable
-on ``PATH``. Audio is decoded, down-mixed and resampled chunk by chunk into one preallocated buffer, so a multi-hour
-file is held once, at the target rate.
+on ``PATH``. Audio is decoded, down-mixed and resampled chunk by chunk (:data:`CHUNK_FRAMES`), a long file into one
+buffer at the target rate, so a multi-hour file is held once.
 """
 
 from __future__ import annotations
@@ -86,7 +86,10 @@ def load_audio(source, sample_rate: int = 16000, limits: AudioLimits = AudioLimi
             audio stream, or a format no installed decoder reads: the message then names :data:`MEDIA_HINT`),
             shorter than ``limits.min_seconds``, or with NaN/Inf samples; ``code`` says which.
         AudioTooLargeError: over ``limits.max_bytes`` or ``limits.max_seconds``.
+        ValueError: a ``decoder`` not in :data:`DECODERS`.
     """
+    if decoder is not None and decoder not in DECODERS:
+        raise ValueError(f"decoder must be one of {', '.join(DECODERS)}, not {decoder!r}")
     name, size = _check_source(source)
     if size == 0:
         raise AudioError(f"audio file is empty (0 bytes): {name}", "empty")
