@@ -70,7 +70,7 @@ def utterances(batch: dict) -> list:
 
     data = batch["data"] if "data" in batch else [None] * len(batch["id"])
     return [Utterance(str(i), str(a), None if opt(t) is None else str(t), None if opt(d) is None else float(d), str(c),
-                      None if b is None else bytes(b))
+                      None if opt(b) is None or not len(b) else bytes(b))  # a path row's null may arrive as b""
             for i, a, t, d, c, b in zip(batch["id"], batch["audio"], batch["text"], batch["duration_s"],
                                         batch["corpus"], data)]
 
