@@ -134,3 +134,33 @@ def test_every_method_equals_ar_at_bfloat16(tiny_en_drafters, samples_manifest, 
     assert all(ar)
     for method in ("draft", "ctc-draft", "medusa", "ssd"):
         assert run(method) == ar, method
+
+
+def test_default_batching_gives_batch_one_transcripts_in_float32(tmp_path):
+    """float32 (the reference): the transcripts of rayspec's default batching (length-sorted batches, continuous
+    refill) equal batch 1's whatever the batch size and the order the files come in (whisper-tiny.en, the bundled
+    clips)."""
+    from importlib import resources
+
+    import pyarrow.parquet as pq
+
+    from rayspec.batching import BatchBudget
+    from rayspec.manifest import read_manifest
+    from rayspec.models.errors import ModelLoadError
+    from rayspec.pipeline import DecodeOptions, Transcriber, run_corpus
+
+    try:
+        transcriber = Transcriber("whisper-tiny.en", options=DecodeOptions("ar"))
+    except ModelLoadError as e:
+        pytest.skip(str(e))
+    utts = read_manifest(str(resources.files("rayspec") / "samples" / "manifest.jsonl"))
+
+    def texts(order, rows):
+        out = tmp_path / f"{rows}-{len(list(tmp_path.iterdir()))}.parquet"
+        run_corpus(order, transcriber, str(out), BatchBudget(max_rows=rows), continuous=True)
+        return {r["id"]: r["text"] for r in pq.read_table(str(out)).to_pylist()}
+
+    one = texts(utts, 1)
+    assert len(one) == len(utts) and sum(bool(t) for t in one.values()) > len(utts) // 2
+    for rows, order in ((4, utts[::-1]), (16, utts), (16, utts[1::2] + utts[::2])):
+        assert texts(order, rows) == one, (rows, order[0].id)
