@@ -48,8 +48,8 @@ class Word:
 
 @dataclass(frozen=True)
 class Transcription:
-    """One input's result. ``segments`` are filled with ``timestamps="segment"`` or ``"word"`` (else one segment of
-    the whole text when it is known how long the audio is), ``words`` with ``timestamps="word"``; ``route`` says how
+    """One input's result. ``segments`` are filled with ``timestamps="segment"`` or ``"word"`` (else empty), ``words``
+    with ``timestamps="word"``; ``route`` says how
     it was decoded (``no_speech`` for audio without speech); ``error`` is set (and ``text`` empty) for an input that
     could not be read or decoded, as a job's error row."""
 
@@ -91,11 +91,13 @@ class Model:
             ValueError: an unknown option, one of the wrong type, or another method than the loaded one.
         """
         from .batching import BatchBudget, budget_for_model, plan_batches
-        from .manifest import Utterance
+        from .manifest import Utterance, estimated_seconds
         from .options import decode_options_from
 
         single = isinstance(audio, (str, os.PathLike, np.ndarray))
         items = [audio] if single else list(audio)
+        if not items:
+            return []
         t = self.transcriber
         saved = t.options
         t.set_options(decode_options_from({**self._options, **options}))
@@ -110,7 +112,7 @@ class Model:
                     utts.append(Utterance(f"{i}", os.path.abspath(os.fspath(a))))
                     waves.append(None)
             budget = budget_for_model(BatchBudget(), t.target.config)
-            batches = plan_batches(list(range(len(items))), [u.duration_s or 0.0 for u in utts], budget)
+            batches = plan_batches(list(range(len(items))), [estimated_seconds(u) for u in utts], budget)
             given = []
             for b in batches:  # waveforms go with a batch of arrays; a batch of paths reads its files itself
                 arrays = [i for i in b if waves[i] is not None]

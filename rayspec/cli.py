@@ -15,7 +15,6 @@ from .options import (  # noqa: F401 - EXIT_USAGE is part of the CLI's interface
     add_model_args,
     budget_from_args,
     build_transcriber,
-    compute_type,
     decode_option_names,
     print_summary,
     run_command,
@@ -48,8 +47,7 @@ def cmd_transcribe(args) -> int:
     from .pipeline import run_corpus
 
     utts = read_manifest(args.input)
-    compute_type(args, announce=True)
-    transcriber = build_transcriber(args)
+    transcriber = build_transcriber(args, announce=True)
     with tqdm(total=len(utts), desc="transcribe", unit="utt", disable=args.quiet) as bar:
         summary = run_corpus(utts, transcriber, args.output, budget_from_args(args, transcriber.target.config),
                              progress=bar.update,

@@ -85,6 +85,11 @@ def command(config: str, manifest: str, out: str, threads: int, ct2_dir: str) ->
     return cmd, env
 
 
+def _slug(config: str) -> str:
+    """A configuration's name as a file name."""
+    return re.sub(r"[^\w.-]", "_", config)
+
+
 def run_once(config: str, manifest: str, work: str, threads: int, ct2_dir: str) -> ProcessRun:
     """Run one configuration's process and read its output.
 
@@ -92,7 +97,7 @@ def run_once(config: str, manifest: str, work: str, threads: int, ct2_dir: str) 
         RuntimeError: the process failed (its last stderr lines in the message).
     """
     engine = parse_config(config)[0]
-    out = os.path.join(work, re.sub(r"[^\w.-]", "_", config) + (".parquet" if engine == "rayspec" else ".json"))
+    out = os.path.join(work, _slug(config) + (".parquet" if engine == "rayspec" else ".json"))
     if os.path.exists(out):
         os.remove(out)
     cmd, env = command(config, manifest, out, threads, ct2_dir)
@@ -129,7 +134,7 @@ def run_processes(configs, manifest: str, out_dir: str, threads: int, ct2_dir: s
     failures = []
     jobs = [(k, c) for k in range(repeats) for c in configs]
     for k, config in tqdm(jobs, desc="whole processes", disable=not progress):
-        kept = os.path.join(runs_dir, re.sub(r"[^\w.-]", "_", config) + f"-{k}.json")
+        kept = os.path.join(runs_dir, _slug(config) + f"-{k}.json")
         key = {"config": config, "manifest": os.path.abspath(manifest), "threads": threads}
         run = None
         if os.path.exists(kept):

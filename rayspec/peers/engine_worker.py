@@ -102,30 +102,41 @@ def run_named_rayspec(name: str, method: str, compute_type: str, audios, batch_s
     return __version__, startup, _timed(decode, len(audios), batch_sizes)
 
 
-def run_faster_whisper(ct2_dir: str, batched: bool, compute_type: str, audios, batch_sizes,
-                       threads: int) -> tuple[str, float, list]:
+def faster_whisper_greedy(ct2_dir: str, compute_type: str, threads: int, batched: bool):
+    """faster-whisper loaded as the peer benchmarks run it: ``(version, transcribe)``, ``transcribe(audio,
+    batch_size)`` -> the segments of one file (a path or a 16 kHz array): greedy, temperature 0 only, no timestamps,
+    no conditioning on earlier text; ``WhisperModel.transcribe`` without VAD, or with ``batched`` its
+    ``BatchedInferencePipeline`` at ``batch_size``."""
     from ..extras import require
 
     faster_whisper = require("faster_whisper", "peers", "the faster-whisper peer")
-    WhisperModel, BatchedInferencePipeline = faster_whisper.WhisperModel, faster_whisper.BatchedInferencePipeline
-    model = WhisperModel(ct2_dir, device="cpu", compute_type=compute_type or "float32", cpu_threads=threads)
-    pipe = BatchedInferencePipeline(model) if batched else None
-    startup = time.perf_counter() - T_START
+    model = faster_whisper.WhisperModel(ct2_dir, device="cpu", compute_type=compute_type or "float32",
+                                        cpu_threads=threads)
+    pipe = faster_whisper.BatchedInferencePipeline(model) if batched else None
     opts = dict(language="en" if model.model.is_multilingual else None, beam_size=1, temperature=0.0,
                 without_timestamps=True, condition_on_previous_text=False)
+
+    def transcribe(audio, batch_size: int) -> list:
+        if pipe is not None:
+            return list(pipe.transcribe(audio, batch_size=batch_size, **opts)[0])
+        return list(model.transcribe(audio, vad_filter=False, **opts)[0])
+
+    return faster_whisper.__version__, transcribe
+
+
+def run_faster_whisper(ct2_dir: str, batched: bool, compute_type: str, audios, batch_sizes,
+                       threads: int) -> tuple[str, float, list]:
+    version, transcribe = faster_whisper_greedy(ct2_dir, compute_type, threads, batched)
+    startup = time.perf_counter() - T_START
 
     def decode(idx, bs):
         out = []
         for i in idx:
-            if pipe is not None:
-                segs, _ = pipe.transcribe(audios[i], batch_size=bs, **opts)
-            else:
-                segs, _ = model.transcribe(audios[i], vad_filter=False, **opts)
-            segs = list(segs)
+            segs = transcribe(audios[i], bs)
             out.append(([t for s in segs for t in s.tokens], "".join(s.text for s in segs)))
         return out
 
-    return faster_whisper.__version__, startup, _timed(decode, len(audios), batch_sizes, per_file=True)
+    return version, startup, _timed(decode, len(audios), batch_sizes, per_file=True)
 
 
 def run_ctranslate2(ct2_dir: str, hf_dir: str, compute_type: str, audios, batch_sizes,

@@ -2,9 +2,9 @@
 rayspec.peers.fw_process``) that imports faster-whisper, loads the model, reads and transcribes every file, and writes
 the texts. :mod:`rayspec.bench.process` times it from start to exit.
 
-Greedy (``beam_size=1``, temperature 0 only), no timestamps, no VAD filter: the same decoding as ``rayspec
-transcribe``'s default. ``--batch-size N`` runs faster-whisper's ``BatchedInferencePipeline`` (it batches the
-speech segments of one file).
+Decoding as :func:`~rayspec.peers.engine_worker.faster_whisper_greedy` sets it (greedy, no timestamps, no VAD
+filter: ``rayspec transcribe``'s default decoding). ``--batch-size N`` runs faster-whisper's
+``BatchedInferencePipeline`` (it batches the speech segments of one file).
 """
 
 from __future__ import annotations
@@ -26,25 +26,17 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=0, help="BatchedInferencePipeline batch size (0: off)")
     args = p.parse_args(argv)
 
-    from ..extras import require
     from ..manifest import read_manifest
+    from .engine_worker import faster_whisper_greedy
 
-    fw = require("faster_whisper", "peers", "the faster-whisper peer")
-    model = fw.WhisperModel(args.model, device="cpu", compute_type=args.compute_type, cpu_threads=args.threads)
-    pipe = fw.BatchedInferencePipeline(model) if args.batch_size else None
+    version, transcribe = faster_whisper_greedy(args.model, args.compute_type, args.threads, args.batch_size > 0)
     utts = read_manifest(args.manifest)
     startup = time.perf_counter() - T_START
-    opts = dict(language="en" if model.model.is_multilingual else None, beam_size=1, temperature=0.0,
-                without_timestamps=True, condition_on_previous_text=False)
     texts = {}
     t0 = time.perf_counter()
     for u in utts:
-        if pipe is not None:
-            segs, _ = pipe.transcribe(u.audio, batch_size=args.batch_size, **opts)
-        else:
-            segs, _ = model.transcribe(u.audio, vad_filter=False, **opts)
-        texts[u.id] = "".join(s.text for s in segs).strip()
-    report = {"version": fw.__version__, "startup_s": startup, "transcribe_s": time.perf_counter() - t0,
+        texts[u.id] = "".join(s.text for s in transcribe(u.audio, args.batch_size)).strip()
+    report = {"version": version, "startup_s": startup, "transcribe_s": time.perf_counter() - t0,
               "texts": texts}
     with open(args.out, "w") as f:
         json.dump(report, f)
