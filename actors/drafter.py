@@ -3,7 +3,7 @@
 ``encode`` turns a batch of utterances into an :class:`~rayspec.pipeline.EncodedBatch` (CPU tensors) that stays in
 Ray's object store until a target actor fetches it. For draft-model speculation the same actor also serves draft
 proposals: a target actor opens a session over a batch (passing the batch's object ref, so encoder states never go
-through the driver), then asks for one :class:`~rayspec.spec.loop.Proposal` per live row each round; the verifier's
+through the driver), then asks for one :class:`~rayspec.spec_decode.loop.Proposal` per live row each round; the verifier's
 feedback on the previous round travels with the next request (one round trip per round).
 """
 

@@ -2,7 +2,7 @@
 
 Dynamic batching (Ray Serve's ``@serve.batch``) collects requests for a moment and decodes them as one batch: a request
 that arrives while a batch decodes waits for all of it, and the batch shrinks as its rows finish. Here one engine
-thread keeps a continuous batch (:meth:`~rayspec.spec.loop.VerifyLoop.decode_stream`, Orca's iteration-level
+thread keeps a continuous batch (:meth:`~rayspec.spec_decode.loop.VerifyLoop.decode_stream`, Orca's iteration-level
 scheduling, Yu et al. OSDI 2022): a request is encoded when a slot is free and joins before the next decoder pass,
 and each request resolves as soon as its own rows finish. The decoded tokens are those of
 :meth:`~rayspec.pipeline.Transcriber.transcribe` (rows do not depend on their neighbours).

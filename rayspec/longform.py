@@ -9,7 +9,7 @@ probability exceeds ``no_speech_threshold`` is skipped (without openai/whisper's
 rayspec's VAD-window gate).
 
 Files are independent chains of windows, so the windows of many files share one continuous batch
-(:meth:`~rayspec.spec.loop.VerifyLoop.decode_stream`): when a file's window finishes, its next window joins the
+(:meth:`~rayspec.spec_decode.loop.VerifyLoop.decode_stream`): when a file's window finishes, its next window joins the
 batch before the next decoder pass. Each window is decoded by the configured method under the timestamp rules, so
 exact methods give ``ar``'s windows, seeks and text.
 """

@@ -3,7 +3,7 @@
 The CLI's ``--method`` choices and help, the drafting side (which models to load, what to compute next to the
 target's encoder), the target side (which decoder runs) and Serve/jobs/bench all read :data:`METHODS`, so a method
 is defined in one place. Each method is a proposer (or none) over the shared verify loop
-(:class:`~rayspec.spec.loop.VerifyLoop`) and an acceptance rule; adding one takes its proposer module and one
+(:class:`~rayspec.spec_decode.loop.VerifyLoop`) and an acceptance rule; adding one takes its proposer module and one
 :class:`Method` entry here.
 """
 
@@ -24,8 +24,8 @@ from .decoding.ssd import CTCDrafts, SSDDecoder, SSDOptions
 from .models.registry import default_drafter
 from .models.whisper import EncoderOutput, WhisperASR
 from .runner.static_step import DEFAULT_MAX_BATCH, STATIC_STEP_MODES
-from .spec.acceptance import GREEDY, AcceptanceRule
-from .spec.loop import Admission, Proposer, VerifyLoop
+from .spec_decode.acceptance import GREEDY, AcceptanceRule
+from .spec_decode.loop import Admission, Proposer, VerifyLoop
 
 TIMESTAMPS = ("none", "segment", "word")
 ProposerFactory = Callable[[list[int], list[int]], Proposer]
@@ -47,7 +47,7 @@ class DecodeOptions:
             either way.
         segments: fill each row's ``segments`` column (start, end, text of every decoded segment).
         timestamps: "none", "segment" (decode with Whisper's timestamp tokens, every method under its timestamp
-            rules, :mod:`rayspec.spec.timestamps`; ``segments`` then holds the timed segments) or "word" (also
+            rules, :mod:`rayspec.spec_decode.timestamps`; ``segments`` then holds the timed segments) or "word" (also
             ``words``: openai/whisper's word timing from the alignment heads, :func:`rayspec.timing.word_timestamps`,
             one extra target pass per batch).
         refine_words: with ``timestamps="word"``, a word start that falls in non-speech (frame energy over 15 dB below
@@ -68,7 +68,7 @@ class DecodeOptions:
             ``repetitive`` (openai/whisper's hallucination statistic; the text is kept).
         speculate_max_rows: speculative methods verify drafts only in rounds with at most this many live rows; in
             larger rounds they take plain target steps (vLLM's ``disable_by_batch_size``; the tokens are the same
-            either way). 0: no limit; None: the device's default (:func:`~rayspec.spec.loop.speculate_max_rows`:
+            either way). 0: no limit; None: the device's default (:func:`~rayspec.spec_decode.loop.speculate_max_rows`:
             2 on a CPU, where a wide verification pass over many rows costs more than the steps it saves).
         short_window_s: 0 (the default) runs a stock Whisper's encoder over its whole 30 s window, the exact
             reference; ``S > 0`` cuts each batch's window to its longest row + 2 s, at least ``S`` seconds
@@ -176,7 +176,7 @@ class Method:
             the draft model, unless it is decoder-only, and serves its proposals).
         exact: ``options -> bool``, whether the output provably equals the target's greedy output.
         stream: ``(target, options, draft model or None, max_cap) -> VerifyLoop`` for continuous batching (rows
-            join as others finish, :meth:`~rayspec.spec.loop.VerifyLoop.decode_stream`; the proposer has ``admit``).
+            join as others finish, :meth:`~rayspec.spec_decode.loop.VerifyLoop.decode_stream`; the proposer has ``admit``).
         admission: ``(target, options, row keys, encoded batch) -> Admission``, how an encoded batch joins the
             stream (default: every row starts from the prompt).
         continuous: whether corpus runs (``rayspec transcribe``) batch continuously by default; Serve always does.

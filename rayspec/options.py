@@ -54,7 +54,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     from .decoding.ssd import SSDOptions
     from .methods import METHODS
     from .runner.static_step import DEFAULT_MAX_BATCH, STATIC_STEP_MODES
-    from .spec.loop import CPU_SPECULATE_MAX_ROWS
+    from .spec_decode.loop import CPU_SPECULATE_MAX_ROWS
 
     g = p.add_argument_group("decoding")
     g.add_argument("--method", choices=sorted(METHODS), default="ar",

@@ -42,7 +42,7 @@ from .models.registry import DEFAULT_TARGET, default_drafter
 from .models.whisper import EncoderOutput, WhisperASR
 from .results import ResultRow, ResultWriter
 from .runner.static_step import prepare_static_steps
-from .spec.loop import Proposer
+from .spec_decode.loop import Proposer
 from .activity import speech_activity
 from .timing import clip_times, parse_segments, word_timestamps
 from .vad import SegmentOptions, has_speech, segments
@@ -154,12 +154,12 @@ def stream_decode(target: WhisperASR, options: DecodeOptions, batches: Iterable[
                   draft: Optional[WhisperASR] = None) -> Iterator[tuple[tuple[Any, int], Hypothesis]]:
     """Continuous batching over encoded batches in this process: up to ``slots`` rows decode at once, and a
     finished row's slot is refilled from the next batch before the next decoder pass
-    (:meth:`~rayspec.spec.loop.VerifyLoop.decode_stream`). ``batches`` is read lazily (encode on demand).
+    (:meth:`~rayspec.spec_decode.loop.VerifyLoop.decode_stream`). ``batches`` is read lazily (encode on demand).
 
     Args:
         batches: ``(key, encoded batch)`` pairs (on the target's device and dtype), longest first preferably (later
             rows then fit the first rows' cross-attention cache without growing it), or None for "nothing ready now"
-            (an online queue; see :meth:`~rayspec.spec.loop.VerifyLoop.decode_stream`).
+            (an online queue; see :meth:`~rayspec.spec_decode.loop.VerifyLoop.decode_stream`).
         draft: the draft model for method "draft".
 
     Yields:

@@ -1,7 +1,7 @@
 """Segment and word timestamps from a decoded Whisper hypothesis.
 
 * :func:`parse_segments`: segments (start, end, text) from the timestamp tokens the decoder emitted (timestamp mode,
-  :mod:`rayspec.spec.timestamps`).
+  :mod:`rayspec.spec_decode.timestamps`).
 * :func:`word_timestamps`: openai/whisper's word-level timing (timing.py ``find_alignment`` / ``add_word_timestamps``,
   the method of Whisper's ``word_timestamps=True`` and of faster-whisper): one teacher-forced target pass over each
   row's final text tokens, batched, reading the cross-attention of the checkpoint's alignment heads; per row the
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from .activity import refine_words
 from .models.whisper import EncoderOutput, WhisperASR
-from .spec.timestamps import TimestampTokens
+from .spec_decode.timestamps import TimestampTokens
 
 MEDIAN_FILTER_WIDTH = 7  # openai/whisper find_alignment's medfilt_width
 PREPEND_PUNCTUATION = "\"'\u201c\u00bf([{-"  # openai/whisper transcribe()'s prepend_punctuations

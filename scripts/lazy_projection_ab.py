@@ -24,7 +24,7 @@ def main() -> None:
 
     import torch
 
-    import rayspec.spec.loop as loop
+    import rayspec.spec_decode.loop as loop
     from rayspec.audio import load_audio
     from rayspec.manifest import read_manifest
     from rayspec.methods import DecodeOptions

@@ -21,9 +21,9 @@ from tiny import make_noisy_copy, make_tiny  # noqa: E402
 def speculate_at_any_batch_size(monkeypatch):
     """In-process decoding speculates at every batch size, as on an accelerator, so the tests exercise batched
     verification (the CPU default turns speculation off above a few rows; test_continuous tests that cap)."""
-    import rayspec.spec.loop
+    import rayspec.spec_decode.loop
 
-    monkeypatch.setattr(rayspec.spec.loop, "CPU_SPECULATE_MAX_ROWS", 0)
+    monkeypatch.setattr(rayspec.spec_decode.loop, "CPU_SPECULATE_MAX_ROWS", 0)
 
 
 @pytest.fixture(scope="session")

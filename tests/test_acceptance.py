@@ -8,8 +8,8 @@ import torch
 
 from rayspec.decoding.ar import greedy_decode
 from rayspec.decoding.speculative import speculative_decode
-from rayspec.spec.acceptance import AcceptanceRule, accept_tree, score_tree
-from rayspec.spec.tree import DraftTree, TokenTrees
+from rayspec.spec_decode.acceptance import AcceptanceRule, accept_tree, score_tree
+from rayspec.spec_decode.tree import DraftTree, TokenTrees
 from tiny import random_audio
 
 V = 8
@@ -148,7 +148,7 @@ def _encode(model, audios):
 
 
 def test_host_syncs_one_per_ar_step_and_one_per_verification(tiny_target, tiny_draft, monkeypatch):
-    import rayspec.spec.loop as loop
+    import rayspec.spec_decode.loop as loop
 
     # the device path: the lazy projection runs on a CPU only, where it reads twice per round (which nodes matter,
     # then their argmaxes)

@@ -10,7 +10,7 @@ from rayspec.decoding.ar import greedy_decode
 from rayspec.decoding.proposer import DraftProposer
 from rayspec.decoding.speculative import SpeculationOptions, draft_loop, speculative_decode
 from rayspec.models.whisper import EncoderOutput
-from rayspec.spec.loop import Admission, VerifyLoop
+from rayspec.spec_decode.loop import Admission, VerifyLoop
 from tiny import poison_drafter, random_audio
 
 AUDIO = random_audio(12, seed=5)

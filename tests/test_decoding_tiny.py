@@ -140,8 +140,8 @@ def test_lazy_greedy_scores_match_full_projection(tiny_target, monkeypatch):
     import numpy as np
 
     import rayspec.models.whisper as whisper
-    from rayspec.spec.acceptance import GREEDY, accept_tree, score_greedy_lazily, score_tree
-    from rayspec.spec.tree import DraftTree, TokenTrees
+    from rayspec.spec_decode.acceptance import GREEDY, accept_tree, score_greedy_lazily, score_tree
+    from rayspec.spec_decode.tree import DraftTree, TokenTrees
 
     vocab = tiny_target.vocab_size
     monkeypatch.setattr(whisper, "SHORTLIST_TOKENS", vocab // 3)
@@ -180,7 +180,7 @@ def test_lazy_greedy_scores_match_full_projection(tiny_target, monkeypatch):
 def test_lazy_verification_stays_exact(tiny_target, tiny_draft, monkeypatch):
     """Speculation with the lazy projection on every pass (and a small shortlist) equals AR."""
     import rayspec.models.whisper as whisper
-    import rayspec.spec.loop as loop
+    import rayspec.spec_decode.loop as loop
 
     monkeypatch.setattr(loop, "LAZY_MIN_NODES", 0)
     monkeypatch.setattr(whisper, "SHORTLIST_TOKENS", tiny_target.vocab_size // 3)

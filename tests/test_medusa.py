@@ -6,8 +6,8 @@ import torch
 from rayspec.decoding.ar import greedy_decode
 from rayspec.decoding.medusa_proposer import SPARSE_TREE, MedusaProposer, check_tree
 from rayspec.models.medusa import MedusaHeads
-from rayspec.spec.acceptance import AcceptanceRule
-from rayspec.spec.loop import VerifyLoop
+from rayspec.spec_decode.acceptance import AcceptanceRule
+from rayspec.spec_decode.loop import VerifyLoop
 from tiny import random_audio
 
 AUDIO = random_audio(8, seed=21)
@@ -131,7 +131,7 @@ def test_head_accuracy_curve_is_one_fraction_per_head(tiny_target, samples_manif
 def test_medusa_continuous_batching_equals_static(tiny_target, block):
     """Rows that join mid-batch get no proposal until their first target pass returns a hidden state; a block's
     proposals for a row do not depend on the other rows in the batch (it reads the loop's cache rows in order)."""
-    from rayspec.spec.loop import Admission
+    from rayspec.spec_decode.loop import Admission
 
     caps = [24, 5, 24, 9, 24, 2, 24, 13]
     heads = _heads(tiny_target, block=block)

@@ -161,7 +161,7 @@ def test_every_method_equals_ar_on_real_whisper(tiny, clips, reference, method, 
 def test_begin_suppressed_draft_token_is_rejected(tiny, clips, reference):
     """A draft whose first token is begin-suppressed (the blank " ", 220) must not pass verification."""
     from rayspec.decoding.ctc_proposer import CTCProposer
-    from rayspec.spec.loop import VerifyLoop
+    from rayspec.spec_decode.loop import VerifyLoop
 
     assert 220 in tiny.begin_suppress_tokens
     hyp = [220] + reference[0].tokens

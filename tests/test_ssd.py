@@ -75,7 +75,7 @@ def test_ctc_proposer_sends_both_branches_after_a_substitution():
     """After an unmatched correction the next proposal is a two-branch tree (shared prefixes merged); the kept
     branch decides where the hypothesis continues."""
     from rayspec.decoding.ctc_proposer import CTCProposer
-    from rayspec.spec.loop import DraftRequest, Feedback
+    from rayspec.spec_decode.loop import DraftRequest, Feedback
 
     eos, prompt = 0, [1, 2]
     p = CTCProposer([[10, 11, 12, 13]], eos, len(prompt), max_draft=8)
@@ -186,7 +186,7 @@ def test_fixed_window_ctc_gate_reads_only_real_frames(tiny_fixed):
 @pytest.mark.parametrize("cap", [30, 6])
 def test_ctc_draft_proposer_is_exact_and_saves_passes_on_good_hypotheses(tiny_target, cap):
     from rayspec.decoding.ctc_proposer import CTCProposer
-    from rayspec.spec.loop import VerifyLoop
+    from rayspec.spec_decode.loop import VerifyLoop
 
     caps = [cap] * len(AUDIO)
     with torch.inference_mode():

@@ -9,7 +9,7 @@ from rayspec.decoding.ar import greedy_decode
 from rayspec.decoding.proposer import DraftProposer
 from rayspec.decoding.speculative import SpeculationOptions, draft_loop, speculative_decode
 from rayspec.runner.static_step import BATCH_BUCKETS, StaticSteps, attach_static_steps, bucket
-from rayspec.spec.loop import Admission, VerifyLoop
+from rayspec.spec_decode.loop import Admission, VerifyLoop
 from test_continuous import AUDIO, CAPS, SSD_EXACT, _admissions, _encode, _ssd_chunks
 
 STATS = ("target_forward_passes", "draft_forward_passes", "draft_tokens_proposed", "draft_tokens_accepted")
@@ -222,7 +222,7 @@ def test_speculation_pays_where_the_measured_verify_pass_is_cheap_enough():
     rule on a CPU or without measurements (the fixed row cap decides there)."""
     from types import SimpleNamespace
 
-    from rayspec.spec.loop import speculation_pays
+    from rayspec.spec_decode.loop import speculation_pays
 
     cost = {(1, 1): 1.0, (1, 8): 1.2, (64, 1): 2.0, (64, 8): 9.0}
     gpu = SimpleNamespace(device=torch.device("cuda"), max_query=16,

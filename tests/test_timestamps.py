@@ -12,9 +12,9 @@ from rayspec.decoding.proposer import DraftProposer, SpeculationOptions
 from rayspec.decoding.speculative import speculative_decode
 from rayspec.decoding.ssd import CTCDrafts, SSDDecoder, SSDOptions
 from rayspec.models.medusa import MedusaHeads
-from rayspec.spec.loop import Admission, VerifyLoop
-from rayspec.spec.timestamps import TimestampTokens, apply_rules, rule_bounds
-from rayspec.spec.tree import DraftTree, TokenTrees
+from rayspec.spec_decode.loop import Admission, VerifyLoop
+from rayspec.spec_decode.timestamps import TimestampTokens, apply_rules, rule_bounds
+from rayspec.spec_decode.tree import DraftTree, TokenTrees
 from tiny import make_noisy_copy, make_tiny, random_audio
 
 AUDIO = random_audio(8, seed=3)

@@ -15,7 +15,7 @@ Suites:
 
 Speculative configurations speculate at every batch size (``--speculate-max-rows all``), so a table shows what
 batched verification costs and saves; the configurations marked ``+row cap`` run at the default instead (speculation
-only in decoder rounds of few live rows, :func:`~rayspec.spec.loop.speculate_max_rows`), as ``rayspec transcribe``
+only in decoder rounds of few live rows, :func:`~rayspec.spec_decode.loop.speculate_max_rows`), as ``rayspec transcribe``
 does.
 
 Every configuration decodes the same preloaded audio with the same models through

@@ -75,7 +75,7 @@ def _judge(judge, asr, audios, texts):
 def offline_acceptance(synth, examples, thetas, temperature: float, lookahead: int | None = None, groups="codec"
                        ) -> list[dict]:
     """Teacher-forced acceptance estimates on real token sequences (see :mod:`rayspec.tts.evaluate`)."""
-    from ..spec.sampling import GroupRatio, similarity_groups
+    from ..spec_decode.sampling import GroupRatio, similarity_groups
     from ..train.tts import collate
     from ..tts.speculative import group_vectors
     from ..tts.evaluate import acceptance_rates, expected_tokens_per_pass

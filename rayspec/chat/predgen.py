@@ -28,8 +28,8 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from ..spec.acceptance import AcceptanceRule, accept_tree, score_tree
-from ..spec.tree import DraftTree, TokenTrees
+from ..spec_decode.acceptance import AcceptanceRule, accept_tree, score_tree
+from ..spec_decode.tree import DraftTree, TokenTrees
 from .lm import CausalLM, ends_sentence
 
 VERIFIERS = ("greedy", "topk")
@@ -129,7 +129,7 @@ def first_sentence_length(lm: CausalLM, ids: list[int]) -> Optional[int]:
 def verify(lm: CausalLM, prompt: list[int], candidate: list[int], opts: PredGenOptions) -> tuple[int, list[int]]:
     """Verify ``candidate`` as the reply to ``prompt`` in one forward pass (section 3.1.1), with the speculative
     core's acceptance rules: the candidate is a one-chain token tree rooted at the prompt's last token, scored by
-    ``greedy`` or ``topk`` (:mod:`rayspec.spec.acceptance`).
+    ``greedy`` or ``topk`` (:mod:`rayspec.spec_decode.acceptance`).
 
     Returns:
         ``(k, kept)``: ``k`` accepted candidate tokens and ``kept = candidate[:k] + [bonus]``, the bonus being the

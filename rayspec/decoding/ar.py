@@ -1,12 +1,12 @@
 """Autoregressive (AR) batched greedy decoding with the ragged KV cache: the baseline every speculative method must
-reproduce token for token. It is the verify loop without a proposer (:class:`~rayspec.spec.loop.VerifyLoop`)."""
+reproduce token for token. It is the verify loop without a proposer (:class:`~rayspec.spec_decode.loop.VerifyLoop`)."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
 from ..models.whisper import EncoderOutput, WhisperASR
-from ..spec.loop import VerifyLoop
+from ..spec_decode.loop import VerifyLoop
 from .common import Hypothesis
 
 

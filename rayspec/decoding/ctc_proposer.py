@@ -31,8 +31,8 @@ import string
 from functools import lru_cache
 from typing import Optional
 
-from ..spec.loop import DraftRequest, Feedback, Proposal
-from ..spec.tree import DraftTree
+from ..spec_decode.loop import DraftRequest, Feedback, Proposal
+from ..spec_decode.tree import DraftTree
 
 CTC_MAX_DRAFT = 64  # most hypothesis tokens verified per branch and round (the default max_draft)
 MIN_DRAFT = 4  # draft length (per branch) after a rejection of the first proposed token

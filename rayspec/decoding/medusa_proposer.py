@@ -21,8 +21,8 @@ import torch
 
 from ..models.medusa import MedusaHeads
 from ..models.whisper import WhisperASR
-from ..spec.loop import DraftRequest, Feedback, Proposal
-from ..spec.tree import DraftTree
+from ..spec_decode.loop import DraftRequest, Feedback, Proposal
+from ..spec_decode.tree import DraftTree
 
 SPARSE_TREE: tuple[tuple[int, ...], ...] = (
     (0,), (1,), (2,), (0, 0), (0, 1), (1, 0), (0, 0, 0), (0, 0, 1), (0, 0, 0, 0),

@@ -1,9 +1,9 @@
 """The drafting side of draft-model speculative decoding: a proposer that owns the draft model's KV cache.
 
 Source: SpecASR (Wei et al. 2025, arXiv:2507.18181): IV.A adaptive single-sequence prediction, IV.B draft sequence
-recycling, IV.C two-pass sparse token tree. The verify loop (:class:`~rayspec.spec.loop.VerifyLoop`)
-and the proposer only exchange small per-row messages (:class:`~rayspec.spec.loop.DraftRequest` in, a
-:class:`~rayspec.spec.loop.Proposal` token tree out, :class:`~rayspec.spec.loop.Feedback` back), so the proposer can
+recycling, IV.C two-pass sparse token tree. The verify loop (:class:`~rayspec.spec_decode.loop.VerifyLoop`)
+and the proposer only exchange small per-row messages (:class:`~rayspec.spec_decode.loop.DraftRequest` in, a
+:class:`~rayspec.spec_decode.loop.Proposal` token tree out, :class:`~rayspec.spec_decode.loop.Feedback` back), so the proposer can
 run in the verifier's process or in another Ray actor on another GPU (``actors/drafter.py``), as vLLM's
 ``v1/spec_decode`` separates proposers from its rejection sampler. The verifier knows nothing of the strategy: the
 proposer turns the feedback (which of its nodes were kept) into its own draft-cache rollback and recycling state.
@@ -32,8 +32,8 @@ import torch
 from ..models.cache import DecoderCache
 from ..models.errors import ModelPairingError
 from ..models.whisper import EncoderOutput, WhisperASR
-from ..spec.loop import DraftRequest, Feedback, Proposal
-from ..spec.tree import DraftTree
+from ..spec_decode.loop import DraftRequest, Feedback, Proposal
+from ..spec_decode.tree import DraftTree
 
 
 @dataclass(frozen=True)
@@ -236,7 +236,7 @@ class DraftProposer:
             return [Proposal() for _ in requests]
         self._cross()  # every row is fed below
         # at least the newest token is fed (a row's sequence may not have grown past the kept draft tokens: with
-        # timestamps the drafter sees the text alone, rayspec.spec.timestamps.TimestampProposer)
+        # timestamps the drafter sees the text alone, rayspec.spec_decode.timestamps.TimestampProposer)
         work = [_Work(r, _Sent(len(r.seq), [], 0, []), min(self.valid.get(r.index, 0), len(r.seq) - 1),
                       self.old_suffix.get(r.index, []), drafting=r.speculate) for r in requests]
         self.cache.crop([w.valid for w in work])

@@ -3,7 +3,7 @@
 Source: SpecASR (Wei et al. 2025, arXiv:2507.18181): IV.A adaptive single-sequence prediction, IV.B draft sequence
 recycling, IV.C two-pass sparse token tree; tree attention after SpecInfer. The drafting side is
 :class:`~rayspec.decoding.proposer.DraftProposer`; verification is the shared verify loop
-(:class:`~rayspec.spec.loop.VerifyLoop`) with greedy acceptance (Leviathan et al. 2023 at temperature 0), so the
+(:class:`~rayspec.spec_decode.loop.VerifyLoop`) with greedy acceptance (Leviathan et al. 2023 at temperature 0), so the
 output equals the target's own greedy output token for token.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 from ..models.whisper import EncoderOutput, WhisperASR
-from ..spec.loop import VerifyLoop
+from ..spec_decode.loop import VerifyLoop
 from .common import Hypothesis
 from .proposer import DraftProposer, SpeculationOptions, check_compatible
 
@@ -48,5 +48,5 @@ def speculative_decode(
 def draft_loop(target: WhisperASR, proposer, options: SpeculationOptions, max_rows: Optional[int] = None
                ) -> VerifyLoop:
     """The verify loop of draft-model speculation over ``proposer`` (in process or remote), route "draft";
-    ``max_rows``: :class:`~rayspec.spec.loop.VerifyLoop`'s (speculate only in rounds with at most this many rows)."""
+    ``max_rows``: :class:`~rayspec.spec_decode.loop.VerifyLoop`'s (speculate only in rounds with at most this many rows)."""
     return VerifyLoop(target, proposer, max_nodes=options.nodes_per_round, route="draft", max_rows=max_rows)

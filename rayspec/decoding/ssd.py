@@ -35,10 +35,10 @@ import torch
 
 from ..models.ctc import CTCHead, max_frame_entropy
 from ..models.whisper import EncoderOutput, WhisperASR
-from ..spec.acceptance import AcceptanceRule, accept_tree, score_tree
-from ..spec.loop import Admission, Proposer, VerifyLoop
-from ..spec.timestamps import apply_rules, rule_bounds
-from ..spec.tree import DraftTree, TokenTrees
+from ..spec_decode.acceptance import AcceptanceRule, accept_tree, score_tree
+from ..spec_decode.loop import Admission, Proposer, VerifyLoop
+from ..spec_decode.timestamps import apply_rules, rule_bounds
+from ..spec_decode.tree import DraftTree, TokenTrees
 from .common import Hypothesis
 from .ctc_proposer import CTC_MAX_DRAFT
 from .proposer import SpeculationOptions
@@ -127,7 +127,7 @@ class SSDDecoder:
     Args:
         target: the target model; options: :class:`SSDOptions`.
         max_rows: the draft fallback speculates only in rounds with at most this many rows
-            (:class:`~rayspec.spec.loop.VerifyLoop`; None: the device's default).
+            (:class:`~rayspec.spec_decode.loop.VerifyLoop`; None: the device's default).
     """
 
     def __init__(self, target: WhisperASR, options: SSDOptions, max_rows: Optional[int] = None):
@@ -178,7 +178,7 @@ class SSDDecoder:
         no_speech = t.no_speech_probability(raw[:, 0])  # node 0 is <|startoftranscript|>
         no_speech = [None] * len(todo) if no_speech is None else no_speech.tolist()
         logits = t.suppress(raw, first=dev.host["first"])
-        if any(stamped):  # the timestamp rules at every node (rayspec.spec.timestamps)
+        if any(stamped):  # the timestamp rules at every node (rayspec.spec_decode.timestamps)
             bounds = rule_bounds(dev.host, [[]] * len(todo), stamped, tt)
             logits = apply_rules(logits, bounds, tt)  # in place: raw is not read after this
         result = accept_tree(dev.host, score_tree(logits, dev, self.opt.rule))
@@ -254,7 +254,7 @@ class SSDDecoder:
     @torch.inference_mode()
     def admission(self, ids: list, enc: EncoderOutput, caps: Sequence[int], drafts: CTCDrafts,
                   draft_enc: Optional[EncoderOutput] = None) -> Admission:
-        """One batch for the corpus-wide fallback stream (:meth:`~rayspec.spec.loop.VerifyLoop.decode_stream` of
+        """One batch for the corpus-wide fallback stream (:meth:`~rayspec.spec_decode.loop.VerifyLoop.decode_stream` of
         :meth:`loop`): gate + verify it now (:meth:`first_pass`); the rows decided there come back finished at
         once, the parked rows continue from their verified prefixes (keys/values imported, not recomputed).
 

@@ -40,7 +40,7 @@ from .features import log_mel, supports
 from .linear import PackedLinear, linear, linear_layer, pack_linears
 from .registry import resolve_model
 from .whisper_modules import load_lean
-from ..spec.timestamps import TimestampTokens
+from ..spec_decode.timestamps import TimestampTokens
 
 
 @dataclass
@@ -411,7 +411,7 @@ class WhisperASR:
                 else "en"); an English-only model takes None or "en".
             task: "transcribe" or "translate" (to English; multilingual models only).
             timestamps: decode with timestamp tokens: the prompt without ``<|notimestamps|>`` (the verify loop then
-                applies Whisper's timestamp rules, :mod:`rayspec.spec.timestamps`).
+                applies Whisper's timestamp rules, :mod:`rayspec.spec_decode.timestamps`).
 
         Raises:
             ModelLoadError: a language or task this model does not have (e.g. "fr" on an English-only model).
@@ -439,7 +439,7 @@ class WhisperASR:
 
     @functools.cached_property
     def timestamp_tokens(self):
-        """The :class:`~rayspec.spec.timestamps.TimestampTokens` of this vocabulary (timestamps follow
+        """The :class:`~rayspec.spec_decode.timestamps.TimestampTokens` of this vocabulary (timestamps follow
         ``<|notimestamps|>``, as in every Whisper vocabulary), or None for a model without them."""
         no_ts = getattr(self.generation_config, "no_timestamps_token_id", None)
         if no_ts is None or int(no_ts) + 1 >= self.vocab_size:
@@ -872,7 +872,7 @@ class WhisperASR:
         logit over the first :data:`SHORTLIST_TOKENS` token ids (BPE ids are in merge order, so the common tokens
         come first) that neither suppress list bans, timestamp tokens excluded. hidden ``[..., D]`` -> float ``[...]``. Greedy verification uses
         it to skip the full projection where a draft token cannot be the argmax
-        (:func:`rayspec.spec.acceptance.score_greedy_lazily`)."""
+        (:func:`rayspec.spec_decode.acceptance.score_greedy_lazily`)."""
         proj = self.model.proj_out
         key = (proj.weight, self._suppress, self._begin_suppress)
         if self._shortlist is None or any(a is not b for a, b in zip(self._shortlist[0], key)):

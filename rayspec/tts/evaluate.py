@@ -17,7 +17,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
-from ..spec.sampling import GroupRatio
+from ..spec_decode.sampling import GroupRatio
 
 
 class PocketsphinxJudge:

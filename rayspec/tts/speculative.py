@@ -6,7 +6,7 @@ One round for a batch of ragged rows (each row is one sentence with its own numb
    autoregressively over its own short history (no KV cache: the draft is an MLP).
 2. Verify: the target runs ``K + 1`` frames per row in one forward pass (the last accepted token, then the draft),
    giving its distribution before each draft token and after the last.
-3. Accept: :func:`~rayspec.spec.sampling.rejection_sample` with the chosen ratio (``sd`` token level, ``ssd``
+3. Accept: :func:`~rayspec.spec_decode.sampling.rejection_sample` with the chosen ratio (``sd`` token level, ``ssd``
    relaxed, ``pcg`` group level) keeps a prefix and emits one more token.
 4. Commit: the KV cache keeps the accepted frames; their coarse tokens and hidden states are stored.
 
@@ -29,8 +29,8 @@ import numpy as np
 import torch
 
 from ..models.speech_lm import SpeechDraft, SpeechLM, frame_layout, phone_windows
-from ..spec.rng import DRAFT, CounterRNG, sample
-from ..spec.sampling import AcceptanceRatio, GroupRatio, RelaxedRatio, TokenRatio, rejection_sample, similarity_groups
+from ..spec_decode.rng import DRAFT, CounterRNG, sample
+from ..spec_decode.sampling import AcceptanceRatio, GroupRatio, RelaxedRatio, TokenRatio, rejection_sample, similarity_groups
 
 METHODS = ("target", "sd", "ssd", "pcg")
 # draft tokens per round when not given, chosen on 30 dev sentences of the teacher data (scripts/tts_dev_defaults.py):

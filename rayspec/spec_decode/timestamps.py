@@ -78,7 +78,7 @@ def rule_bounds(layout: dict, sampled: Sequence[Sequence[int]], on: Sequence[boo
     """Per tree node, what the timestamp rules allow after it.
 
     Args:
-        layout: the trees' padded host layout (:meth:`~rayspec.spec.tree.TokenTrees.padded`: ``tokens``,
+        layout: the trees' padded host layout (:meth:`~rayspec.spec_decode.tree.TokenTrees.padded`: ``tokens``,
             ``parents``, ``roots``, ``sizes``); the root of row ``b`` is its newest token.
         sampled: per row, the tokens sampled so far (after the prompt, up to and including the root).
         on: per row, whether it decodes with timestamps.

@@ -20,7 +20,7 @@ the target after a full accept. Ratios:
   groups ``P_c`` and ``Q_c`` are one small matmul, so the residual is sampled directly: the same distribution in
   one draw instead of up to ``1 / TV`` rounds of three.
 
-All draws come from a :class:`~rayspec.spec.rng.CounterRNG`, so results are reproducible and batch-invariant.
+All draws come from a :class:`~rayspec.spec_decode.rng.CounterRNG`, so results are reproducible and batch-invariant.
 """
 
 from __future__ import annotations

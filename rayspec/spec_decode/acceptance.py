@@ -18,7 +18,7 @@ One module for every method, as vLLM's one rejection sampler serves all its prop
   In all four the emitted token after the path is the target's argmax at its last node (the "bonus" token), so
   ``greedy`` is exact and the others are lossy with a threshold.
 * Sampled decoding with draft probabilities (rejection sampling with token, relaxed or group-level ratios) lives in
-  :mod:`rayspec.spec.sampling`.
+  :mod:`rayspec.spec_decode.sampling`.
 
 Host/device split: the per-node statistics are computed on the device and read back in ONE transfer
 (:func:`score_tree`), the path search then runs on the host over the trees' padded numpy layout.
@@ -123,7 +123,7 @@ def score_greedy_lazily(hidden: torch.Tensor, trees: DeviceTrees, head, rules=No
         trees: the same trees on the device (with ``host``).
         head: the target's output head: ``token_logits(hidden, tokens, first)``, ``shortlist_bound(hidden)``,
             ``project(hidden)`` and ``suppress(logits, first)`` (:class:`~rayspec.models.whisper.WhisperASR`).
-        rules: optional ``(bounds, tt)``: Whisper's timestamp rules (:func:`~rayspec.spec.timestamps.rule_bounds`'
+        rules: optional ``(bounds, tt)``: Whisper's timestamp rules (:func:`~rayspec.spec_decode.timestamps.rule_bounds`'
             int64 ``[4, B, Q]`` host bounds and the timestamp tokens). At a parent where the rules ban no text token
             the shortlist bound still bounds the best allowed token (a forced timestamp bans all text, so a text
             token below the bound loses either way); a token the rules ban at its parent cannot be the argmax; an

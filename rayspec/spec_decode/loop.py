@@ -5,14 +5,14 @@ next token); draft-model speculation, the SSD fallback and Medusa differ only in
 
 One round, for every live row (rows keep different lengths in the ragged KV cache):
 
-1. Propose: the proposer returns a :class:`~rayspec.spec.tree.DraftTree` per row (nothing without a proposer, or
+1. Propose: the proposer returns a :class:`~rayspec.spec_decode.tree.DraftTree` per row (nothing without a proposer, or
    in a round with more live rows than ``speculate_max_rows``, or, on a device whose static steps measured their
    pass costs at warm-up, where a verification pass would cost more than the steps it saves,
    :func:`speculation_pays`: there the round is a plain target step).
 2. Verify: the row's context (tokens the target has not seen; the last is the root) and its draft tree are flattened
-   into :class:`~rayspec.spec.tree.TokenTrees`, copied to the device once, and scored in ONE target pass under tree
+   into :class:`~rayspec.spec_decode.tree.TokenTrees`, copied to the device once, and scored in ONE target pass under tree
    attention; the acceptance rule's per-node verdicts and argmaxes come back in ONE transfer
-   (:func:`~rayspec.spec.acceptance.score_tree`), and the longest passing path is picked on the host.
+   (:func:`~rayspec.spec_decode.acceptance.score_tree`), and the longest passing path is picked on the host.
 3. Commit: the cache keeps the context and the accepted path (compacted); the row emits the path and the target's
    token after it; EOS or the row's cap ends it and it leaves the batch. The proposer is told which of its nodes
    were kept (:meth:`Proposer.update`), so it can roll back or recycle its own state.
@@ -132,7 +132,7 @@ class Feedback:
             end of the kept path: the state that predicted the row's newest token (Medusa heads read it).
         timestamp: for rows in timestamp mode, the target's most likely timestamp token at the end of the kept path
             (before the timestamp rules): where a segment ending there would end
-            (:class:`~rayspec.spec.timestamps.TimestampProposer` guesses a segment's end from it).
+            (:class:`~rayspec.spec_decode.timestamps.TimestampProposer` guesses a segment's end from it).
     """
 
     index: int
@@ -229,13 +229,13 @@ class VerifyLoop:
     Args:
         target: the target model.
         proposer: the drafting side over the batch's rows, or None for plain greedy decoding.
-        rule: how draft tokens are accepted (:data:`~rayspec.spec.acceptance.GREEDY`: exact).
+        rule: how draft tokens are accepted (:data:`~rayspec.spec_decode.acceptance.GREEDY`: exact).
         max_nodes: most draft nodes a proposal may hold (sizes the KV cache's room for pending positions).
         route: the hypotheses' route ("ar", "draft", ...).
 
     Rows whose prompt lacks ``<|notimestamps|>`` decode with Whisper's timestamp rules at every verified node
-    (:mod:`rayspec.spec.timestamps`), and the proposer is wrapped so that text-only drafters still speculate
-    (:class:`~rayspec.spec.timestamps.TimestampProposer`).
+    (:mod:`rayspec.spec_decode.timestamps`), and the proposer is wrapped so that text-only drafters still speculate
+    (:class:`~rayspec.spec_decode.timestamps.TimestampProposer`).
 
     Args:
         max_rows: speculate only in rounds with at most this many live rows (0: always); None: the device's
