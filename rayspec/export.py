@@ -69,8 +69,8 @@ def verbose_json(row: dict, granularities=("segment",), task: str = "transcribe"
                  encode=None) -> dict:
     """OpenAI's ``verbose_json`` transcription body (``TranscriptionVerbose``) of a result row: ``task``,
     ``language`` (its name), ``duration``, ``text``, and per ``granularities`` ``segments`` (``id``, ``seek`` =
-    start in 10 ms frames, ``start``, ``end`` seconds, ``text``, ``tokens``, ``temperature`` 0, ``avg_logprob``
-    None: not computed, ``compression_ratio``, ``no_speech_prob`` = the row's) and ``words`` (``word`` stripped,
+    start in 10 ms frames, ``start``, ``end`` seconds, ``text``, ``tokens``, ``temperature``, ``avg_logprob``
+    (the row's), ``compression_ratio``, ``no_speech_prob`` = the row's) and ``words`` (``word`` stripped,
     ``start``, ``end``). ``encode``: text -> token ids for ``tokens`` (the target's tokenizer; None: ``[]``)."""
     from .decoding.common import compression_ratio
 
@@ -78,8 +78,8 @@ def verbose_json(row: dict, granularities=("segment",), task: str = "transcribe"
     if "segment" in granularities:
         body["segments"] = [
             {"id": k, "seek": round(100 * s["start_s"]), "start": s["start_s"], "end": s["end_s"],
-             "text": s["text"], "tokens": list(encode(s["text"])) if encode else [], "temperature": 0.0,
-             "avg_logprob": None, "compression_ratio": compression_ratio(s["text"]),
+             "text": s["text"], "tokens": list(encode(s["text"])) if encode else [], "temperature": row.get("temperature") or 0.0,
+             "avg_logprob": row.get("avg_logprob"), "compression_ratio": compression_ratio(s["text"]),
              "no_speech_prob": row.get("no_speech_prob")}
             for k, s in enumerate(whole_file_segments(row))]
     if "word" in granularities:

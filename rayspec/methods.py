@@ -16,6 +16,7 @@ import torch
 
 from .decoding.ar import greedy_decode
 from .decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, Hypothesis
+from .decoding.fallback import FallbackOptions
 from .decoding.ctc_proposer import CTC_MAX_DRAFT, CTCProposer, continuation_tokens, punctuation_tokens
 from .decoding.medusa_proposer import MedusaOptions, MedusaProposer, load_heads
 from .decoding.proposer import DraftProposer, SpeculationOptions
@@ -81,6 +82,16 @@ class DecodeOptions:
             the same either way.
         cuda_graphs: capture each (batch bucket, query bucket) step as a CUDA graph when the model loads.
         max_graph_batch: the largest batch bucket with static steps and graphs; larger batches run dynamically.
+        temperatures: the temperatures tried in order (openai/whisper's temperature fallback,
+            :mod:`rayspec.decoding.fallback`); ``(0.0,)``: greedy only. Above 0 a row samples with the seeded
+            Gumbel-max trick (:mod:`rayspec.spec_decode.gumbel`): for one ``seed`` every exact method samples the same
+            tokens at any batch size.
+        best_of: samples per row at a fallback temperature above 0 (the likeliest is kept).
+        log_prob_threshold: fallback when a row's average log-probability is below this (None: never).
+        seed: the seed of every sampled row (mixed with the utterance id, segment and attempt).
+        initial_prompt: text the decoder reads before each segment (``<|startofprev|>`` + its tokens, openai/whisper's
+            ``prompt`` / faster-whisper's ``initial_prompt``: vocabulary, spelling, style); None: none.
+        hotwords: faster-whisper's ``hotwords``: words put in the same place, to make them likelier.
     """
 
     method: str = "ar"
@@ -103,8 +114,21 @@ class DecodeOptions:
     static_steps: str = "auto"
     cuda_graphs: bool = True
     max_graph_batch: int = DEFAULT_MAX_BATCH
+    temperatures: tuple[float, ...] = (0.0,)
+    best_of: int = 5
+    log_prob_threshold: Optional[float] = -1.0
+    seed: int = 0
+    initial_prompt: Optional[str] = None
+    hotwords: Optional[str] = None
 
     def __post_init__(self):
+        self.temperatures = self.fallback.temperatures  # validated (FallbackOptions)
+        if self.method == "ssd" and self.temperatures[0] > 0:
+            raise ValueError("method ssd decodes at temperature 0 first (its gate and verification are greedy); "
+                             "start --temperature at 0")
+        if self.method == "medusa" and self.medusa is not None and self.medusa.acceptance != "greedy" \
+                and max(self.temperatures) > 0:
+            raise ValueError("sampling (temperature > 0) needs --acceptance greedy")
         if self.speculate_max_rows is not None and self.speculate_max_rows < 0:
             raise ValueError(f"speculate_max_rows must be >= 0 (0: no limit), got {self.speculate_max_rows}")
         if self.static_steps not in STATIC_STEP_MODES:
@@ -133,6 +157,12 @@ class DecodeOptions:
             self.medusa = MedusaOptions()
 
     @property
+    def fallback(self) -> FallbackOptions:
+        """The temperature-fallback options (:class:`~rayspec.decoding.fallback.FallbackOptions`)."""
+        return FallbackOptions(tuple(self.temperatures), self.best_of, self.compression_ratio_threshold,
+                               self.log_prob_threshold, self.no_speech_threshold, None, self.seed)
+
+    @property
     def mode(self) -> str:
         """"exact" when the output is provably the target's greedy output, else "lossy"."""
         return "exact" if METHODS[self.method].exact(self) and not self.short_window_s else "lossy"
@@ -154,13 +184,29 @@ class Encoded:
     caps: list[int]
     ctc: Optional[CTCDrafts] = None
     draft: Optional[EncoderOutput] = None
+    keys: Optional[list[str]] = None
 
     def to(self, device, dtype: Optional[torch.dtype] = None) -> "Encoded":
         """The same batch with its tensors on ``device`` (CPU before crossing Ray's object store) and the target's
         encoder states cast to ``dtype`` if given."""
         target = self.target.to(device, dtype)
         draft = target if self.draft is self.target else self.draft.to(device) if self.draft else None
-        return Encoded(target, self.caps, self.ctc, draft)
+        return Encoded(target, self.caps, self.ctc, draft, self.keys)
+
+    def select(self, rows: list[int]) -> "Encoded":
+        """The rows ``rows`` (indices; repeats allowed) of this batch."""
+        def pick(enc: Optional[EncoderOutput]) -> Optional[EncoderOutput]:
+            return None if enc is None else enc.select(torch.tensor(rows, device=enc.states.device))
+        target = pick(self.target)
+        draft = target if self.draft is self.target else pick(self.draft)
+        ctc = None if self.ctc is None else CTCDrafts([self.ctc.tokens[i] for i in rows],
+                                                       [self.ctc.entropy[i] for i in rows])
+        return Encoded(target, [self.caps[i] for i in rows], ctc, draft,
+                       None if self.keys is None else [self.keys[i] for i in rows])
+
+    def key(self, row: int) -> str:
+        """The stable key of row ``row`` (seeds its sampling): its utterance id and segment, else its index."""
+        return self.keys[row] if self.keys is not None else str(row)
 
 
 @dataclass(frozen=True)

@@ -86,6 +86,26 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "LJSpeech's WER at 2.6x the speed but hurt 2-5 s clips; 20 gave 1.6x at a small cost (see "
                         "docs/benchmarks/whisper.md). Turns the no-speech gate off. Default 0: the full window, the "
                         "exact reference")
+    g.add_argument("--temperature", default="0", type=_temperatures, metavar="T[,T...]",
+                   help="sampling temperature(s). One value: 0 decodes greedily (the default), above 0 samples with "
+                        "--seed (every exact method samples the same tokens at any batch size). Several, e.g. "
+                        "0,0.2,0.4,0.6,0.8,1.0 (openai/whisper's and faster-whisper's default): temperature fallback, "
+                        "a row whose text repeats itself (--compression-ratio-threshold) or whose average "
+                        "log-probability is below --log-prob-threshold is decoded again at the next temperature, "
+                        "--best-of samples kept the likeliest; the row's temperature column says which was used")
+    g.add_argument("--best-of", type=int, default=5,
+                   help="samples per row at a fallback temperature above 0; the likeliest is kept (default 5)")
+    g.add_argument("--log-prob-threshold", type=float, default=-1.0,
+                   help="with temperature fallback, decode a row again when its average log-probability is below "
+                        "this (default -1.0, as Whisper)")
+    g.add_argument("--seed", type=int, default=0,
+                   help="seed of sampled rows; mixed with each file's id and segment, so a file's text does not "
+                        "depend on its neighbours, the batch size or the method (default 0)")
+    g.add_argument("--initial-prompt", metavar="TEXT",
+                   help="text the decoder reads before each segment, as openai/whisper's prompt and "
+                        "faster-whisper's initial_prompt: names, spellings, punctuation style (default none)")
+    g.add_argument("--hotwords", metavar="WORDS",
+                   help="words made likelier by putting them before each segment (faster-whisper's hotwords)")
     d = SpeculationOptions()
     g.add_argument("--draft-max", type=int, default=d.max_draft,
                    help=f"longest draft per round (SpecASR IV.A; default {d.max_draft}; SpecASR used 24)")
@@ -181,6 +201,35 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "Whisper does (default on)")
 
 
+def _temperatures(value) -> str:
+    """``--temperature``: comma-separated temperatures >= 0, increasing (kept as text; see :func:`temperatures`)."""
+    try:
+        temperatures(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return str(value)
+
+
+def temperatures(value) -> tuple[float, ...]:
+    """``--temperature`` as a tuple of floats: "0,0.2,0.4" -> (0.0, 0.2, 0.4); a number or a sequence as it is.
+
+    Raises:
+        ValueError: an empty or malformed list, a negative temperature, or temperatures not increasing.
+    """
+    from .decoding.fallback import FallbackOptions
+
+    if isinstance(value, (int, float)):
+        items = [float(value)]
+    elif isinstance(value, str):
+        try:
+            items = [float(x) for x in value.replace(" ", "").split(",") if x]
+        except ValueError:
+            raise ValueError(f"expected temperatures like 0 or 0,0.2,0.4,0.6,0.8,1.0, got {value!r}") from None
+    else:
+        items = [float(x) for x in value]
+    return FallbackOptions(tuple(items)).temperatures
+
+
 def _max_rows(value: str) -> str:
     """``--speculate-max-rows``: "auto", "all" or a positive row count (kept as text; see :func:`max_rows_value`)."""
     if value not in ("auto", "all") and not (value.isdigit() and int(value) > 0):
@@ -231,7 +280,9 @@ def decode_options(args):
                          compression_ratio_threshold=args.compression_ratio_threshold,
                          short_window_s=args.short_window, speculate_max_rows=max_rows_value(args.speculate_max_rows),
                          static_steps=args.static_steps, cuda_graphs=args.cuda_graphs,
-                         max_graph_batch=args.max_graph_batch)
+                         max_graph_batch=args.max_graph_batch, temperatures=temperatures(args.temperature),
+                         best_of=args.best_of, log_prob_threshold=args.log_prob_threshold, seed=args.seed,
+                         initial_prompt=args.initial_prompt, hotwords=args.hotwords)
 
 
 def build_transcriber(args, announce: bool = False):

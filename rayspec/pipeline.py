@@ -32,16 +32,19 @@ from .audio import AudioError, AudioLimits, load_audio
 from .batching import BatchBudget, budget_for_model, plan_batches
 from .compute import as_dtype, label as compute_type_label
 from .decoding.common import DecodeStats, Hypothesis, compression_ratio, token_cap
+from .decoding.fallback import decode_with_fallback
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
 from .decoding.ssd import ctc_drafts
 from .longform import decode_sequential
 from .manifest import Utterance, estimated_seconds
 from .methods import METHODS, DecodeOptions, Encoded, ProposerFactory
 from .models.ctc import CTCHead
+from .models.errors import ModelLoadError
 from .models.registry import DEFAULT_TARGET, default_drafter
 from .models.whisper import EncoderOutput, WhisperASR
 from .results import ResultRow, ResultWriter
 from .runner.static_step import prepare_static_steps
+from .spec_decode.gumbel import row_seed
 from .spec_decode.loop import Proposer
 from .activity import speech_activity
 from .timing import clip_times, parse_segments, word_timestamps
@@ -54,20 +57,22 @@ def needs_draft(options: DecodeOptions) -> bool:
 
 @torch.inference_mode()
 def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.ndarray], durations: list[float],
-                 draft: Optional[WhisperASR] = None, ctc=None) -> Encoded:
+                 draft: Optional[WhisperASR] = None, ctc=None, keys: Optional[list[str]] = None) -> Encoded:
     """The drafting side of one batch: features, the target's encoder, and the CTC head or the draft's encoder (a
     decoder-only draft shares the target's encoder states).
 
     Args:
         audios: ``B`` mono float32 waveforms at the target's sample rate; durations: their lengths in seconds.
+        keys: ``B`` stable row keys (utterance id and segment) that seed sampled rows; default the row indices.
     """
     feats, lengths = target.features(audios)
     enc = target.encode(target.short_window(feats, lengths, options.short_window_s), lengths)
     enc.prompts = row_prompts(target, options, enc)
     if options.timestamps == "word":  # the word-timing pass reuses the decoder's cross-attention keys/values
         enc.cross = {}
-    limit = target.max_target_positions - len(target.prompt_ids) - 1
-    out = Encoded(enc, [token_cap(d, options.max_tokens_per_second, limit) for d in durations])
+    limit = target.max_target_positions - len(target.prompt_ids) - len(conditioning(target, options)) - 1
+    out = Encoded(enc, [token_cap(d, options.max_tokens_per_second, limit) for d in durations], keys=keys)
+    enc.sampling = first_sampling(options, out)
     if METHODS[options.method].needs_ctc:
         out.ctc = ctc_drafts(ctc, target, enc)
     if needs_draft(options):  # a decoder-only draft reads the target's encoder states (no second encoder)
@@ -86,12 +91,43 @@ def row_prompts(target: WhisperASR, options: DecodeOptions, enc: EncoderOutput) 
     """
     b = enc.states.shape[0]
     stamps = options.timestamps != "none"
+    before = conditioning(target, options)
     if options.language == "auto" and target.multilingual:
         if not target.has_decoder:
             return None
-        return [target.prompt_for(c, options.task, stamps) for c in target.detect_language(enc, options.task)[0]]
+        return [before + target.prompt_for(c, options.task, stamps)
+                for c in target.detect_language(enc, options.task)[0]]
     language = None if options.language == "auto" else options.language
-    return [target.prompt_for(language, options.task, stamps)] * b
+    return [before + target.prompt_for(language, options.task, stamps)] * b
+
+
+def conditioning(target: WhisperASR, options: DecodeOptions) -> list[int]:
+    """The tokens before ``<|startoftranscript|>``: ``<|startofprev|>``, then ``options.hotwords`` (at most half the
+    decoder's context, faster-whisper's ``hotwords``) and ``options.initial_prompt`` (its last tokens that fit,
+    openai/whisper's ``prompt``), each encoded with a leading space; none without either.
+
+    Raises:
+        ModelLoadError: a model without ``<|startofprev|>`` given a prompt.
+    """
+    if not (options.initial_prompt or options.hotwords):
+        return []
+    tok = target.tokenizer
+    prev = tok.convert_tokens_to_ids("<|startofprev|>")
+    if not isinstance(prev, int) or prev == tok.unk_token_id:
+        raise ModelLoadError(f"{target.name or 'the model'} has no <|startofprev|> token: no prompts")
+    half = target.max_target_positions // 2 - 1
+    encode = lambda text: tok(" " + text.strip(), add_special_tokens=False).input_ids  # noqa: E731
+    hot = encode(options.hotwords)[:half] if options.hotwords else []
+    text = encode(options.initial_prompt)[-half:] if options.initial_prompt else []
+    return [prev] + hot + text
+
+
+def first_sampling(options: DecodeOptions, encoded: Encoded) -> Optional[list[tuple[float, int]]]:
+    """Each row's ``(temperature, seed)`` at the first temperature, None where it is 0 (greedy)."""
+    t = options.temperatures[0]
+    if t <= 0:
+        return None
+    return [(t, row_seed(options.seed, encoded.key(i), 0, 0)) for i in range(len(encoded.caps))]
 
 
 def local_proposers(draft: WhisperASR, encoded: Encoded, options: SpeculationOptions) -> ProposerFactory:
@@ -119,7 +155,33 @@ def decode_encoded(target: WhisperASR, options: DecodeOptions, encoded: Encoded,
         raise ValueError(f"method {options.method!r} with these options needs a draft proposer")
     if encoded.target.prompts is None:  # encoded where the decoder was released: detect the language here
         encoded.target.prompts = row_prompts(target, options, encoded.target)
-    return METHODS[options.method].decode(target, options, encoded, proposers)
+    hyps = METHODS[options.method].decode(target, options, encoded, proposers)
+    return fallback(target, options, encoded, hyps, proposers)
+
+
+def fallback(target: WhisperASR, options: DecodeOptions, encoded: Encoded, hyps: list[Hypothesis],
+             proposers: Optional[ProposerFactory] = None) -> list[Hypothesis]:
+    """Temperature fallback over one decoded batch (:func:`~rayspec.decoding.fallback.decode_with_fallback`): the
+    failing rows re-decode together at the next temperature, with the batch's method (``ar`` for ssd, whose gate
+    and verification are greedy, and for a draft method without ``proposers``)."""
+    if len(options.temperatures) < 2:
+        return hyps
+    method = options.method
+    if method == "ssd" or (needs_draft(options) and proposers is None):
+        method = "ar"
+    redo_options = replace(options, method=method)
+
+    def redo(rows: list[int], t: float, attempt: int, copies: int) -> list[Hypothesis]:
+        picked = [i for i in rows for _ in range(copies)]
+        sub = encoded.select(picked)
+        sub.target.sampling = ([(t, row_seed(options.seed, encoded.key(i), attempt, j))
+                                for i in rows for j in range(copies)] if t > 0 else None)
+        sub_proposers = None
+        if proposers is not None and method != "ar":
+            sub_proposers = lambda rs, caps: proposers([picked[r] for r in rs], caps)  # noqa: E731
+        return METHODS[method].decode(target, redo_options, sub, sub_proposers)
+
+    return decode_with_fallback(hyps, redo, target.decode_text, options.fallback)
 
 
 def speculation_options(options: DecodeOptions) -> SpeculationOptions:
@@ -130,7 +192,8 @@ def speculation_options(options: DecodeOptions) -> SpeculationOptions:
 
 
 def decode_batch(target: WhisperASR, options: DecodeOptions, audios: list[np.ndarray], durations: list[float],
-                 draft: Optional[WhisperASR] = None, ctc=None, timings: Optional[dict] = None) -> list[Hypothesis]:
+                 draft: Optional[WhisperASR] = None, ctc=None, timings: Optional[dict] = None,
+                 keys: Optional[list[str]] = None) -> list[Hypothesis]:
     """Drafting and target side of one batch of waveforms in this process (the target's sample rate).
 
     Used by :class:`Transcriber` and ``rayspec bench`` alike, so benchmarks time exactly what jobs run.
@@ -138,9 +201,10 @@ def decode_batch(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
     Args:
         timings: if given, seconds are added to its ``"encode"`` (the drafting side: features, encoders, CTC head)
             and ``"decode"`` (the target side, draft passes included) entries.
+        keys: ``B`` stable keys that seed sampled rows (e.g. utterance ids; default the row indices).
     """
     t0 = time.perf_counter()
-    encoded = encode_audio(target, options, audios, durations, draft, ctc)
+    encoded = encode_audio(target, options, audios, durations, draft, ctc, keys)
     t1 = time.perf_counter()
     proposers = local_proposers(draft, encoded, speculation_options(options)) if needs_draft(options) else None
     hyps = decode_encoded(target, options, encoded, proposers)
@@ -166,12 +230,13 @@ def stream_decode(target: WhisperASR, options: DecodeOptions, batches: Iterable[
         ``((key, row), hypothesis)`` per encoded row as it finishes.
     """
     method = METHODS[options.method]
-    limit = target.max_target_positions - len(target.prompt_ids) - 1
+    prompt = len(target.prompt_ids) + len(conditioning(target, options))
+    limit = target.max_target_positions - prompt - 1
     loop = method.stream(target, options, draft, limit)
     rows = (None if item is None else
             method.admission(target, options, [(item[0], r) for r in range(len(item[1].caps))], item[1])
             for item in batches)
-    return loop.decode_stream(rows, slots, limit)
+    return loop.decode_stream(rows, slots, limit, max_prompt=prompt)
 
 
 @dataclass
@@ -208,7 +273,7 @@ class EncodedBatch:
 
 def merge_hypotheses(hyps: list[Hypothesis], separator: list[int]) -> Hypothesis:
     """One hypothesis from the consecutive segments of an utterance: tokens joined by ``separator`` (e.g. the space
-    token), counters added (the largest CTC entropy and no-speech probability), finished only if every segment ended
+    token), counters added (the largest CTC entropy, no-speech probability and temperature), finished only if every segment ended
     with EOS."""
     if len(hyps) == 1:
         return hyps[0]
@@ -231,6 +296,9 @@ def merge_hypotheses(hyps: list[Hypothesis], separator: list[int]) -> Hypothesis
             stats.ctc_entropy = max(stats.ctc_entropy or 0.0, s.ctc_entropy)
         if s.no_speech_prob is not None:
             stats.no_speech_prob = max(stats.no_speech_prob or 0.0, s.no_speech_prob)
+        stats.sum_logprob = None if None in (stats.sum_logprob, s.sum_logprob) else stats.sum_logprob + s.sum_logprob
+        stats.scored_tokens += s.scored_tokens
+        stats.temperature = max(stats.temperature, s.temperature)
     routes = {h.route for h in hyps}
     return Hypothesis(tokens, all(h.finished for h in hyps), routes.pop() if len(routes) == 1 else "mixed", stats)
 
@@ -321,8 +389,9 @@ class Drafter:
                 spans.append((a / rate, b / rate))
         encoded = None
         if pieces:
+            keys = [f"{utterances[i].id}\x1f{owners[:r].count(i)}" for r, i in enumerate(owners)]  # id, segment
             encoded = encode_audio(self.target, self.options, pieces, [len(p) / rate for p in pieces], self.draft,
-                                   self.ctc)
+                                   self.ctc, keys)
         name = self.draft.name if self.draft else ""
         activity = ([speech_activity(p, rate) for p in pieces]
                     if self.options.timestamps == "word" and self.options.refine_words else [])
@@ -404,14 +473,26 @@ class TargetDecoder:
         for (k, r), h in stream_decode(t, self.options, source(), slots, draft):
             hyps[k][r] = h
             if all(x is not None for x in hyps[k]):
+                eb = pending.pop(k)
+                done = self._fallback(eb, hyps.pop(k), draft)
                 now = time.perf_counter()
                 # wall time since the previous batch finished (it holds this batch's encoding when that ran inside
                 # the stream; adding encode_s would count it twice)
-                yield k, self.rows(pending.pop(k), hyps.pop(k), now - clock[0])
+                yield k, self.rows(eb, done, now - clock[0])
                 clock[0] = now
             while ready:
                 yield ready.pop()
         yield from ready
+
+    def _fallback(self, batch: EncodedBatch, hyps: list[Hypothesis], draft: Optional[WhisperASR]
+                  ) -> list[Hypothesis]:
+        """Temperature fallback for a batch the stream decoded (:func:`fallback`; its failing rows in one batch)."""
+        if len(self.options.temperatures) < 2:
+            return hyps
+        encoded = batch.encoded.to(self.target.device, self.target.dtype)
+        proposers = (local_proposers(draft, encoded, speculation_options(self.options))
+                     if draft is not None and needs_draft(self.options) else None)
+        return fallback(self.target, self.options, encoded, hyps, proposers)
 
     def rows(self, batch: EncodedBatch, hyps: list[Hypothesis], seconds: float) -> list[ResultRow]:
         """The result rows of ``batch`` from the hypotheses of its encoded rows (``R``, in order) and the wall
@@ -487,6 +568,7 @@ class TargetDecoder:
             row.draft_tokens_proposed, row.draft_tokens_accepted = s.draft_tokens_proposed, s.draft_tokens_accepted
             row.rounds, row.accepted_prefix, row.ctc_entropy = s.rounds, s.accepted_prefix, s.ctc_entropy
             row.no_speech_prob = s.no_speech_prob
+            row.avg_logprob, row.temperature = s.avg_logprob, s.temperature
             row.compression_ratio = compression_ratio(row.text)
             row.repetitive = row.compression_ratio > self.options.compression_ratio_threshold
         return row

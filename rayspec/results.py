@@ -51,6 +51,8 @@ SCHEMA = pa.schema(
         pa.field("no_speech_prob", pa.float64()),
         pa.field("compression_ratio", pa.float64()),
         pa.field("repetitive", pa.bool_()),
+        pa.field("avg_logprob", pa.float64()),
+        pa.field("temperature", pa.float64()),
         pa.field("decode_s", pa.float64()),
         pa.field("model", pa.string()),
         pa.field("draft_model", pa.string()),
@@ -84,7 +86,10 @@ class ResultRow:
     ``<|nospeech|>`` probability in its first pass (the largest over an utterance's segments; above
     ``--no-speech-threshold`` a segment is dropped, route "no_speech"), ``compression_ratio`` the text's zlib ratio
     and ``repetitive`` whether it exceeds ``--compression-ratio-threshold`` (a likely hallucination: flagged, the
-    text is kept as decoded).
+    text is kept as decoded; with several ``--temperature`` values such a row is decoded again first).
+    ``avg_logprob`` is the target's average log-probability of the generated tokens (openai/whisper's; over all
+    of an utterance's segments; None where a method decided tokens without the target's full distribution, e.g.
+    SSD's gate) and ``temperature`` the highest temperature any of its segments was decoded at (0: greedy).
     """
 
     id: str
@@ -107,6 +112,8 @@ class ResultRow:
     no_speech_prob: Optional[float] = None
     compression_ratio: Optional[float] = None
     repetitive: bool = False
+    avg_logprob: Optional[float] = None
+    temperature: float = 0.0
     decode_s: float = 0.0
     model: str = ""
     draft_model: str = ""

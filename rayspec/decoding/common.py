@@ -25,6 +25,12 @@ class DecodeStats:
         ctc_entropy: for CTC-gated decoding, the largest per-frame CTC entropy (nats; the gate's statistic).
         no_speech_prob: the target's probability of ``<|nospeech|>`` at ``<|startoftranscript|>`` in its first pass
             (openai/whisper's ``no_speech_prob``), None without a target pass or such a token.
+        sum_logprob: the summed log-probability (nats) of the generated tokens, EOS included, under the target's
+            logits after its logit rules at temperature 1 (openai/whisper's ``sum_logprobs``); None where a token was
+            decided without the target's full logits (SSD's gate and verified prefixes).
+        scored_tokens: the tokens counted in ``sum_logprob`` (EOS included).
+        temperature: the sampling temperature of the decoding that produced the hypothesis (0: greedy or beam;
+            above 0 after temperature fallback or with ``--temperature``).
     """
 
     target_forward_passes: int = 0
@@ -35,6 +41,22 @@ class DecodeStats:
     accepted_prefix: Optional[int] = None
     ctc_entropy: Optional[float] = None
     no_speech_prob: Optional[float] = None
+    sum_logprob: Optional[float] = 0.0
+    scored_tokens: int = 0
+    temperature: float = 0.0
+
+    @property
+    def avg_logprob(self) -> Optional[float]:
+        """``sum_logprob`` per scored token (openai/whisper's ``avg_logprob``), None where it is unknown."""
+        if self.sum_logprob is None or not self.scored_tokens:
+            return None
+        return self.sum_logprob / self.scored_tokens
+
+    def add_logprob(self, logprob: float) -> None:
+        """Count one more generated token's log-probability (no effect once the sum is unknown)."""
+        if self.sum_logprob is not None:
+            self.sum_logprob += logprob
+            self.scored_tokens += 1
 
     @property
     def acceptance_rate(self) -> float:

@@ -160,6 +160,7 @@ class SSDDecoder:
         for i, h in enumerate(out):
             if h is not None:
                 h.stats.ctc_entropy = entropy[i]
+                h.stats.sum_logprob = None  # decided without a target pass
         if not todo:
             return out, parked
         sub = enc.select(torch.tensor(todo, device=enc.states.device))
@@ -213,6 +214,8 @@ class SSDDecoder:
         for i in todo:
             if out[i] is not None:
                 out[i].stats.ctc_entropy = entropy[i]
+        for h in [out[i] for i in todo if out[i] is not None] + [x.start for x in parked if x.start.tokens]:
+            h.stats.sum_logprob = None  # verified under the threshold rule: log-probabilities not kept
         live = [(k, n) for k, n in enumerate(keep_len) if n is not None]
         if live:
             kvs = cache.export_rows([k for k, _ in live], [n for _, n in live])

@@ -57,6 +57,8 @@ class EncoderOutput:
         cross: None, or a dict in which :meth:`WhisperASR.new_cache` keeps the decoder's cross-attention keys/values
             of these rows once computed, so that a second decoder pass over the same rows (word timestamps,
             :mod:`rayspec.timing`) does not recompute them; kept through :meth:`to` when the states stay the same.
+        sampling: None (every row decodes greedily), or per row ``(temperature, seed)``: a row with temperature
+            ``> 0`` samples its tokens with the seeded Gumbel-max trick (:mod:`rayspec.spec_decode.gumbel`).
     """
 
     states: torch.Tensor
@@ -64,18 +66,24 @@ class EncoderOutput:
     masked: bool
     prompts: Optional[list[list[int]]] = None
     cross: Optional[dict] = None
+    sampling: Optional[list[tuple[float, int]]] = None
 
     def select(self, rows: torch.Tensor) -> "EncoderOutput":
         """Rows ``rows`` (int64 ``[B']``) of this batch."""
-        prompts = None if self.prompts is None else [self.prompts[i] for i in rows.tolist()]
+        keep = rows.tolist()
+        pick = lambda xs: None if xs is None else [xs[i] for i in keep]  # noqa: E731
         return EncoderOutput(self.states.index_select(0, rows), self.lengths.index_select(0, rows), self.masked,
-                             prompts)
+                             pick(self.prompts), sampling=pick(self.sampling))
 
     def to(self, device, dtype: Optional[torch.dtype] = None) -> "EncoderOutput":
         """This batch on ``device``, its states cast to ``dtype`` if given (lengths stay int64)."""
         states = self.states.to(device=device, dtype=dtype or self.states.dtype)
         return EncoderOutput(states, self.lengths.to(device), self.masked, self.prompts,
-                             self.cross if states is self.states else None)
+                             self.cross if states is self.states else None, self.sampling)
+
+    def row_sampling(self) -> list[tuple[float, int]]:
+        """Each row's ``(temperature, seed)``: :attr:`sampling`, or ``(0.0, 0)`` (greedy) for every row."""
+        return list(self.sampling) if self.sampling is not None else [(0.0, 0)] * self.states.shape[0]
 
     def row_prompts(self, default: Sequence[int]) -> list[list[int]]:
         """The decoder prompt of each row: :attr:`prompts`, or ``default`` for every row."""
@@ -100,7 +108,11 @@ class EncoderOutput:
             if any(p.prompts is None for p in parts):
                 raise ValueError("cat needs per-row prompts on every part or on none")
             prompts = [q for p in parts for q in p.prompts]
-        return EncoderOutput(states, torch.cat([p.lengths for p in parts]), parts[0].masked, prompts)
+        sampling = None
+        if any(p.sampling is not None for p in parts):
+            sampling = [x for p in parts for x in p.row_sampling()]
+        return EncoderOutput(states, torch.cat([p.lengths for p in parts]), parts[0].masked, prompts,
+                             sampling=sampling)
 
 
 def _layer_norm(layer: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:

@@ -34,6 +34,7 @@ from typing import Optional
 import numpy as np
 import torch
 
+from .gumbel import token_logprobs
 from .timestamps import apply_rules
 from .tree import DeviceTrees
 
@@ -130,8 +131,10 @@ def score_greedy_lazily(hidden: torch.Tensor, trees: DeviceTrees, head, rules=No
             allowed timestamp, or EOS where only timestamps and EOS are allowed, may be (it is projected).
 
     Returns:
-        int64 ``[2, B, Q]`` as :func:`score_tree`, with argmax ``-1`` at the nodes that do not matter (and verdict 0
-        below them).
+        int64 ``[3, B, Q]``: ``[:2]`` as :func:`score_tree`, with argmax ``-1`` at the nodes that do not matter (and
+        verdict 0 below them); ``[2]`` the bits of float64 log-probabilities of each node's argmax
+        (:func:`~rayspec.spec_decode.gumbel.token_logprobs`; ``scores[2].view(np.float64)``), NaN where the node does
+        not matter.
     """
     lay = trees.host
     b, q = lay["tokens"].shape
@@ -162,10 +165,13 @@ def score_greedy_lazily(hidden: torch.Tensor, trees: DeviceTrees, head, rules=No
         picked = np.flatnonzero(matters)
         logits = apply_rules(logits[None].contiguous(), rules[0].reshape(4, -1)[:, picked][:, None], rules[1])[0]
     best = np.full(b * q, -1, dtype=np.int64)
-    best[flat.cpu().numpy()] = logits.argmax(-1).cpu().numpy()
+    top = logits.argmax(-1)
+    best[flat.cpu().numpy()] = top.cpu().numpy()
     best = best.reshape(b, q)
+    logprob = np.full(b * q, np.nan)
+    logprob[flat.cpu().numpy()] = token_logprobs(logits, top).cpu().numpy()
     ok = (parents >= 0) & (lay["tokens"] == best[rows[:, None], np.maximum(parents, 0)])
-    return np.stack([ok.astype(np.int64), best])
+    return np.stack([ok.astype(np.int64), best, logprob.view(np.int64).reshape(b, q)])
 
 
 def _reachable(layout: dict, passes: np.ndarray) -> np.ndarray:

@@ -31,6 +31,7 @@ import torch
 
 from ..decoding.common import Hypothesis
 from ..models.whisper import EncoderOutput, WhisperASR
+from .gumbel import perturb, token_logprobs
 from .acceptance import GREEDY, AcceptanceRule, accept_tree, score_greedy_lazily, score_tree
 from .timestamps import EXTRA_NODES, apply_rules, rule_bounds, wrap_proposer
 from .tree import DraftTree, TokenTrees
@@ -208,15 +209,22 @@ class _Row:
     seq: list[int]  # prompt + emitted tokens
     target_len: int = 0  # leading tokens of seq whose keys/values the target cache holds
     timestamps: bool = False  # the prompt lacks <|notimestamps|>: Whisper's timestamp rules apply
+    temperature: float = 0.0  # > 0: seeded Gumbel-max sampling (rayspec.spec_decode.gumbel)
+    seed: int = 0
+    sot: int = 0  # index of <|startoftranscript|> in seq (> 0 after <|startofprev|> text): drafters see seq[sot:]
 
     @property
     def room(self) -> int:
         return self.cap - len(self.hyp.tokens)
 
 
-def _new_row(key, cap: int, start: Optional[Hypothesis], prompt: list[int], route: str, tt) -> _Row:
+def _new_row(key, cap: int, start: Optional[Hypothesis], prompt: list[int], route: str, tt,
+             sampling: tuple[float, int] = (0.0, 0), sot: Optional[int] = None) -> _Row:
     hyp = start if start is not None else Hypothesis([], False, route)
-    return _Row(key, int(cap), hyp, prompt + hyp.tokens, timestamps=tt is not None and tt.in_timestamp_mode(prompt))
+    temperature, seed = sampling
+    hyp.stats.temperature = float(temperature)
+    return _Row(key, int(cap), hyp, prompt + hyp.tokens, timestamps=tt is not None and tt.in_timestamp_mode(prompt),
+                temperature=float(temperature), seed=int(seed), sot=prompt.index(sot) if sot in prompt else 0)
 
 
 def _done(hyp: Hypothesis, cap: int) -> bool:
@@ -256,6 +264,7 @@ class VerifyLoop:
         self.measured = max_rows is None  # auto: measured pass costs decide where there are some (speculation_pays)
         self._accepted = [1.0, 1]  # draft tokens accepted, speculating row-rounds (a prior of one token per round)
         self.eos = target.eos_token_id
+        self.sot = target.prompt_ids[0]
 
     @torch.inference_mode()
     def decode(self, enc: EncoderOutput, caps: Sequence[int], start: Optional[list[Optional[Hypothesis]]] = None,
@@ -280,8 +289,9 @@ class VerifyLoop:
         t = self.target
         prompts = enc.row_prompts(t.prompt_ids)
         start = start or [None] * len(caps)
-        cache = t.new_cache(enc, len(prompts[0]) + max(caps) + self.max_nodes + 2)
-        rows = [_new_row(i, c, h, p, self.route, self.tt) for i, (c, h, p) in enumerate(zip(caps, start, prompts))]
+        cache = t.new_cache(enc, max(map(len, prompts)) + max(caps) + self.max_nodes + 2)
+        rows = [_new_row(i, c, h, p, self.route, self.tt, x, self.sot)
+                for i, (c, h, p, x) in enumerate(zip(caps, start, prompts, enc.row_sampling()))]
         if prefix_kv is not None:
             _import_prefixes(cache, list(range(len(rows))), rows, prefix_kv)
         live = _drop(cache, rows, [k for k, r in enumerate(rows) if _done(r.hyp, r.cap)])
@@ -363,8 +373,9 @@ class VerifyLoop:
                     cache.place(at, t.new_cache(part.enc, 1))
                 if self.proposer is not None:
                     self.proposer.admit(at, part.ids, part.extra)
-                new = [_new_row(key, cap, h, p, self.route, self.tt) for key, cap, h, p in
-                       zip(part.ids, part.caps, part.start or [None] * len(part), part.enc.row_prompts(prompt))]
+                new = [_new_row(key, cap, h, p, self.route, self.tt, x, self.sot) for key, cap, h, p, x in
+                       zip(part.ids, part.caps, part.start or [None] * len(part), part.enc.row_prompts(prompt),
+                           part.enc.row_sampling())]
                 if part.prefix_kv is not None:
                     _import_prefixes(cache, at, new, part.prefix_kv)
                 new_rows += new
@@ -409,7 +420,8 @@ class VerifyLoop:
                 pays = speculation_pays(getattr(self.target, "static_steps", None), len(live), self.max_nodes,
                                         self._accepted[0] / self._accepted[1])
                 speculate = speculate if pays is None else pays
-            requests = [DraftRequest(r.index, list(r.seq), r.room, speculate) for r in live]
+            # drafters see a row from <|startoftranscript|> on (previous text or an initial prompt left out)
+            requests = [DraftRequest(r.index, r.seq[r.sot:], r.room, speculate) for r in live]
             proposals = (self.proposer.propose(requests, cache.cross()) if getattr(self.proposer, "needs_cross", False)
                          else self.proposer.propose(requests))
         feedback = self._round(live, proposals, cache)
@@ -431,7 +443,10 @@ class VerifyLoop:
         stamped = [r.timestamps for r in live]
         bounds = rule_bounds(dev.host, [r.hyp.tokens for r in live], stamped, self.tt) if any(stamped) else None
         guess = bounds is not None and self.proposer is not None  # each node's likeliest timestamp, for proposals
-        if self.rule.kind == "greedy" and _lazy_projection(hidden):
+        sampling = [k for k, r in enumerate(live) if r.temperature > 0]
+        if sampling and self.rule.kind != "greedy":
+            raise ValueError(f"sampling (temperature > 0) verifies with the exact greedy rule, not {self.rule.kind!r}")
+        if self.rule.kind == "greedy" and not sampling and _lazy_projection(hidden):
             scores = score_greedy_lazily(hidden, dev, t, None if bounds is None else (bounds, self.tt))
             if guess:  # (the lazy path runs on a CPU: reading back costs nothing)
                 stamps = t.timestamp_logits(hidden).argmax(-1) + self.tt.begin
@@ -444,13 +459,21 @@ class VerifyLoop:
                 if guess:  # read back with the verdicts
                     extra = (logits[..., self.tt.begin:].argmax(-1) + self.tt.begin)[None]
                 masked = apply_rules(masked if masked is not logits else logits.clone(), bounds, self.tt)
-            scores = score_tree(masked, dev, self.rule, extra)
+            scored = masked
+            if sampling:  # the perturbed argmax is the seeded sample: verified as greedy tokens are
+                made = np.asarray([len(r.hyp.tokens) for r in live], dtype=np.int64) - trees.roots
+                positions = dev.depths + torch.from_numpy(made).to(cache.device)[:, None]  # [B, Q] generated index
+                scored = perturb(masked, sampling, [live[k].temperature for k in sampling],
+                                 [live[k].seed for k in sampling], positions)
+            logprob = token_logprobs(masked, scored.argmax(-1)).view(torch.int64)[None]  # read back as float64 bits
+            scores = score_tree(scored, dev, self.rule, logprob if extra is None else torch.cat([logprob, extra]))
         no_speech = None
         if fresh and t.no_speech_token_id is not None:  # one more read, in a row's first round only
             at = torch.tensor(fresh, device=cache.device)
             sot = t.project(hidden[at, 0]) if logits is None else logits[at, 0]
             no_speech = t.no_speech_probability(sot).tolist()
         result = accept_tree(dev.host, scores)
+        logprobs = scores[2].view(np.float64)  # [B, Q] the log-probability of each node's (sampled) argmax
         for k, p in zip(fresh, no_speech or []):
             live[k].hyp.stats.no_speech_prob = p
         last = None  # [B, D] the state at each row's last kept node (one gather), for proposers that read it
@@ -478,10 +501,11 @@ class VerifyLoop:
                 if len(prop.tree):
                     self._accepted[0] += len(path)
                     self._accepted[1] += 1
-            stamp = int(scores[2][k, path[-1] if path else root]) if len(scores) > 2 and r.timestamps else None
+            stamp = int(scores[3][k, path[-1] if path else root]) if len(scores) > 3 and r.timestamps else None
             feedback.append(Feedback(r.index, [a - root - 1 for a in path], None if last is None else last[k], stamp))
             r.target_len = len(r.seq) + len(accepted)
-            for tok in accepted + [int(result.next_tokens[k])]:
+            for tok, at in zip(accepted + [int(result.next_tokens[k])], [root] + path):
+                r.hyp.stats.add_logprob(float(logprobs[k, at]))
                 if tok == self.eos:
                     r.hyp.finished = True
                     break
