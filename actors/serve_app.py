@@ -367,10 +367,34 @@ class TranscriptionService:
         self.speech = speech  # a handle to actors.speech_app.SpeechService, or None (synthesis not served)
         self.chat = chat  # {"llm", "voice"} handles (actors.voicechat_app), or None (voice chat not served)
 
-    async def _transcribe(self, name: str, audio) -> tuple:
+    async def _transcribe(self, name: str, audio, request=None) -> tuple:
         """``(result row, batch size)`` of one waveform through the continuous batch (batch size: requests decoding
-        when it finished)."""
-        return await asyncio.wrap_future(self.engine.submit(Utterance(f"request-{next(self._requests)}", name), audio))
+        when it finished); ``request``: the request's own :class:`~rayspec.manifest.RequestOptions`."""
+        utterance = Utterance(f"request-{next(self._requests)}", name, request=request)
+        return await asyncio.wrap_future(self.engine.submit(utterance, audio))
+
+    def _request_options(self, prompt: Optional[str], temperature: Optional[float], language: Optional[str]):
+        """OpenAI's ``prompt``, ``temperature`` and ``language`` form fields as
+        :class:`~rayspec.manifest.RequestOptions` (None when none is set).
+
+        Raises:
+            ValueError: a temperature outside 0..2 or a language the model does not have (a 400).
+        """
+        from rayspec.manifest import RequestOptions
+
+        if temperature is not None and not (0.0 <= temperature <= 2.0):
+            raise ValueError(f"temperature must be within 0..2, got {temperature}")
+        target = self.transcriber.target
+        if language:
+            language = language.strip().lower()
+            if target.multilingual and language not in target.languages:
+                raise ValueError(f"language {language!r} is not one of this model's "
+                                 f"({', '.join(sorted(target.languages))})")
+            if not target.multilingual and language != "en":
+                raise ValueError(f"{target.name} is English-only: language must be en, got {language!r}")
+        if prompt is None and not temperature and not language:
+            return None
+        return RequestOptions(prompt or None, temperature or None, language or None)
 
     async def _transcribe_text(self, audio) -> str:
         """Text of one waveform, through the same batches as ``/v1/audio/transcriptions``."""
@@ -414,9 +438,15 @@ class TranscriptionService:
         self, file: UploadFile = File(...), model: Optional[str] = Form(None),
         response_format: str = Form("json"),
         timestamp_granularities: Optional[list[str]] = Form(None, alias="timestamp_granularities[]"),
+        prompt: Optional[str] = Form(None), temperature: Optional[float] = Form(None),
+        language: Optional[str] = Form(None),
     ):
         if response_format not in FORMATS:
             return _error(400, f"response_format must be one of {', '.join(FORMATS)}")
+        try:
+            request = self._request_options(prompt, temperature, language)
+        except ValueError as exc:
+            return _error(400, str(exc))
         granularities = timestamp_granularities or []
         if set(granularities) - set(GRANULARITIES):
             return _error(400, f"timestamp_granularities[] must be among {', '.join(GRANULARITIES)}")
@@ -437,7 +467,7 @@ class TranscriptionService:
             audio = await asyncio.to_thread(load_audio, buf, self.transcriber.sample_rate, self.limits)
         except AudioError as exc:
             return _error(AUDIO_ERROR_STATUS.get(exc.code, 400), str(exc))
-        row, batch_size = await self._transcribe(name, audio)
+        row, batch_size = await self._transcribe(name, audio, request)
         if row.error:
             return _error(500, f"decoding failed: {row.error}")
         if response_format == "text":

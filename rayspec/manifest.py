@@ -20,6 +20,22 @@ class ManifestError(ValueError):
 
 
 @dataclass(frozen=True)
+class RequestOptions:
+    """Decoding options one online request sets for itself (OpenAI's transcription form fields); None: the server's.
+
+    Attributes:
+        prompt: text the decoder reads first (``--initial-prompt``).
+        temperature: above 0, the request's rows sample at it (one seeded sample, no fallback); 0 or None: the
+            server's ``--temperature`` (greedy, or its fallback ladder).
+        language: the decoder prompt's language code (multilingual models).
+    """
+
+    prompt: Optional[str] = None
+    temperature: Optional[float] = None
+    language: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class Utterance:
     """One row of a corpus.
 
@@ -32,6 +48,7 @@ class Utterance:
         corpus: name of the corpus (the manifest's stem or folder name); `score` groups by it.
         data: the encoded audio file's bytes when the manifest holds them (a Parquet ``audio`` column of bytes or
             of Hugging Face's ``{"bytes", "path"}`` struct), else None: the audio is read from ``audio``.
+        request: an online request's own decoding options (OpenAI's form fields), or None: the run's.
     """
 
     id: str
@@ -40,6 +57,7 @@ class Utterance:
     duration_s: Optional[float] = None
     corpus: str = ""
     data: Optional[bytes] = field(default=None, repr=False)
+    request: Optional["RequestOptions"] = None
 
     @property
     def source(self):

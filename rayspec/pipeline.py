@@ -36,7 +36,7 @@ from .decoding.fallback import decode_with_fallback
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
 from .decoding.ssd import ctc_drafts
 from .longform import decode_sequential
-from .manifest import Utterance, estimated_seconds
+from .manifest import RequestOptions, Utterance, estimated_seconds
 from .methods import METHODS, DecodeOptions, Encoded, ProposerFactory
 from .models.ctc import CTCHead
 from .models.errors import ModelLoadError
@@ -57,22 +57,31 @@ def needs_draft(options: DecodeOptions) -> bool:
 
 @torch.inference_mode()
 def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.ndarray], durations: list[float],
-                 draft: Optional[WhisperASR] = None, ctc=None, keys: Optional[list[str]] = None) -> Encoded:
+                 draft: Optional[WhisperASR] = None, ctc=None, keys: Optional[list[str]] = None,
+                 requests: Optional[list[Optional[RequestOptions]]] = None) -> Encoded:
     """The drafting side of one batch: features, the target's encoder, and the CTC head or the draft's encoder (a
     decoder-only draft shares the target's encoder states).
 
     Args:
         audios: ``B`` mono float32 waveforms at the target's sample rate; durations: their lengths in seconds.
         keys: ``B`` stable row keys (utterance id and segment) that seed sampled rows; default the row indices.
+        requests: ``B`` online requests' own options (prompt, temperature, language) or None: ``options``'.
+
+    Raises:
+        ModelLoadError: a language the model does not have.
     """
     feats, lengths = target.features(audios)
     enc = target.encode(target.short_window(feats, lengths, options.short_window_s), lengths)
-    enc.prompts = row_prompts(target, options, enc)
+    requests = requests if requests and any(r is not None for r in requests) else None
+    enc.prompts = row_prompts(target, options, enc, requests)
     if options.timestamps == "word":  # the word-timing pass reuses the decoder's cross-attention keys/values
         enc.cross = {}
-    limit = target.max_target_positions - len(target.prompt_ids) - len(conditioning(target, options)) - 1
-    out = Encoded(enc, [token_cap(d, options.max_tokens_per_second, limit) for d in durations], keys=keys)
-    enc.sampling = first_sampling(options, out)
+    prompt_lengths = ([len(p) for p in enc.prompts] if enc.prompts is not None else
+                      [len(target.prompt_ids) + len(conditioning(target, options))] * len(audios))
+    caps = [token_cap(d, options.max_tokens_per_second, target.max_target_positions - n - 1)
+            for d, n in zip(durations, prompt_lengths)]
+    out = Encoded(enc, caps, keys=keys)
+    enc.sampling = first_sampling(options, out, requests)
     if METHODS[options.method].needs_ctc:
         out.ctc = ctc_drafts(ctc, target, enc)
     if needs_draft(options):  # a decoder-only draft reads the target's encoder states (no second encoder)
@@ -80,11 +89,13 @@ def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
     return out
 
 
-def row_prompts(target: WhisperASR, options: DecodeOptions, enc: EncoderOutput) -> Optional[list[list[int]]]:
-    """The decoder prompt of each encoded row: the language detected per row with ``language="auto"`` (one decoder
-    pass), else ``options.language`` for every row (English-only models take "en" or "auto" and need no pass).
-    None where detection needs the decoder and this process has released it (a drafter actor): the target side
-    then detects (:func:`decode_encoded`).
+def row_prompts(target: WhisperASR, options: DecodeOptions, enc: EncoderOutput,
+                requests: Optional[list[Optional[RequestOptions]]] = None) -> Optional[list[list[int]]]:
+    """The decoder prompt of each encoded row: :func:`conditioning` tokens, then Whisper's prompt in the language
+    detected per row with ``language="auto"`` (one decoder pass), else ``options.language`` (English-only models
+    take "en" or "auto" and need no pass); a row's request may set its own prompt text and language. None where
+    detection needs the decoder and this process has released it (a drafter actor): the target side then detects
+    (:func:`decode_encoded`).
 
     Raises:
         ModelLoadError: a language or task the model does not have.
@@ -95,39 +106,54 @@ def row_prompts(target: WhisperASR, options: DecodeOptions, enc: EncoderOutput) 
     if options.language == "auto" and target.multilingual:
         if not target.has_decoder:
             return None
-        return [before + target.prompt_for(c, options.task, stamps)
-                for c in target.detect_language(enc, options.task)[0]]
-    language = None if options.language == "auto" else options.language
-    return [before + target.prompt_for(language, options.task, stamps)] * b
+        prompts = [before + target.prompt_for(c, options.task, stamps)
+                   for c in target.detect_language(enc, options.task)[0]]
+    else:
+        language = None if options.language == "auto" else options.language
+        prompts = [before + target.prompt_for(language, options.task, stamps)] * b
+    for r, req in enumerate(requests or []):
+        if req is not None and (req.prompt is not None or req.language):
+            own = conditioning(target, options, req.prompt) if req.prompt is not None else before
+            main = prompts[r][len(before):]
+            if req.language:
+                main = target.prompt_for(None if req.language == "auto" else req.language, options.task, stamps)
+            prompts[r] = own + main
+    return prompts
 
 
-def conditioning(target: WhisperASR, options: DecodeOptions) -> list[int]:
+def conditioning(target: WhisperASR, options: DecodeOptions, prompt: Optional[str] = None) -> list[int]:
     """The tokens before ``<|startoftranscript|>``: ``<|startofprev|>``, then ``options.hotwords`` (at most half the
-    decoder's context, faster-whisper's ``hotwords``) and ``options.initial_prompt`` (its last tokens that fit,
-    openai/whisper's ``prompt``), each encoded with a leading space; none without either.
+    decoder's context, faster-whisper's ``hotwords``) and the prompt text (``prompt``, else
+    ``options.initial_prompt``: its last tokens that fit, openai/whisper's ``prompt``), each encoded with a leading
+    space; none without either.
 
     Raises:
         ModelLoadError: a model without ``<|startofprev|>`` given a prompt.
     """
-    if not (options.initial_prompt or options.hotwords):
+    text = options.initial_prompt if prompt is None else prompt
+    if not (text or options.hotwords):
         return []
     tok = target.tokenizer
     prev = tok.convert_tokens_to_ids("<|startofprev|>")
     if not isinstance(prev, int) or prev == tok.unk_token_id:
         raise ModelLoadError(f"{target.name or 'the model'} has no <|startofprev|> token: no prompts")
     half = target.max_target_positions // 2 - 1
-    encode = lambda text: tok(" " + text.strip(), add_special_tokens=False).input_ids  # noqa: E731
+    encode = lambda words: tok(" " + words.strip(), add_special_tokens=False).input_ids  # noqa: E731
     hot = encode(options.hotwords)[:half] if options.hotwords else []
-    text = encode(options.initial_prompt)[-half:] if options.initial_prompt else []
-    return [prev] + hot + text
+    return [prev] + hot + (encode(text)[-half:] if text else [])
 
 
-def first_sampling(options: DecodeOptions, encoded: Encoded) -> Optional[list[tuple[float, int]]]:
-    """Each row's ``(temperature, seed)`` at the first temperature, None where it is 0 (greedy)."""
-    t = options.temperatures[0]
-    if t <= 0:
+def first_sampling(options: DecodeOptions, encoded: Encoded,
+                   requests: Optional[list[Optional[RequestOptions]]] = None) -> Optional[list[tuple[float, int]]]:
+    """Each row's ``(temperature, seed)`` for its first decoding (a request's temperature above 0, else the first of
+    ``options.temperatures``), None where every row decodes greedily."""
+    temps = [options.temperatures[0]] * len(encoded.caps)
+    for r, req in enumerate(requests or []):
+        if req is not None and req.temperature:
+            temps[r] = float(req.temperature)
+    if max(temps) <= 0:
         return None
-    return [(t, row_seed(options.seed, encoded.key(i), 0, 0)) for i in range(len(encoded.caps))]
+    return [(t, row_seed(options.seed, encoded.key(i), 0, 0)) for i, t in enumerate(temps)]
 
 
 def local_proposers(draft: WhisperASR, encoded: Encoded, options: SpeculationOptions) -> ProposerFactory:
@@ -230,13 +256,13 @@ def stream_decode(target: WhisperASR, options: DecodeOptions, batches: Iterable[
         ``((key, row), hypothesis)`` per encoded row as it finishes.
     """
     method = METHODS[options.method]
-    prompt = len(target.prompt_ids) + len(conditioning(target, options))
-    limit = target.max_target_positions - prompt - 1
+    # a row's prompt + cap never exceed the decoder's positions (encode_audio), whatever its <|startofprev|> text
+    limit = target.max_target_positions - len(target.prompt_ids) - 1
     loop = method.stream(target, options, draft, limit)
     rows = (None if item is None else
             method.admission(target, options, [(item[0], r) for r in range(len(item[1].caps))], item[1])
             for item in batches)
-    return loop.decode_stream(rows, slots, limit, max_prompt=prompt)
+    return loop.decode_stream(rows, slots, limit)
 
 
 @dataclass
@@ -391,7 +417,7 @@ class Drafter:
         if pieces:
             keys = [f"{utterances[i].id}\x1f{owners[:r].count(i)}" for r, i in enumerate(owners)]  # id, segment
             encoded = encode_audio(self.target, self.options, pieces, [len(p) / rate for p in pieces], self.draft,
-                                   self.ctc, keys)
+                                   self.ctc, keys, [utterances[i].request for i in owners])
         name = self.draft.name if self.draft else ""
         activity = ([speech_activity(p, rate) for p in pieces]
                     if self.options.timestamps == "word" and self.options.refine_words else [])

@@ -108,7 +108,8 @@ def decode_with_fallback(first: list[Hypothesis], redo: Callable[[list[int], flo
         every attempt added.
     """
     hyps = list(first)
-    todo = [i for i, h in enumerate(hyps) if needs_fallback(h, text(h.tokens), options)]
+    start = options.temperatures[0]  # (a row decoded at a request's own temperature is final)
+    todo = [i for i, h in enumerate(hyps) if h.stats.temperature == start and needs_fallback(h, text(h.tokens), options)]
     for attempt, t in enumerate(options.temperatures[1:], start=1):
         if not todo:
             break
