@@ -25,6 +25,9 @@ class DecodeStats:
         ctc_entropy: for CTC-gated decoding, the largest per-frame CTC entropy (nats; the gate's statistic).
         no_speech_prob: the target's probability of ``<|nospeech|>`` at ``<|startoftranscript|>`` in its first pass
             (openai/whisper's ``no_speech_prob``), None without a target pass or such a token.
+        sum_logprob: the summed log-probability of the chosen sequence under the target (openai/whisper's
+            ``sum_logprobs``: log_softmax of the float32 logits after the logit filters, the EOT token's included
+            where it ended the sequence), None where the decoder does not compute it.
     """
 
     target_forward_passes: int = 0
@@ -35,6 +38,7 @@ class DecodeStats:
     accepted_prefix: Optional[int] = None
     ctc_entropy: Optional[float] = None
     no_speech_prob: Optional[float] = None
+    sum_logprob: Optional[float] = None
 
     @property
     def acceptance_rate(self) -> float:
@@ -53,7 +57,7 @@ class Hypothesis:
     Attributes:
         tokens: generated token ids, without the prompt and without EOS.
         finished: True if EOS ended it, False if it hit the length cap.
-        route: how it was produced ("ar", "draft", "ctc", "verified", "fallback").
+        route: how it was produced ("ar", "draft", "ctc", "verified", "fallback", "beam").
         stats: counters.
     """
 
