@@ -125,9 +125,9 @@ def openai_decode(model, features: torch.Tensor, beam_size: Optional[int] = None
         return decode(model, features.float().to(model.device), opts)
 
 
-def openai_decode_rows(model, features: torch.Tensor, caps: Sequence[int], **kwargs) -> list[list[int]]:
-    """:func:`openai_decode` one row at a time, row ``b`` with ``sample_len = caps[b]``: the generated tokens of each
+def openai_decode_rows(model, features: torch.Tensor, caps: Sequence[int], **kwargs) -> list:
+    """:func:`openai_decode` one row at a time, row ``b`` with ``sample_len = caps[b]``: a ``DecodingResult`` per row
     (openai/whisper's beam search keeps decoding a batch until every row is done, so one row at a time is its
     semantics for a row alone)."""
-    return [openai_decode(model, features[b : b + 1], sample_len=int(c), **kwargs)[0].tokens
+    return [openai_decode(model, features[b : b + 1], sample_len=int(c), **kwargs)[0]
             for b, c in enumerate(caps)]
