@@ -75,7 +75,7 @@ class Hypothesis:
     Attributes:
         tokens: generated token ids, without the prompt and without EOS.
         finished: True if EOS ended it, False if it hit the length cap.
-        route: how it was produced ("ar", "draft", "ctc", "verified", "fallback").
+        route: how it was produced ("ar", "draft", "ctc", "verified", "fallback", "beam").
         stats: counters.
     """
 

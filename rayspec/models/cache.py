@@ -135,6 +135,34 @@ class DecoderCache:
         )
         return out
 
+    def reorder(self, rows: Sequence[int]) -> None:
+        """Row ``r`` takes row ``rows[r]``'s self-attention keys/values and committed length, in place (a gather;
+        repeats allowed): beam search's per-step reordering of the surviving beams. Only rows whose source differs
+        from themselves are written, and only their committed positions. Cross-attention keys/values, mask and
+        lengths stay where they are: the caller reorders among rows that share them (the beams of one audio).
+
+        Args:
+            rows: ``[B]`` host row indices, ``0 <= rows[r] < B``.
+
+        Raises:
+            ValueError: pending positions, or ``rows`` of the wrong length or out of range.
+        """
+        rows = np.asarray(rows, dtype=np.int64)
+        b = self.batch_size
+        if self.pending or rows.shape != (b,) or (b and (rows.min() < 0 or rows.max() >= b)):
+            raise ValueError(f"cannot reorder {b} rows by {rows.tolist()} (pending positions?)")
+        moved = np.flatnonzero(rows != np.arange(b))
+        if not len(moved):
+            return
+        top = int(self.host_lengths[rows[moved]].max())
+        if top:
+            dst = torch.from_numpy(moved).to(self.device, non_blocking=True)
+            src = torch.from_numpy(rows[moved]).to(self.device, non_blocking=True)
+            for t in (*self.self_k, *self.self_v):
+                part = t[:, :, :top]  # a view: the gathered rows are copied out before the write
+                part.index_copy_(0, dst, part.index_select(0, src))
+        self._set_lengths(self.host_lengths[rows])
+
     def reserve(self, rows: int) -> None:
         """Make room for ``rows`` rows (the most a continuous batch will hold) so that :meth:`extend` up to that many
         copies nothing: the per-row tensors become views of buffers of ``rows`` rows. Copies every layer's
