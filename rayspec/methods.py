@@ -16,6 +16,7 @@ import torch
 
 from .decoding.ar import greedy_decode
 from .decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, Hypothesis
+from .decoding.beam import BeamOptions
 from .decoding.fallback import FallbackOptions
 from .decoding.ctc_proposer import CTC_MAX_DRAFT, CTCProposer, continuation_tokens, punctuation_tokens
 from .decoding.medusa_proposer import MedusaOptions, MedusaProposer, load_heads
@@ -92,6 +93,11 @@ class DecodeOptions:
         initial_prompt: text the decoder reads before each segment (``<|startofprev|>`` + its tokens, openai/whisper's
             ``prompt`` / faster-whisper's ``initial_prompt``: vocabulary, spelling, style); None: none.
         hotwords: faster-whisper's ``hotwords``: words put in the same place, to make them likelier.
+        beam_size: above 1, rows at temperature 0 decode with beam search (:mod:`rayspec.decoding.beam`,
+            openai/whisper's ``BeamSearchDecoder``) instead of greedily; every method then returns the beam search's
+            hypotheses (no method speculates under beam search yet).
+        patience, length_penalty: beam search's (openai/whisper's ``patience`` and ``length_penalty``; the length
+            penalty also ranks fallback samples).
     """
 
     method: str = "ar"
@@ -120,9 +126,13 @@ class DecodeOptions:
     seed: int = 0
     initial_prompt: Optional[str] = None
     hotwords: Optional[str] = None
+    beam_size: int = 1
+    patience: float = 1.0
+    length_penalty: Optional[float] = None
 
     def __post_init__(self):
         self.temperatures = self.fallback.temperatures  # validated (FallbackOptions)
+        self.beam  # validated (BeamOptions)
         if self.method == "ssd" and self.temperatures[0] > 0:
             raise ValueError("method ssd decodes at temperature 0 first (its gate and verification are greedy); "
                              "start --temperature at 0")
@@ -160,7 +170,12 @@ class DecodeOptions:
     def fallback(self) -> FallbackOptions:
         """The temperature-fallback options (:class:`~rayspec.decoding.fallback.FallbackOptions`)."""
         return FallbackOptions(tuple(self.temperatures), self.best_of, self.compression_ratio_threshold,
-                               self.log_prob_threshold, self.no_speech_threshold, None, self.seed)
+                               self.log_prob_threshold, self.no_speech_threshold, self.length_penalty, self.seed)
+
+    @property
+    def beam(self) -> BeamOptions:
+        """The beam-search options (:class:`~rayspec.decoding.beam.BeamOptions`)."""
+        return BeamOptions(self.beam_size, self.patience, self.length_penalty)
 
     @property
     def mode(self) -> str:

@@ -93,6 +93,16 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "a row whose text repeats itself (--compression-ratio-threshold) or whose average "
                         "log-probability is below --log-prob-threshold is decoded again at the next temperature, "
                         "--best-of samples kept the likeliest; the row's temperature column says which was used")
+    g.add_argument("--beam-size", type=int, default=1,
+                   help="beam search with this many beams (openai/whisper's and faster-whisper's beam_size; 5 is "
+                        "their default) at temperature 0; 1: greedy (default). Tokens equal openai/whisper's beam "
+                        "search on the same weights. Every method then returns the beam search's hypotheses "
+                        "(no method speculates under beam search yet)")
+    g.add_argument("--patience", type=float, default=1.0,
+                   help="beam search stops once beam-size x patience finished candidates are held (default 1.0)")
+    g.add_argument("--length-penalty", type=float, default=None,
+                   help="rank finished beams (and fallback samples) by log-probability / ((5 + length) / 6) ** "
+                        "PENALTY instead of / length (default: / length, as Whisper)")
     g.add_argument("--best-of", type=int, default=5,
                    help="samples per row at a fallback temperature above 0; the likeliest is kept (default 5)")
     g.add_argument("--log-prob-threshold", type=float, default=-1.0,
@@ -282,7 +292,8 @@ def decode_options(args):
                          static_steps=args.static_steps, cuda_graphs=args.cuda_graphs,
                          max_graph_batch=args.max_graph_batch, temperatures=temperatures(args.temperature),
                          best_of=args.best_of, log_prob_threshold=args.log_prob_threshold, seed=args.seed,
-                         initial_prompt=args.initial_prompt, hotwords=args.hotwords)
+                         initial_prompt=args.initial_prompt, hotwords=args.hotwords, beam_size=args.beam_size,
+                         patience=args.patience, length_penalty=args.length_penalty)
 
 
 def build_transcriber(args, announce: bool = False):
@@ -386,6 +397,10 @@ def decode_options_from(values: dict):
         raise ValueError(f"unknown decoding options {sorted(unknown)}; see rayspec transcribe --help")
     for key, value in values.items():
         default = getattr(args, key)
+        if key == "temperature" and not isinstance(value, str):  # a number or a sequence of numbers
+            value = ",".join(str(float(v)) for v in (value if isinstance(value, (list, tuple)) else [value]))
+        if key == "length_penalty" and value is not None:
+            value = float(value)
         if isinstance(default, bool) and isinstance(value, str):
             value = value.strip().lower() in ("1", "true", "yes", "on")
         elif default is not None and value is not None:

@@ -32,6 +32,7 @@ from .audio import AudioError, AudioLimits, load_audio
 from .batching import BatchBudget, budget_for_model, plan_batches
 from .compute import as_dtype, label as compute_type_label
 from .decoding.common import DecodeStats, Hypothesis, compression_ratio, token_cap
+from .decoding.beam import beam_decode
 from .decoding.fallback import decode_with_fallback
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
 from .decoding.ssd import ctc_drafts
@@ -177,12 +178,37 @@ def decode_encoded(target: WhisperASR, options: DecodeOptions, encoded: Encoded,
     Raises:
         ValueError: a method that needs draft proposals without ``proposers``.
     """
-    if needs_draft(options) and proposers is None:
+    if needs_draft(options) and proposers is None and options.beam_size == 1:
         raise ValueError(f"method {options.method!r} with these options needs a draft proposer")
     if encoded.target.prompts is None:  # encoded where the decoder was released: detect the language here
         encoded.target.prompts = row_prompts(target, options, encoded.target)
-    hyps = METHODS[options.method].decode(target, options, encoded, proposers)
+    if options.beam_size > 1:
+        hyps = _beam_first(target, options, encoded, proposers)
+    else:
+        hyps = METHODS[options.method].decode(target, options, encoded, proposers)
     return fallback(target, options, encoded, hyps, proposers)
+
+
+def _beam_first(target: WhisperASR, options: DecodeOptions, encoded: Encoded,
+                proposers: Optional[ProposerFactory]) -> list[Hypothesis]:
+    """The first decoding with ``options.beam_size > 1``: beam search for the rows at temperature 0, the method
+    (``ar`` without proposers) for rows an online request samples."""
+    greedy = [i for i, (t, _) in enumerate(encoded.target.row_sampling()) if t <= 0]
+    if len(greedy) == len(encoded.caps):
+        return beam_decode(target, encoded.target, encoded.caps, options.beam)
+    hyps: list[Optional[Hypothesis]] = [None] * len(encoded.caps)
+    if greedy:
+        sub = encoded.select(greedy)
+        for i, h in zip(greedy, beam_decode(target, sub.target, sub.caps, options.beam)):
+            hyps[i] = h
+    sampled = [i for i in range(len(hyps)) if hyps[i] is None]
+    method = "ar" if options.method == "ssd" or (needs_draft(options) and proposers is None) else options.method
+    sub_proposers = None if method == "ar" or proposers is None else (
+        lambda rs, caps: proposers([sampled[r] for r in rs], caps))
+    for i, h in zip(sampled, METHODS[method].decode(target, replace(options, method=method), encoded.select(sampled),
+                                                     sub_proposers)):
+        hyps[i] = h
+    return hyps
 
 
 def fallback(target: WhisperASR, options: DecodeOptions, encoded: Encoded, hyps: list[Hypothesis],
@@ -476,6 +502,9 @@ class TargetDecoder:
         """
         t = self.target
         pending = {} if pending is None else pending
+        if self.options.beam_size > 1:  # an audio's beams are rows of one search: batch by batch, not continuous
+            yield from self._decode_batches(batches, draft, pending)
+            return
         hyps: dict[Any, list[Optional[Hypothesis]]] = {}
         ready: list[tuple[Any, list[ResultRow]]] = []  # batches with nothing to decode
         clock = [time.perf_counter()]
@@ -509,6 +538,22 @@ class TargetDecoder:
             while ready:
                 yield ready.pop()
         yield from ready
+
+    def _decode_batches(self, batches, draft: Optional[WhisperASR], pending: dict
+                        ) -> Iterator[tuple[Any, list[ResultRow]]]:
+        """:meth:`decode_stream`'s batches decoded one after another (beam search); None (nothing ready) ends it."""
+        for item in batches:
+            if item is None:
+                return
+            key, eb = item
+            pending[key] = eb
+            proposers = None
+            if eb.encoded is not None and draft is not None and needs_draft(self.options):
+                proposers = local_proposers(draft, eb.encoded.to(self.target.device, self.target.dtype),
+                                            speculation_options(self.options))
+            rows = self.decode(eb, proposers)
+            pending.pop(key)
+            yield key, rows
 
     def _fallback(self, batch: EncodedBatch, hyps: list[Hypothesis], draft: Optional[WhisperASR]
                   ) -> list[Hypothesis]:
