@@ -172,3 +172,25 @@ def test_every_method_samples_and_prompts_as_ar(tiny_en, clips, tiny_en_drafters
             got = _decode_all(tiny_en, decode_options_from({"method": method, **base}), clips, batch_size, draft, ctc)
             assert [h.tokens for h in got] == [h.tokens for h in reference], (method, batch_size)
     assert all(h.stats.avg_logprob is not None and h.stats.avg_logprob < 0 for h in reference)
+
+
+def test_initial_prompt_equals_openai_whisper(tiny_en, clips):
+    """--initial-prompt (greedy): the tokens of openai/whisper's ``decode(prompt=...)`` on the same features."""
+    pytest.importorskip("whisper")
+    from rayspec.decoding.common import token_cap
+    from rayspec.options import decode_options_from
+    from rayspec.peers.openai_whisper import load_openai_whisper, openai_decode_rows
+    from rayspec.pipeline import decode_batch
+
+    prompt = "Mr. Quilter is the apostle of the middle classes, and we are glad to welcome his gospel."
+    ids, audios = clips
+    seconds = [len(a) / tiny_en.sample_rate for a in audios]
+    options = decode_options_from({"initial_prompt": prompt})
+    ours = decode_batch(tiny_en, options, audios, seconds, keys=ids)
+    n = len(tiny_en.tokenizer(" " + prompt, add_special_tokens=False).input_ids) + 1
+    caps = [token_cap(s, 30.0, tiny_en.max_target_positions - len(tiny_en.prompt_ids) - n - 1) for s in seconds]
+    feats, _ = tiny_en.features(audios)
+    theirs = openai_decode_rows(load_openai_whisper("whisper-tiny.en"), feats, caps, prompt=prompt)
+    assert [h.tokens for h in ours] == [r.tokens for r in theirs]
+    plain = decode_batch(tiny_en, decode_options_from({}), audios, seconds, keys=ids)
+    assert [h.tokens for h in ours] != [h.tokens for h in plain]  # the prompt changed something
