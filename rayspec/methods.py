@@ -98,6 +98,8 @@ class DecodeOptions:
             hypotheses (no method speculates under beam search yet).
         patience, length_penalty: beam search's (openai/whisper's ``patience`` and ``length_penalty``; the length
             penalty also ranks fallback samples).
+        prefix: text each file's transcript starts with (faster-whisper's ``prefix``: its first segment's tokens
+            are decided, the decoder goes on after them, and the text includes them); None: none.
     """
 
     method: str = "ar"
@@ -129,8 +131,14 @@ class DecodeOptions:
     beam_size: int = 1
     patience: float = 1.0
     length_penalty: Optional[float] = None
+    prefix: Optional[str] = None
 
     def __post_init__(self):
+        if self.prefix and self.method == "ssd":
+            raise ValueError("--prefix works with ar, draft, ctc-draft and medusa, not ssd (its gate decides whole "
+                             "transcripts)")
+        if self.prefix and self.timestamps != "none":
+            raise ValueError("--prefix needs --timestamps none")
         self.temperatures = self.fallback.temperatures  # validated (FallbackOptions)
         self.beam  # validated (BeamOptions)
         if self.method == "ssd" and self.temperatures[0] > 0:

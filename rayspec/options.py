@@ -114,6 +114,9 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--initial-prompt", metavar="TEXT",
                    help="text the decoder reads before each segment, as openai/whisper's prompt and "
                         "faster-whisper's initial_prompt: names, spellings, punctuation style (default none)")
+    g.add_argument("--prefix", metavar="TEXT",
+                   help="text each file's transcript starts with (faster-whisper's prefix: decoding goes on after "
+                        "it, and the text includes it; not with --method ssd or timestamps)")
     g.add_argument("--hotwords", metavar="WORDS",
                    help="words made likelier by putting them before each segment (faster-whisper's hotwords)")
     d = SpeculationOptions()
@@ -293,7 +296,7 @@ def decode_options(args):
                          max_graph_batch=args.max_graph_batch, temperatures=temperatures(args.temperature),
                          best_of=args.best_of, log_prob_threshold=args.log_prob_threshold, seed=args.seed,
                          initial_prompt=args.initial_prompt, hotwords=args.hotwords, beam_size=args.beam_size,
-                         patience=args.patience, length_penalty=args.length_penalty)
+                         patience=args.patience, length_penalty=args.length_penalty, prefix=args.prefix)
 
 
 def build_transcriber(args, announce: bool = False):

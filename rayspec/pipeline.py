@@ -59,7 +59,8 @@ def needs_draft(options: DecodeOptions) -> bool:
 @torch.inference_mode()
 def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.ndarray], durations: list[float],
                  draft: Optional[WhisperASR] = None, ctc=None, keys: Optional[list[str]] = None,
-                 requests: Optional[list[Optional[RequestOptions]]] = None) -> Encoded:
+                 requests: Optional[list[Optional[RequestOptions]]] = None,
+                 firsts: Optional[list[bool]] = None) -> Encoded:
     """The drafting side of one batch: features, the target's encoder, and the CTC head or the draft's encoder (a
     decoder-only draft shares the target's encoder states).
 
@@ -67,6 +68,8 @@ def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
         audios: ``B`` mono float32 waveforms at the target's sample rate; durations: their lengths in seconds.
         keys: ``B`` stable row keys (utterance id and segment) that seed sampled rows; default the row indices.
         requests: ``B`` online requests' own options (prompt, temperature, language) or None: ``options``'.
+        firsts: ``B`` flags, whether a row is its file's first segment (``options.prefix`` starts those; default
+            all).
 
     Raises:
         ModelLoadError: a language the model does not have.
@@ -81,6 +84,12 @@ def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
                       [len(target.prompt_ids) + len(conditioning(target, options))] * len(audios))
     caps = [token_cap(d, options.max_tokens_per_second, target.max_target_positions - n - 1)
             for d, n in zip(durations, prompt_lengths)]
+    if options.prefix:  # decided tokens of each file's first segment (they count against its cap)
+        tokens = target.tokenizer(" " + options.prefix.strip(), add_special_tokens=False).input_ids
+        tokens = tokens[: target.max_target_positions // 2 - 1]
+        enc.prefixes = [tokens if firsts is None or firsts[r] else [] for r in range(len(audios))]
+        caps = [min(c + len(p), target.max_target_positions - n - 1)
+                for c, p, n in zip(caps, enc.prefixes, prompt_lengths)]
     out = Encoded(enc, caps, keys=keys)
     enc.sampling = first_sampling(options, out, requests)
     if METHODS[options.method].needs_ctc:
@@ -189,18 +198,30 @@ def decode_encoded(target: WhisperASR, options: DecodeOptions, encoded: Encoded,
     return fallback(target, options, encoded, hyps, proposers)
 
 
+def _beam(target: WhisperASR, options: DecodeOptions, encoded: Encoded) -> list[Hypothesis]:
+    """Beam search over ``encoded``'s rows; a row's prefix ends its prompt and starts its tokens."""
+    enc = encoded.target
+    prefixes = enc.row_prefixes()
+    prompts = [p + f for p, f in zip(enc.row_prompts(target.prompt_ids), prefixes)]
+    caps = [c - len(f) for c, f in zip(encoded.caps, prefixes)]
+    hyps = beam_decode(target, enc, caps, options.beam, prompts if enc.prefixes is not None else None)
+    for h, f in zip(hyps, prefixes):
+        h.tokens[:0] = f
+    return hyps
+
+
 def _beam_first(target: WhisperASR, options: DecodeOptions, encoded: Encoded,
                 proposers: Optional[ProposerFactory]) -> list[Hypothesis]:
     """The first decoding with ``options.beam_size > 1``: beam search for the rows at temperature 0, the method
     (``ar`` without proposers) for rows an online request samples."""
     greedy = [i for i, (t, _) in enumerate(encoded.target.row_sampling()) if t <= 0]
-    if len(greedy) == len(encoded.caps):
-        return beam_decode(target, encoded.target, encoded.caps, options.beam)
     hyps: list[Optional[Hypothesis]] = [None] * len(encoded.caps)
     if greedy:
-        sub = encoded.select(greedy)
-        for i, h in zip(greedy, beam_decode(target, sub.target, sub.caps, options.beam)):
+        sub = encoded.select(greedy) if len(greedy) < len(hyps) else encoded
+        for i, h in zip(greedy, _beam(target, options, sub)):
             hyps[i] = h
+    if len(greedy) == len(hyps):
+        return hyps
     sampled = [i for i in range(len(hyps)) if hyps[i] is None]
     method = "ar" if options.method == "ssd" or (needs_draft(options) and proposers is None) else options.method
     sub_proposers = None if method == "ar" or proposers is None else (
@@ -443,7 +464,8 @@ class Drafter:
         if pieces:
             keys = [f"{utterances[i].id}\x1f{owners[:r].count(i)}" for r, i in enumerate(owners)]  # id, segment
             encoded = encode_audio(self.target, self.options, pieces, [len(p) / rate for p in pieces], self.draft,
-                                   self.ctc, keys, [utterances[i].request for i in owners])
+                                   self.ctc, keys, [utterances[i].request for i in owners],
+                                   [owners.index(i) == r for r, i in enumerate(owners)])
         name = self.draft.name if self.draft else ""
         activity = ([speech_activity(p, rate) for p in pieces]
                     if self.options.timestamps == "word" and self.options.refine_words else [])

@@ -144,6 +144,7 @@ def _decode_all(model, options, clips, batch_size, draft=None, ctc=None):
 
 @pytest.mark.parametrize("extra", [{"temperature": "0.6", "seed": 3},
                                    {"initial_prompt": "Spell names carefully, e.g. Alice Smith."},
+                                   {"prefix": "So then,", "temperature": "0.6", "seed": 3},
                                    {"temperature": "0,0.5", "compression_ratio_threshold": 0.0, "best_of": 2}])
 def test_every_method_samples_and_prompts_as_ar(tiny_en, clips, tiny_en_drafters, tmp_path, extra):
     """One seed: every exact method and batch size gives ar's tokens at batch 1 (sampled at T = 0.6; with an initial
@@ -194,3 +195,29 @@ def test_initial_prompt_equals_openai_whisper(tiny_en, clips):
     assert [h.tokens for h in ours] == [r.tokens for r in theirs]
     plain = decode_batch(tiny_en, decode_options_from({}), audios, seconds, keys=ids)
     assert [h.tokens for h in ours] != [h.tokens for h in plain]  # the prompt changed something
+
+
+def test_prefix_starts_the_text_as_faster_whisper_and_decodes_as_openai_whisper(tiny_en, clips):
+    """--prefix: the text starts with it (faster-whisper's semantics) and the tokens after it are openai/whisper's
+    ``decode(prefix=...)``'s; with beam 5 too."""
+    pytest.importorskip("whisper")
+    from rayspec.options import decode_options_from
+    from rayspec.peers.openai_whisper import load_openai_whisper, openai_decode_rows
+    from rayspec.pipeline import decode_batch
+
+    prefix = "Yes, and"
+    ids, audios = clips
+    seconds = [len(a) / tiny_en.sample_rate for a in audios]
+    n = len(tiny_en.tokenizer(" " + prefix, add_special_tokens=False).input_ids)
+    reference = load_openai_whisper("whisper-tiny.en")
+    feats, _ = tiny_en.features(audios)
+    for beam in (1, 5):
+        ours = decode_batch(tiny_en, decode_options_from({"prefix": prefix, "beam_size": beam}), audios, seconds,
+                            keys=ids)
+        assert all(tiny_en.decode_text(h.tokens).strip().startswith(prefix) for h in ours)
+        caps = [len(h.tokens) - n for h in ours]
+        theirs = openai_decode_rows(reference, feats, [max(c, 1) + 40 for c in caps], prefix=prefix,
+                                    beam_size=None if beam == 1 else beam)
+        # (a row that hit its cap: openai/whisper, given more room, goes on the same way)
+        assert [h.tokens[n:] for h in ours] == [r.tokens if h.finished else r.tokens[: len(h.tokens) - n]
+                                                for h, r in zip(ours, theirs)], beam

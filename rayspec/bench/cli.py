@@ -33,6 +33,10 @@ def cmd_bench(args) -> int:
         from .timestamps import cmd_bench_timestamps
 
         return cmd_bench_timestamps(args)
+    if args.suite == "decoding":
+        from .decoding import cmd_bench_decoding
+
+        return cmd_bench_decoding(args)
     if args.suite == "whisper":
         from .whisper import cmd_bench_whisper
 
@@ -75,11 +79,16 @@ def add_bench_parser(sub) -> None:
                     "scripts/gpu_bench.sh runs it in one call), "
                     "timestamps (word start/end errors against the true word times of speech read by the Piper "
                     "voice, beside faster-whisper on the same weights; batch-1 speed of each method with and without "
-                    "timestamps; long-form WER and end-of-file drift, sequential vs VAD vs faster-whisper's sequential).",
+                    "timestamps; long-form WER and end-of-file drift, sequential vs VAD vs faster-whisper's sequential), "
+                    "decoding (greedy, beam 5 and beam 5 + temperature fallback against openai/whisper and "
+                    "faster-whisper on the same weights, audio and threads: WER, RTFx, tokens identical to "
+                    "openai/whisper's, texts identical to faster-whisper's, the speculative methods' speed-up over "
+                    "beam 5; then fallback on noisy speech built from the manifest, --clips of them, --sections "
+                    "main,noisy; float32 unless --compute-type is given).",
     )
     p.add_argument("manifests", nargs="*", help="manifests (with references for WER) or folders of audio")
     p.add_argument("--suite", choices=["spec", "ssd", "medusa", "methods", "tts", "voicechat", "peers", "whisper", "gpu",
-                                            "timestamps"],
+                                            "timestamps", "decoding"],
                    default="spec")
     p.add_argument("-o", "--output", default="bench", help="output folder (default: bench)")
     p.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])

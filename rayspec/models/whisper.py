@@ -59,6 +59,8 @@ class EncoderOutput:
             :mod:`rayspec.timing`) does not recompute them; kept through :meth:`to` when the states stay the same.
         sampling: None (every row decodes greedily), or per row ``(temperature, seed)``: a row with temperature
             ``> 0`` samples its tokens with the seeded Gumbel-max trick (:mod:`rayspec.spec_decode.gumbel`).
+        prefixes: None, or per row the tokens its transcript starts with (``--prefix``, faster-whisper's: decided,
+            part of the output; Whisper's first-token suppression applies after them).
     """
 
     states: torch.Tensor
@@ -67,19 +69,24 @@ class EncoderOutput:
     prompts: Optional[list[list[int]]] = None
     cross: Optional[dict] = None
     sampling: Optional[list[tuple[float, int]]] = None
+    prefixes: Optional[list[list[int]]] = None
 
     def select(self, rows: torch.Tensor) -> "EncoderOutput":
         """Rows ``rows`` (int64 ``[B']``) of this batch."""
         keep = rows.tolist()
         pick = lambda xs: None if xs is None else [xs[i] for i in keep]  # noqa: E731
         return EncoderOutput(self.states.index_select(0, rows), self.lengths.index_select(0, rows), self.masked,
-                             pick(self.prompts), sampling=pick(self.sampling))
+                             pick(self.prompts), sampling=pick(self.sampling), prefixes=pick(self.prefixes))
 
     def to(self, device, dtype: Optional[torch.dtype] = None) -> "EncoderOutput":
         """This batch on ``device``, its states cast to ``dtype`` if given (lengths stay int64)."""
         states = self.states.to(device=device, dtype=dtype or self.states.dtype)
         return EncoderOutput(states, self.lengths.to(device), self.masked, self.prompts,
-                             self.cross if states is self.states else None, self.sampling)
+                             self.cross if states is self.states else None, self.sampling, self.prefixes)
+
+    def row_prefixes(self) -> list[list[int]]:
+        """Each row's :attr:`prefixes` entry (``[]`` without one)."""
+        return [list(p) for p in self.prefixes] if self.prefixes is not None else [[] for _ in range(len(self.lengths))]
 
     def row_sampling(self) -> list[tuple[float, int]]:
         """Each row's ``(temperature, seed)``: :attr:`sampling`, or ``(0.0, 0)`` (greedy) for every row."""
@@ -111,8 +118,11 @@ class EncoderOutput:
         sampling = None
         if any(p.sampling is not None for p in parts):
             sampling = [x for p in parts for x in p.row_sampling()]
+        prefixes = None
+        if any(p.prefixes is not None for p in parts):
+            prefixes = [x for p in parts for x in p.row_prefixes()]
         return EncoderOutput(states, torch.cat([p.lengths for p in parts]), parts[0].masked, prompts,
-                             sampling=sampling)
+                             sampling=sampling, prefixes=prefixes)
 
 
 def _layer_norm(layer: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:

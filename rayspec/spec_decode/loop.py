@@ -212,6 +212,7 @@ class _Row:
     temperature: float = 0.0  # > 0: seeded Gumbel-max sampling (rayspec.spec_decode.gumbel)
     seed: int = 0
     sot: int = 0  # index of <|startoftranscript|> in seq (> 0 after <|startofprev|> text): drafters see seq[sot:]
+    begin: int = 0  # generated tokens before the first sampled one (a --prefix): first-token suppression applies there
 
     @property
     def room(self) -> int:
@@ -219,12 +220,19 @@ class _Row:
 
 
 def _new_row(key, cap: int, start: Optional[Hypothesis], prompt: list[int], route: str, tt,
-             sampling: tuple[float, int] = (0.0, 0), sot: Optional[int] = None) -> _Row:
-    hyp = start if start is not None else Hypothesis([], False, route)
+             sampling: tuple[float, int] = (0.0, 0), sot: Optional[int] = None, prefix: Sequence[int] = ()) -> _Row:
+    """A row to decode; ``start`` (a hypothesis to continue) takes precedence over ``prefix`` (tokens the transcript
+    starts with)."""
+    begin = 0
+    if start is not None:
+        hyp = start
+    else:
+        hyp, begin = Hypothesis(list(prefix), False, route), len(prefix)
     temperature, seed = sampling
     hyp.stats.temperature = float(temperature)
     return _Row(key, int(cap), hyp, prompt + hyp.tokens, timestamps=tt is not None and tt.in_timestamp_mode(prompt),
-                temperature=float(temperature), seed=int(seed), sot=prompt.index(sot) if sot in prompt else 0)
+                temperature=float(temperature), seed=int(seed), sot=prompt.index(sot) if sot in prompt else 0,
+                begin=begin)
 
 
 def _done(hyp: Hypothesis, cap: int) -> bool:
@@ -290,8 +298,8 @@ class VerifyLoop:
         prompts = enc.row_prompts(t.prompt_ids)
         start = start or [None] * len(caps)
         cache = t.new_cache(enc, max(map(len, prompts)) + max(caps) + self.max_nodes + 2)
-        rows = [_new_row(i, c, h, p, self.route, self.tt, x, self.sot)
-                for i, (c, h, p, x) in enumerate(zip(caps, start, prompts, enc.row_sampling()))]
+        rows = [_new_row(i, c, h, p, self.route, self.tt, x, self.sot, f)
+                for i, (c, h, p, x, f) in enumerate(zip(caps, start, prompts, enc.row_sampling(), enc.row_prefixes()))]
         if prefix_kv is not None:
             _import_prefixes(cache, list(range(len(rows))), rows, prefix_kv)
         live = _drop(cache, rows, [k for k, r in enumerate(rows) if _done(r.hyp, r.cap)])
@@ -373,9 +381,9 @@ class VerifyLoop:
                     cache.place(at, t.new_cache(part.enc, 1))
                 if self.proposer is not None:
                     self.proposer.admit(at, part.ids, part.extra)
-                new = [_new_row(key, cap, h, p, self.route, self.tt, x, self.sot) for key, cap, h, p, x in
+                new = [_new_row(key, cap, h, p, self.route, self.tt, x, self.sot, f) for key, cap, h, p, x, f in
                        zip(part.ids, part.caps, part.start or [None] * len(part), part.enc.row_prompts(prompt),
-                           part.enc.row_sampling())]
+                           part.enc.row_sampling(), part.enc.row_prefixes())]
                 if part.prefix_kv is not None:
                     _import_prefixes(cache, at, new, part.prefix_kv)
                 new_rows += new
@@ -435,7 +443,7 @@ class VerifyLoop:
         t = self.target
         trees = TokenTrees.build([r.seq[r.target_len :] for r in live], [p.tree for p in proposals])
         # the root's output is a row's first generated token (a root's depth is its index: contexts are chains)
-        first = np.where([not r.hyp.tokens for r in live], trees.roots, -1)
+        first = np.where([len(r.hyp.tokens) == r.begin for r in live], trees.roots, -1)
         dev = trees.to_device(self.eos, first, cache.device)
         hidden = t.decode_hidden(cache, dev.tokens, dev.ancestors, dev.depths)  # [B, Q, D]
         fresh = [k for k, r in enumerate(live) if r.target_len == 0]  # first pass: node 0 is <|startoftranscript|>
