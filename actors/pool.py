@@ -1,7 +1,7 @@
 """The corpus job's actors on a Ray cluster: connecting, resources, a placement group, routing.
 
 :func:`start_actors` starts a run's actors in one ``PACK`` placement group, in one of two layouts
-(:func:`actor_layout`): colocated transcriber actors (``actors/transcriber.py``: encoder and decoder in one
+(:attr:`ActorPlan.layout`): colocated transcriber actors (``actors/transcriber.py``: encoder and decoder in one
 process), or drafter and target actors (``actors/drafter.py``, ``actors/target.py``). :class:`ActorPool` sends each
 batch to the least-loaded target (or transcriber) actor and, split, a drafter on its node. :func:`resolve_paths`
 makes the paths of a ``ray job submit`` command line point where the submitter meant.
@@ -10,8 +10,8 @@ makes the paths of a ``ray job submit`` command line point where the submitter m
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import NamedTuple
+from dataclasses import dataclass, field, replace
+from typing import NamedTuple, Optional
 
 # Loopback only (see the README's quick start): set before Ray is imported.
 os.environ.setdefault("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "0")
@@ -28,7 +28,7 @@ import ray  # noqa: E402
 from ray.util.placement_group import placement_group, remove_placement_group  # noqa: E402
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy  # noqa: E402
 
-from rayspec.options import decode_options, encoder_dtype, limits_from_args  # noqa: E402
+from rayspec.options import TranscriberSpec  # noqa: E402
 
 
 def connect(address: str | None, num_cpus: int | None) -> None:
@@ -141,13 +141,52 @@ class ActorPool:
             remove_placement_group(self.placement_group)
 
 
-def actor_layout(args) -> str:
-    """``--actors`` resolved: "split" (drafter + target actors) when asked for or when the actors get GPUs (the two
-    models on separate devices), else "colocated" (encoder and decoder in one process per model copy, no
-    object-store hop)."""
-    if args.actors != "auto":
-        return args.actors
-    return "split" if args.drafter_gpus or args.target_gpus else "colocated"
+@dataclass(frozen=True)
+class ActorPlan:
+    """The run's actors and their resources, parsed once from the job's flags (:func:`plan_from_args`).
+
+    Attributes:
+        actors: ``--actors`` ("auto", "colocated" or "split"; see :attr:`layout`).
+        drafters: drafter actors (split); targets: target actors (split) or transcriber actors (colocated), None
+            until :func:`size_colocated` sizes them.
+        actor_cpus: CPUs per colocated actor (None: sized); drafter_cpus, target_cpus: CPUs per split actor.
+        drafter_gpus, target_gpus: GPUs per split actor (a colocated actor gets both).
+        in_flight: batches in flight per target (or transcriber) actor; threads: torch threads per actor (0: its
+            CPUs); device: the actors' torch device without GPUs.
+    """
+
+    actors: str = "auto"
+    drafters: int = 1
+    targets: Optional[int] = None
+    actor_cpus: Optional[float] = None
+    drafter_cpus: float = 1.0
+    target_cpus: float = 1.0
+    drafter_gpus: float = 0.0
+    target_gpus: float = 0.0
+    in_flight: int = 3
+    threads: int = 0
+    device: str = "cpu"
+
+    @property
+    def layout(self) -> str:
+        """``actors`` resolved: "split" (drafter + target actors) when asked for or when the actors get GPUs (the two
+        models on separate devices), else "colocated" (encoder and decoder in one process per model copy, no
+        object-store hop)."""
+        if self.actors != "auto":
+            return self.actors
+        return "split" if self.drafter_gpus or self.target_gpus else "colocated"
+
+
+def plan_from_args(args) -> ActorPlan:
+    """The :class:`ActorPlan` of ``python -m jobs.transcribe``'s parsed flags.
+
+    Raises:
+        SystemExit: an actor count or ``--in-flight`` below 1.
+    """
+    if min(args.drafters, args.targets or 1, args.in_flight) < 1:
+        raise SystemExit("--drafters, --targets and --in-flight must be >= 1")
+    return ActorPlan(args.actors, args.drafters, args.targets, args.actor_cpus, args.drafter_cpus, args.target_cpus,
+                     args.drafter_gpus, args.target_gpus, args.in_flight, args.threads, args.device)
 
 
 def actor_memory_bytes(model_dir: str, config, slots: int) -> int:
@@ -173,8 +212,8 @@ def memory_fit(actor_bytes: int) -> int:
     return max(1, int(ray.cluster_resources().get("memory", 0) // max(1, actor_bytes)))
 
 
-def size_colocated(args, batches: int, actor_bytes: int) -> None:
-    """Resolve ``--targets`` and ``--actor-cpus`` of the colocated layout (in ``args``) for the connected cluster.
+def size_colocated(plan: ActorPlan, batches: int, actor_bytes: int) -> ActorPlan:
+    """``plan`` with the colocated layout's actor count and CPUs per actor resolved for the connected cluster.
 
     By default one 1-CPU (one-thread) actor per CPU: on CPUs, whisper-base, all 286 LJSpeech clips on 2 CPUs, two
     one-thread actors ran level with one process and one two-thread actor 1.03-1.08x slower (``bench/ray-jobs``): a
@@ -185,13 +224,15 @@ def size_colocated(args, batches: int, actor_bytes: int) -> None:
     """
     cpus = int(ray.cluster_resources().get("CPU", 0.0) + 1e-9)
     fit = memory_fit(actor_bytes)
-    if args.actor_cpus is None:
-        if args.targets is not None:
-            args.actor_cpus = float(max(1, cpus // args.targets))
+    actor_cpus, targets = plan.actor_cpus, plan.targets
+    if actor_cpus is None:
+        if targets is not None:
+            actor_cpus = float(max(1, cpus // targets))
         else:
-            args.actor_cpus = float(max(1, -(-cpus // max(1, min(cpus, fit)))))
-    if args.targets is None:
-        args.targets = max(1, min(batches, fit, int(cpus / args.actor_cpus + 1e-9)))
+            actor_cpus = float(max(1, -(-cpus // max(1, min(cpus, fit)))))
+    if targets is None:
+        targets = max(1, min(batches, fit, int(cpus / actor_cpus + 1e-9)))
+    return replace(plan, actor_cpus=actor_cpus, targets=targets)
 
 
 class ActorShape(NamedTuple):
@@ -203,27 +244,27 @@ class ActorShape(NamedTuple):
     gpus: float
 
 
-def _actor_shapes(args) -> list[ActorShape]:
-    """The kinds of actor the layout starts (colocated: ``--targets`` transcriber actors of ``--actor-cpus`` CPUs and
+def _actor_shapes(plan: ActorPlan) -> list[ActorShape]:
+    """The kinds of actor the layout starts (colocated: ``targets`` transcriber actors of ``actor_cpus`` CPUs and
     a drafter's plus a target's GPUs each, as :func:`size_colocated` resolved them; 1 where still unresolved)."""
-    if actor_layout(args) == "colocated":
-        return [ActorShape("transcriber", args.targets or 1, args.actor_cpus or 1.0,
-                           args.drafter_gpus + args.target_gpus)]
-    return [ActorShape("drafter", args.drafters, args.drafter_cpus, args.drafter_gpus),
-            ActorShape("target", args.targets or 1, args.target_cpus, args.target_gpus)]
+    if plan.layout == "colocated":
+        return [ActorShape("transcriber", plan.targets or 1, plan.actor_cpus or 1.0,
+                           plan.drafter_gpus + plan.target_gpus)]
+    return [ActorShape("drafter", plan.drafters, plan.drafter_cpus, plan.drafter_gpus),
+            ActorShape("target", plan.targets or 1, plan.target_cpus, plan.target_gpus)]
 
 
-def check_resources(args) -> None:
+def check_resources(plan: ActorPlan) -> None:
     """Refuse, with advice, actor resources the cluster cannot hold at all (Ray would wait for them forever).
 
     Raises:
         SystemExit: more CPUs or GPUs asked for than the cluster has in total, or actors without CPUs.
     """
-    if min(args.actor_cpus or 1.0, args.drafter_cpus, args.target_cpus) <= 0:
+    if min(plan.actor_cpus or 1.0, plan.drafter_cpus, plan.target_cpus) <= 0:
         raise SystemExit("--actor-cpus, --drafter-cpus and --target-cpus must be > 0 (fractions are fine)")
     have = ray.cluster_resources()
-    shapes = _actor_shapes(args)
-    colocated = actor_layout(args) == "colocated"
+    shapes = _actor_shapes(plan)
+    colocated = plan.layout == "colocated"
     flags = {"CPU": "--actor-cpus" if colocated else "--drafter-cpus/--target-cpus",
              "GPU": "--drafter-gpus/--target-gpus"}
     for kind, per_actor in (("CPU", lambda a: a.cpus), ("GPU", lambda a: a.gpus)):
@@ -235,22 +276,18 @@ def check_resources(args) -> None:
                 f"{flags[kind]} (fractions are fine) or the actor counts")
 
 
-def start_actors(args, slots: int = 16) -> ActorPool:
-    """Start the run's actors (:func:`actor_layout`) with its resources; returns once their models are loaded.
+def start_actors(spec: TranscriberSpec, plan: ActorPlan, slots: int = 16) -> ActorPool:
+    """Start the run's actors (:attr:`ActorPlan.layout`) with its resources; returns once their models are loaded.
 
     Args:
+        spec: what each actor builds (its compute type resolved on the actor's own node).
         slots: most rows a transcriber (or target) actor decodes at once (its continuous batch; ``rayspec
             transcribe`` uses the largest planned batch).
     """
-    check_resources(args)
-    options = decode_options(args)
-    layout = actor_layout(args)
-    device = "cuda" if args.drafter_gpus else args.device
-    kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": options,
-              "device": device, "dtype": args.compute_type,  # resolved by each actor on its own node
-              "limits": limits_from_args(args), "encoder_dtype": encoder_dtype(args)}
+    check_resources(plan)
+    kwargs = spec.kwargs("cuda" if plan.drafter_gpus else plan.device)
     # One bundle per actor, packed onto as few nodes as possible (drafters next to their targets).
-    shapes = _actor_shapes(args)
+    shapes = _actor_shapes(plan)
     pg = placement_group([_bundle(a.cpus, a.gpus) for a in shapes for _ in range(a.count)], strategy="PACK")
     ray.get(pg.ready())
 
@@ -258,36 +295,36 @@ def start_actors(args, slots: int = 16) -> ActorPool:
         return PlacementGroupSchedulingStrategy(placement_group=pg, placement_group_bundle_index=i)
 
     def threads(cpus: float) -> int:
-        return args.threads or max(1, int(cpus))
+        return plan.threads or max(1, int(cpus))
 
-    if layout == "colocated":
+    if plan.layout == "colocated":
         from actors.transcriber import TranscriberActor
 
         a = shapes[0]
         # one thread per batch in flight: each call waits on the actor's continuous batch
-        actors = [TranscriberActor.options(num_cpus=a.cpus, num_gpus=a.gpus, max_concurrency=args.in_flight + 1,
+        actors = [TranscriberActor.options(num_cpus=a.cpus, num_gpus=a.gpus, max_concurrency=plan.in_flight + 1,
                                            scheduling_strategy=place(i))
-                  .remote(dict(kwargs, device="cuda" if a.gpus else args.device), threads(a.cpus), slots)
+                  .remote(dict(kwargs, device="cuda" if a.gpus else plan.device), threads(a.cpus), slots)
                   for i in range(a.count)]
         return ActorPool([], actors, [], ray.get([a.node.remote() for a in actors]), pg)
     from actors.drafter import DrafterActor
     from actors.target import TargetActor
 
     # Two threads per drafter: the next batch's encoding overlaps the current batch's draft proposals.
-    drafters = [DrafterActor.options(num_cpus=args.drafter_cpus, num_gpus=args.drafter_gpus, max_concurrency=2,
+    drafters = [DrafterActor.options(num_cpus=plan.drafter_cpus, num_gpus=plan.drafter_gpus, max_concurrency=2,
                                      scheduling_strategy=place(i))
-                .remote(kwargs, threads(args.drafter_cpus))
-                for i in range(args.drafters)]
+                .remote(kwargs, threads(plan.drafter_cpus))
+                for i in range(plan.drafters)]
     # One thread per batch in flight. With a remote draft, a target actor works on its in-flight batches
     # concurrently: while one batch waits for draft proposals, another is verified. Otherwise the calls wait on the
     # actor's continuous batch, which the drafters' encoded batches join as slots free.
-    targets = [TargetActor.options(num_cpus=args.target_cpus, num_gpus=args.target_gpus,
-                                   max_concurrency=args.in_flight + 1, scheduling_strategy=place(args.drafters + i))
-               .remote(args.target, options, "cuda" if args.target_gpus else args.device,
-                       threads(args.target_cpus), kwargs["dtype"], slots)
+    targets = [TargetActor.options(num_cpus=plan.target_cpus, num_gpus=plan.target_gpus,
+                                   max_concurrency=plan.in_flight + 1, scheduling_strategy=place(plan.drafters + i))
+               .remote(spec.target, spec.options, "cuda" if plan.target_gpus else plan.device,
+                       threads(plan.target_cpus), spec.compute_type, slots)
                for i in range(shapes[1].count)]
     nodes = ray.get([a.node.remote() for a in drafters + targets])
-    return ActorPool(drafters, targets, nodes[: args.drafters], nodes[args.drafters :], pg)
+    return ActorPool(drafters, targets, nodes[: plan.drafters], nodes[plan.drafters :], pg)
 
 
 def _bundle(cpus: float, gpus: float) -> dict:

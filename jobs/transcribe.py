@@ -36,7 +36,7 @@ import time
 import uuid
 
 from actors.pool import ActorPool, connect, resolve_paths, start_actors  # first: sets the loopback Ray environment
-from actors.pool import actor_layout, actor_memory_bytes, size_colocated  # noqa: E402
+from actors.pool import ActorPlan, actor_memory_bytes, plan_from_args, size_colocated  # noqa: E402
 import ray  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
@@ -44,7 +44,7 @@ from rayspec.batching import guided_split  # noqa: E402
 from rayspec.manifest import read_manifest  # noqa: E402
 from rayspec.models.registry import resolve_model  # noqa: E402
 from rayspec.options import EXIT_SOME_FAILED, add_decode_args, add_model_args, budget_from_args  # noqa: E402
-from rayspec.options import EXIT_USAGE, print_summary, run_command  # noqa: E402
+from rayspec.options import EXIT_USAGE, TranscriberSpec, print_summary, run_command, transcriber_spec  # noqa: E402
 from rayspec.pipeline import RunSummary, internal_error_row, pending_batches  # noqa: E402
 from rayspec.results import ResultRow, ResultWriter  # noqa: E402
 from rayspec.scoring import format_table, score_results  # noqa: E402
@@ -95,6 +95,8 @@ def build_parser() -> argparse.ArgumentParser:
 def transcribe(args, on_batch=None) -> RunSummary:
     """Run the pipeline over ``args.input`` into ``args.output`` (resuming) and merge the results file.
 
+    The flags are parsed here once, into the typed :class:`~rayspec.options.TranscriberSpec` (what each actor builds)
+    and :class:`~actors.pool.ActorPlan` (the actors and their resources), which travel down instead of ``args``.
     ``on_batch(pool, batches_done)``, if given, is called after each finished batch (tests use it to kill an actor
     mid-job). The summary's ``wall_s`` counts from the first batch (actors started, models loaded); ``startup_s``
     is the actor start-up before it. The actors are killed at the end.
@@ -103,8 +105,7 @@ def transcribe(args, on_batch=None) -> RunSummary:
 
     from transformers import AutoConfig
 
-    if min(args.drafters, args.targets or 1, args.in_flight) < 1:
-        raise SystemExit("--drafters, --targets and --in-flight must be >= 1")
+    plan, spec = plan_from_args(args), transcriber_spec(args)
     resolve_paths(args)
     source = args.input or str(resources.files("rayspec").joinpath("samples", "manifest.jsonl"))
     utts = read_manifest(source)
@@ -120,15 +121,15 @@ def transcribe(args, on_batch=None) -> RunSummary:
         summary = RunSummary(skipped=len(utts) - sum(len(b) for b in batches))
         connect(args.address, args.num_cpus)
         slots = max((len(b) for b in batches), default=1)
-        if actor_layout(args) == "colocated":
-            size_colocated(args, len(batches), actor_memory_bytes(model_dir, config, slots))
+        if plan.layout == "colocated":
+            plan = size_colocated(plan, len(batches), actor_memory_bytes(model_dir, config, slots))
         t_start = time.perf_counter()
-        pool = start_actors(args, slots)
+        pool = start_actors(spec, plan, slots)
         summary.startup_s = time.perf_counter() - t_start
         try:
             # the last batches cut smaller, so that the actors run dry within about a row of each other
-            batches = guided_split(batches, args.in_flight * len(pool.targets))
-            _stream(args, pool, batches, writer, summary, on_batch)
+            batches = guided_split(batches, plan.in_flight * len(pool.targets))
+            _stream(spec, plan, pool, batches, writer, summary, on_batch)
         finally:
             pool.shutdown()
         writer.finalize()
@@ -137,8 +138,9 @@ def transcribe(args, on_batch=None) -> RunSummary:
     return summary
 
 
-def _stream(args, pool: ActorPool, batches: list, writer: ResultWriter, summary: RunSummary, on_batch) -> None:
-    """Stream ``batches`` through the actors (at most ``--in-flight`` per target), writing rows as batches finish.
+def _stream(spec: TranscriberSpec, plan: ActorPlan, pool: ActorPool, batches: list, writer: ResultWriter,
+            summary: RunSummary, on_batch) -> None:
+    """Stream ``batches`` through the actors (at most ``plan.in_flight`` per target), writing rows as batches finish.
 
     A batch whose task raised (an application error) goes back to the queue as one batch per utterance; an
     utterance that raises alone becomes an error row (code "internal").
@@ -150,7 +152,7 @@ def _stream(args, pool: ActorPool, batches: list, writer: ResultWriter, summary:
     sent = finished = 0
     with tqdm(total=sum(len(b) for b in batches), desc="transcribe", unit="utt") as bar:
         while queue or pending:
-            while queue and len(pending) < args.in_flight * len(pool.targets):
+            while queue and len(pending) < plan.in_flight * len(pool.targets):
                 batch = queue.pop(0)
                 ref, route = pool.submit(batch, f"{run_id}:{sent}")
                 pending[ref] = (route, batch)
@@ -159,7 +161,7 @@ def _stream(args, pool: ActorPool, batches: list, writer: ResultWriter, summary:
             for ref in done:
                 route, batch = pending.pop(ref)
                 pool.finished(*route)
-                rows = batch_rows(ref, batch, args.method)
+                rows = batch_rows(ref, batch, spec.options.method)
                 if rows is None:  # the batch raised: redo it utterance by utterance, first in line
                     queue[:0] = [[u] for u in batch]
                     continue

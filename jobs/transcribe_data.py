@@ -35,7 +35,7 @@ from rayspec.batching import guided_split, plan_batches  # noqa: E402
 from rayspec.manifest import AUDIO_SUFFIXES, ManifestError, corpus_name, parquet_shards, read_manifest  # noqa: E402
 from rayspec.models.registry import resolve_model  # noqa: E402
 from rayspec.options import add_decode_args, add_model_args, budget_from_args  # noqa: E402
-from rayspec.options import decode_options, encoder_dtype, limits_from_args, run_command  # noqa: E402
+from rayspec.options import run_command, transcriber_spec  # noqa: E402
 from rayspec.pipeline import RunSummary  # noqa: E402
 from rayspec.results import ResultRow, done_ids, read_results  # noqa: E402
 
@@ -231,9 +231,7 @@ def transcribe_data(args) -> RunSummary:
     concurrency = args.concurrency or pool_size(args, actor_memory_bytes(model_dir, config, slots))
     threads = args.threads or max(1, int(ray.cluster_resources().get("CPU", 1) // concurrency))
     device = "cuda" if args.actor_gpus else args.device
-    kwargs = {"target": args.target, "draft": args.draft, "ctc": args.ctc, "options": decode_options(args),
-              "device": device, "dtype": args.compute_type,  # resolved by each actor on its own node
-              "limits": limits_from_args(args), "encoder_dtype": encoder_dtype(args)}
+    kwargs = transcriber_spec(args).kwargs(device)  # the compute type resolved by each actor on its own node
     # an actor gets a block only when a call of its own is free: the blocks go to whichever actor frees first
     pool = ray.data.ActorPoolStrategy(size=concurrency, max_concurrent_calls_per_actor=CALLS_PER_ACTOR,
                                       max_tasks_in_flight_per_actor=CALLS_PER_ACTOR, enable_true_multi_threading=True)

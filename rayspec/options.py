@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -299,6 +300,47 @@ def decode_options(args):
                          patience=args.patience, length_penalty=args.length_penalty, prefix=args.prefix)
 
 
+@dataclass(frozen=True)
+class TranscriberSpec:
+    """Everything that builds a :class:`~rayspec.pipeline.Transcriber`, parsed once from the command line
+    (:func:`transcriber_spec`) and handed down typed: to this process, or to Ray actors that build their own.
+
+    Attributes:
+        target, draft, ctc: model names or directories (None: the drafters bundled for the target).
+        device: torch device; compute_type: ``--compute-type`` as given (``auto`` is resolved where the model loads:
+            each actor on its own node); encoder_dtype: ``--encoder-dtype`` or None.
+        options: the decoding options; limits: audio limits (None: the defaults); threads: torch CPU threads (0:
+            torch's default).
+    """
+
+    target: Optional[str]
+    draft: Optional[str]
+    ctc: Optional[str]
+    device: str
+    compute_type: str
+    options: object  # DecodeOptions (imported lazily: the CLI starts without the pipeline)
+    encoder_dtype: Optional[torch.dtype] = None
+    limits: Optional[object] = None  # AudioLimits
+    threads: int = 0
+
+    def kwargs(self, device: Optional[str] = None) -> dict:
+        """:class:`~rayspec.pipeline.Transcriber`'s keyword arguments, on ``device`` if given; the compute type is
+        passed unresolved (the Transcriber resolves ``auto`` where it loads)."""
+        return {"target": self.target, "draft": self.draft, "ctc": self.ctc, "options": self.options,
+                "device": device or self.device, "dtype": self.compute_type, "limits": self.limits,
+                "encoder_dtype": self.encoder_dtype}
+
+
+def transcriber_spec(args) -> TranscriberSpec:
+    """The :class:`TranscriberSpec` of parsed ``rayspec transcribe`` / ``python -m jobs.transcribe`` arguments.
+
+    Raises:
+        ValueError: decoding options that do not go together (see :class:`~rayspec.methods.DecodeOptions`).
+    """
+    return TranscriberSpec(args.target, args.draft, args.ctc, args.device, args.compute_type, decode_options(args),
+                           encoder_dtype(args), limits_from_args(args), args.threads)
+
+
 def build_transcriber(args, announce: bool = False):
     """A :class:`~rayspec.pipeline.Transcriber` from parsed CLI arguments; ``announce``: print the compute type
     chosen (:func:`compute_type`)."""
@@ -306,10 +348,10 @@ def build_transcriber(args, announce: bool = False):
 
     from .pipeline import Transcriber
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    return Transcriber(args.target, args.draft, decode_options(args), args.ctc, args.device,
-                       compute_type(args, announce=announce).dtype, limits=limits_from_args(args), encoder_dtype=encoder_dtype(args))
+    spec = transcriber_spec(args)
+    if spec.threads:
+        torch.set_num_threads(spec.threads)
+    return Transcriber(**dict(spec.kwargs(), dtype=compute_type(args, announce=announce).dtype))
 
 
 def compute_type(args, device: Optional[str] = None, announce: bool = False) -> ComputeType:

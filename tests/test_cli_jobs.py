@@ -115,21 +115,24 @@ def test_ray_job_refuses_sequential_long_form(capsys):
 def test_ray_job_refuses_resources_the_cluster_lacks(monkeypatch):
     import ray
 
-    from actors.pool import actor_layout, check_resources
+    from actors.pool import check_resources, plan_from_args
     from jobs.transcribe import build_parser
 
-    assert actor_layout(build_parser().parse_args([])) == "colocated"  # CPUs: one process per model copy
-    assert actor_layout(build_parser().parse_args(["--target-gpus", "1"])) == "split"
-    assert actor_layout(build_parser().parse_args(["--actors", "split"])) == "split"
+    def plan(flags):
+        return plan_from_args(build_parser().parse_args(flags))
+
+    assert plan([]).layout == "colocated"  # CPUs: one process per model copy
+    assert plan(["--target-gpus", "1"]).layout == "split"
+    assert plan(["--actors", "split"]).layout == "split"
     monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
-    check_resources(build_parser().parse_args([]))  # one colocated actor of 1 CPU per CPU fits
-    check_resources(build_parser().parse_args(["--actors", "split"]))  # 1 + 1 CPUs fit
+    check_resources(plan([]))  # one colocated actor of 1 CPU per CPU fits
+    check_resources(plan(["--actors", "split"]))  # 1 + 1 CPUs fit
     with pytest.raises(SystemExit, match="lower --drafter-gpus"):
-        check_resources(build_parser().parse_args(["--target-gpus", "0.5"]))  # GPUs: split by default
+        check_resources(plan(["--target-gpus", "0.5"]))  # GPUs: split by default
     with pytest.raises(SystemExit, match=r"2 transcriber\(s\) x 2 = 4 CPUs, .*: lower --actor-cpus"):
-        check_resources(build_parser().parse_args(["--targets", "2", "--actor-cpus", "2"]))
+        check_resources(plan(["--targets", "2", "--actor-cpus", "2"]))
     with pytest.raises(SystemExit, match=r"1 drafter\(s\) x 1 \+ 2 target\(s\) x 1 = 3 CPUs"):
-        check_resources(build_parser().parse_args(["--actors", "split", "--targets", "2"]))
+        check_resources(plan(["--actors", "split", "--targets", "2"]))
 
 
 def test_colocated_actors_fill_the_cluster_within_its_memory(monkeypatch):
@@ -137,14 +140,13 @@ def test_colocated_actors_fill_the_cluster_within_its_memory(monkeypatch):
     where the cluster's memory holds fewer model copies; a count or CPUs given are kept."""
     import ray
 
-    from actors.pool import size_colocated
+    from actors.pool import plan_from_args, size_colocated
     from jobs.transcribe import build_parser
 
     def sized(flags, cpus=16, memory_gib=64, batches=100, actor_gib=2):
         monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": float(cpus), "memory": memory_gib * 2.0**30})
-        args = build_parser().parse_args(flags)
-        size_colocated(args, batches, actor_gib << 30)
-        return args.targets, args.actor_cpus
+        plan = size_colocated(plan_from_args(build_parser().parse_args(flags)), batches, actor_gib << 30)
+        return plan.targets, plan.actor_cpus
 
     assert sized([]) == (16, 1.0)
     assert sized([], batches=3) == (3, 1.0)
