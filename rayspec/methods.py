@@ -24,7 +24,8 @@ from .decoding.proposer import DraftProposer, SpeculationOptions
 from .decoding.speculative import draft_loop
 from .decoding.ssd import CTCDrafts, SSDDecoder, SSDOptions
 from .models.registry import default_drafter
-from .models.whisper import EncoderOutput, WhisperASR
+from .models.encoded import EncoderOutput
+from .models.whisper import WhisperASR
 from .runner.static_step import DEFAULT_MAX_BATCH, STATIC_STEP_MODES
 from .spec_decode.acceptance import GREEDY, AcceptanceRule
 from .spec_decode.loop import Admission, Proposer, VerifyLoop

@@ -42,7 +42,8 @@ from .methods import METHODS, DecodeOptions, Encoded, ProposerFactory
 from .models.ctc import CTCHead
 from .models.errors import ModelLoadError
 from .models.registry import DEFAULT_TARGET, default_drafter
-from .models.whisper import EncoderOutput, WhisperASR
+from .models.encoded import EncoderOutput
+from .models.whisper import WhisperASR
 from .results import ResultRow, ResultWriter
 from .runner.static_step import prepare_static_steps
 from .spec_decode.gumbel import row_seed

@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 
 from .activity import refine_words
-from .models.whisper import EncoderOutput, WhisperASR
+from .models.encoded import EncoderOutput
+from .models.whisper import WhisperASR
 from .spec_decode.timestamps import TimestampTokens
 
 MEDIAN_FILTER_WIDTH = 7  # openai/whisper find_alignment's medfilt_width

@@ -9,7 +9,7 @@ import torch
 from rayspec.decoding.ar import greedy_decode
 from rayspec.decoding.proposer import DraftProposer
 from rayspec.decoding.speculative import SpeculationOptions, draft_loop, speculative_decode
-from rayspec.models.whisper import EncoderOutput
+from rayspec.models.encoded import EncoderOutput
 from rayspec.spec_decode.loop import Admission, VerifyLoop
 from tiny import poison_drafter, random_audio
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..models.whisper import EncoderOutput, WhisperASR
+from ..models.encoded import EncoderOutput
+
+from ..models.whisper import WhisperASR
 from ..spec_decode.loop import VerifyLoop
 from .common import Hypothesis
 

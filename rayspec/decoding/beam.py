@@ -37,7 +37,9 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ..models.whisper import EncoderOutput, WhisperASR
+from ..models.encoded import EncoderOutput
+
+from ..models.whisper import WhisperASR
 from ..spec_decode.timestamps import apply_rules, rule_bounds
 from .common import DecodeStats, Hypothesis
 

@@ -31,7 +31,8 @@ import torch
 
 from ..models.cache import DecoderCache
 from ..models.errors import ModelPairingError
-from ..models.whisper import EncoderOutput, WhisperASR
+from ..models.encoded import EncoderOutput
+from ..models.whisper import WhisperASR
 from ..spec_decode.loop import DraftRequest, Feedback, Proposal
 from ..spec_decode.tree import DraftTree
 

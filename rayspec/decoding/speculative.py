@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from ..models.whisper import EncoderOutput, WhisperASR
+from ..models.encoded import EncoderOutput
+
+from ..models.whisper import WhisperASR
 from ..spec_decode.loop import VerifyLoop
 from .common import Hypothesis
 from .proposer import DraftProposer, SpeculationOptions, check_compatible

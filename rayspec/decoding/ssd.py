@@ -34,7 +34,8 @@ import numpy as np
 import torch
 
 from ..models.ctc import CTCHead, max_frame_entropy
-from ..models.whisper import EncoderOutput, WhisperASR
+from ..models.encoded import EncoderOutput
+from ..models.whisper import WhisperASR
 from ..spec_decode.acceptance import AcceptanceRule, accept_tree, score_tree
 from ..spec_decode.loop import Admission, Proposer, VerifyLoop
 from ..spec_decode.timestamps import apply_rules, rule_bounds

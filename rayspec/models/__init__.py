@@ -2,6 +2,7 @@
 
 from .cache import DecoderCache
 from .errors import ModelLoadError
-from .whisper import EncoderOutput, WhisperASR
+from .encoded import EncoderOutput
+from .whisper import WhisperASR
 
 __all__ = ["DecoderCache", "EncoderOutput", "ModelLoadError", "WhisperASR"]

@@ -30,7 +30,8 @@ import numpy as np
 import torch
 
 from ..decoding.common import Hypothesis
-from ..models.whisper import EncoderOutput, WhisperASR
+from ..models.encoded import EncoderOutput
+from ..models.whisper import WhisperASR
 from .gumbel import perturb, token_logprobs
 from .acceptance import GREEDY, AcceptanceRule, accept_tree, score_greedy_lazily, score_tree
 from .timestamps import EXTRA_NODES, apply_rules, rule_bounds, wrap_proposer

@@ -36,7 +36,8 @@ from tqdm import tqdm
 from ..audio import AudioError, load_audio
 from ..decoding.ar import greedy_decode
 from ..manifest import Utterance
-from ..models.whisper import EMBEDDING_KEY, EncoderOutput, WhisperASR
+from ..models.encoded import EncoderOutput
+from ..models.whisper import EMBEDDING_KEY, WhisperASR
 from .data import SPEEDS, frozen_teacher, perturb_speed, teacher_batch
 from .recipe import length_batches, warmup_cosine
 
