@@ -23,6 +23,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .decoding.common import DecodeStats, Hypothesis
+from .spec_decode.gumbel import row_seed
 from .methods import METHODS, DecodeOptions
 from .models.whisper import WhisperASR
 from .timing import parse_segments
@@ -104,11 +105,16 @@ def decode_sequential(target: WhisperASR, options: DecodeOptions, audios: list[n
             return
         enc = encode(stamped, [chunk], [len(chunk) / rate])
         prompt = enc.target.prompts[0]
-        prev = f.tokens if options.condition_on_previous_text else []
+        sot = prompt.index(target.prompt_ids[0])
+        # an initial prompt (and hotwords) is the text before the first window, as in openai/whisper's transcribe
+        initial, prompt = prompt[1:sot], prompt[sot:]
+        prev = initial + f.tokens if options.condition_on_previous_text else initial if f.seek == 0 else []
         if prev:
             prompt = [prev_id] + prev[-max_prev:] + prompt
         enc.target.prompts = [prompt]
         enc.caps = [min(enc.caps[0], limit - len(prompt))]
+        if enc.target.sampling is not None:  # each window its own noise (file, window start)
+            enc.target.sampling = [(enc.target.sampling[0][0], row_seed(options.seed, k, f.seek))]
         ready.append(method.admission(target, stamped, [(k, f.seek)], enc))  # row keys are unique in a stream
         in_flight[0] += 1
 

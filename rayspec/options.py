@@ -93,7 +93,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "0,0.2,0.4,0.6,0.8,1.0 (openai/whisper's and faster-whisper's default): temperature fallback, "
                         "a row whose text repeats itself (--compression-ratio-threshold) or whose average "
                         "log-probability is below --log-prob-threshold is decoded again at the next temperature, "
-                        "--best-of samples kept the likeliest; the row's temperature column says which was used")
+                        "--best-of samples kept the likeliest; the row's temperature column says which was used (--long-form "
+                        "sequential decodes its windows at the first temperature only)")
     g.add_argument("--beam-size", type=int, default=1,
                    help="beam search with this many beams (openai/whisper's and faster-whisper's beam_size; 5 is "
                         "their default) at temperature 0; 1: greedy (default). Tokens equal openai/whisper's beam "
