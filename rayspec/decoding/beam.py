@@ -180,7 +180,7 @@ class BeamSearchDecoder:
         return (len(audio.finished) >= self.options.max_candidates or not audio.beams
                 or len(audio.beams[0].tokens) >= audio.cap)
 
-    def finalize(self, audio: _Audio) -> Hypothesis:
+    def finalize(self, audio: _Audio, route: str = ROUTE) -> Hypothesis:
         """The audio's result: the best finished candidate, with unfinished beams added (best first) while fewer than
         ``beam_size`` finished. ``finished`` is False where an unfinished beam won (it hit the cap)."""
         pool = [(list(seq), lp, True) for seq, lp in audio.finished.items()]
@@ -191,10 +191,10 @@ class BeamSearchDecoder:
                 if len(pool) >= self.options.beam_size:
                     break
         if not pool:  # only a cap of 0 gets here
-            return Hypothesis([], False, ROUTE, audio.stats)
+            return Hypothesis([], False, route, audio.stats)
         tokens, lp, finished = pool[self.ranker.rank([(t, s) for t, s, _ in pool])]
         audio.stats.sum_logprob = lp
-        return Hypothesis(tokens, finished, ROUTE, audio.stats)
+        return Hypothesis(tokens, finished, route, audio.stats)
 
 
 class BeamSearch:
@@ -203,6 +203,9 @@ class BeamSearch:
     Args:
         target: the target model; options: the beam settings.
     """
+
+    route = ROUTE
+    max_draft = 0  # most draft tokens a row verifies per pass (cache room past the caps)
 
     def __init__(self, target: WhisperASR, options: BeamOptions = BeamOptions()) -> None:
         self.target = target
@@ -215,6 +218,14 @@ class BeamSearch:
     def decode(self, enc: EncoderOutput, caps: Sequence[int], prompts: Optional[Sequence[Sequence[int]]] = None
                ) -> list[Hypothesis]:
         """Beam-search ``B`` audios; see :func:`beam_decode`."""
+        out, live, cache = self._start(enc, caps, prompts)
+        while live:
+            live, cache = self._step(live, cache, out)
+        return out
+
+    def _start(self, enc: EncoderOutput, caps: Sequence[int], prompts: Optional[Sequence[Sequence[int]]]):
+        """Check the arguments, run the prompt pass and the first step. Returns ``(out, live, cache)``: the
+        hypotheses so far (None where not done), the live audios, the cache of their beams' rows."""
         t = self.target
         n = enc.states.shape[0]
         prompts = enc.row_prompts(t.prompt_ids) if prompts is None else [list(p) for p in prompts]
@@ -228,16 +239,16 @@ class BeamSearch:
         live = [a for a in audios if a.cap > 0]
         for a in audios:
             if a.cap <= 0:
-                out[a.index] = Hypothesis([], False, ROUTE, a.stats)
+                out[a.index] = Hypothesis([], False, self.route, a.stats)
         if not live:
-            return out
+            return out, [], None
         if len(live) < n:
             enc = enc.select(torch.tensor([a.index for a in live], device=enc.states.device))
         lens = np.asarray([len(a.prompt) for a in live], dtype=np.int64)
         width = int(lens.max())
-        cache = t.new_cache(enc, width + max(a.cap for a in live) + 1)
+        cache = t.new_cache(enc, width + max(a.cap for a in live) + 1 + self.max_draft)
 
-        # first pass: each audio's prompt once (right-padded: padding is never attended to, and not committed)
+        # the prompt pass: each audio's prompt once (right-padded: padding is never attended to, and not committed)
         tokens = torch.tensor([a.prompt + [self.eot] * (width - len(a.prompt)) for a in live], device=cache.device)
         hidden = t.decode_hidden(cache, tokens)  # [N, P, D]
         cache.commit(np.tile(np.arange(width), (len(live), 1)), lens)
@@ -251,37 +262,57 @@ class BeamSearch:
         for r, a in enumerate(live):
             a.beams, a.rows = [_Beam([], np.float32(0.0))], [r]
         live, cache = self._advance(live, cache, last, out, first=True)
+        return out, live, cache
 
-        while live:
-            rows = [(a, j) for a in live for j in range(len(a.beams))]
-            index = np.empty(cache.batch_size, dtype=np.int64)
-            last_tokens = np.empty(cache.batch_size, dtype=np.int64)
-            for a, j in rows:
-                row = a.rows[j]
-                index[row] = row
+    def _step(self, live: list[_Audio], cache, out: list) -> tuple[list[_Audio], object]:
+        """One decoder pass over every live beam's newest token and one search step."""
+        last_tokens = np.empty(cache.batch_size, dtype=np.int64)
+        for a in live:
+            for j, row in enumerate(a.rows):
                 last_tokens[row] = a.beams[j].tokens[-1]
-            hidden = t.decode_hidden(cache, torch.from_numpy(last_tokens[:, None]).to(cache.device))  # [R, 1, D]
-            cache.commit(np.zeros((cache.batch_size, 1), dtype=np.int64), np.ones(cache.batch_size, dtype=np.int64))
-            live, cache = self._advance(live, cache, hidden[:, 0], out)
-        return out
+        hidden = self.target.decode_hidden(cache, torch.from_numpy(last_tokens[:, None]).to(cache.device))
+        cache.commit(np.zeros((cache.batch_size, 1), dtype=np.int64), np.ones(cache.batch_size, dtype=np.int64))
+        return self._advance(live, cache, hidden[:, 0], out)
 
-    def _logprobs(self, hidden: torch.Tensor, by_row: list[tuple[_Audio, int]]
-                  ) -> tuple[np.ndarray, np.ndarray]:
-        """Each row's ``beam_size + 1`` best float32 log-probabilities and their tokens, on the host (one read):
-        hidden ``[R, D]``; ``by_row[r]`` = (audio, beam) of cache row ``r``."""
+    def _by_row(self, live: list[_Audio], rows: int) -> list[tuple[_Audio, int]]:
+        """``(audio, beam index)`` of each cache row."""
+        by_row: list = [None] * rows
+        for a in live:
+            for j, row in enumerate(a.rows):
+                by_row[row] = (a, j)
+        return by_row
+
+    def _logprobs(self, hidden: torch.Tensor, by_row: list[tuple[_Audio, int]],
+                  drafts: Optional[list[list[int]]] = None) -> tuple[np.ndarray, np.ndarray]:
+        """The ``beam_size + 1`` best float32 log-probabilities of the token after each node, and those tokens, on
+        the host (one read).
+
+        Args:
+            hidden: ``[R, Q, D]``: node 0 of row ``r`` is the newest token of beam ``by_row[r]``, node ``q`` that beam
+                extended by ``drafts[r][:q]`` (without drafts ``Q`` = 1).
+
+        Returns:
+            float32 ``[R, Q, C]`` and int64 ``[R, Q, C]`` (``C = beam_size + 1``, or the vocabulary if smaller).
+        """
         t = self.target
-        logits = t.project(hidden)  # [R, V]
-        first = np.asarray([not a.beams[j].tokens for a, j in by_row])
+        r, q = hidden.shape[:2]
+        logits = t.project(hidden)  # [R, Q, V]
+        first = np.zeros((r, q), dtype=bool)
+        first[:, 0] = [not a.beams[j].tokens for a, j in by_row]
         logits = t.suppress(logits, first=first)
         stamped = [a.timestamps for a, _ in by_row]
         if any(stamped):
-            r = len(by_row)
-            layout = {"tokens": np.asarray([[a.beams[j].tokens[-1] if a.beams[j].tokens else a.prompt[-1]]
-                                            for a, j in by_row], dtype=np.int64),
-                      "parents": np.full((r, 1), -1, dtype=np.int64), "roots": np.zeros(r, dtype=np.int64),
-                      "sizes": np.ones(r, dtype=np.int64)}
+            chains = [[a.beams[j].tokens[-1] if a.beams[j].tokens else a.prompt[-1]] + (drafts[k] if drafts else [])
+                      for k, (a, j) in enumerate(by_row)]
+            tokens = np.full((r, q), self.eot, dtype=np.int64)
+            parents = np.full((r, q), -1, dtype=np.int64)
+            for k, chain in enumerate(chains):
+                tokens[k, : len(chain)] = chain
+                parents[k, 1 : len(chain)] = np.arange(len(chain) - 1)
+            layout = {"tokens": tokens, "parents": parents, "roots": np.zeros(r, dtype=np.int64),
+                      "sizes": np.asarray([len(c) for c in chains], dtype=np.int64)}
             bounds = rule_bounds(layout, [a.beams[j].tokens for a, j in by_row], stamped, self.tt)
-            logits = apply_rules(logits.unsqueeze(1).contiguous(), bounds, self.tt)[:, 0]
+            logits = apply_rules(logits.contiguous(), bounds, self.tt)
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         values, ids = logprobs.topk(min(self.decoder.candidates_per_beam, logprobs.shape[-1]), dim=-1)
         return values.cpu().numpy(), ids.cpu().numpy()
@@ -289,18 +320,15 @@ class BeamSearch:
     def _advance(self, live: list[_Audio], cache, hidden: torch.Tensor, out: list, first: bool = False):
         """Score the rows' next tokens (hidden ``[R, D]``, row ``r`` = cache row ``r``), update every audio, finalize
         the done ones and move the cache rows to the kept beams. Returns the audios still live and the cache."""
-        by_row: list = [None] * cache.batch_size
-        for a in live:
-            for j, row in enumerate(a.rows):
-                by_row[row] = (a, j)
-        values, ids = self._logprobs(hidden, by_row)
+        values, ids = self._logprobs(hidden[:, None], self._by_row(live, cache.batch_size))
+        values, ids = values[:, 0], ids[:, 0]
         plan = []  # (audio, source rows of its new beams)
         for a in live:
             a.stats.target_forward_passes += 1
             rows = a.rows
             sources = self.decoder.update(a, values[rows], ids[rows])
             if self.decoder.done(a):
-                out[a.index] = self.decoder.finalize(a)
+                out[a.index] = self.decoder.finalize(a, self.route)
             else:
                 plan.append((a, [rows[s] for s in sources]))
         if first:  # one row per audio so far: repeat each into its beams' rows (cross-attention included)
