@@ -319,3 +319,24 @@ def test_lookup_drafter():
     assert d.propose(0, [5], 1) == [6]
     with pytest.raises(ValueError):
         LookupDrafter([[1]], max_draft=-1)
+
+
+@pytest.mark.parametrize("groups", [[[0, 3], [1], [2, 4, 5]], [[4, 1], [0, 5], [3, 2]]])
+def test_grouped_cross_attention_equals_per_row(tiny_target, groups):
+    """Beams attending to one shared copy of their audio's cross-attention (queries grouped per audio, groups of
+    any sizes and rows in any order) get the decoder states of rows that each hold a copy."""
+    from rayspec.decoding.beam import SharedCross, _self_rows, grouped_decoder_hidden
+
+    model = tiny_target
+    with torch.inference_mode():
+        enc = _encode(model, AUDIO[:3])
+        audio_of = {r: a for a, g in enumerate(groups) for r in g}
+        per_row = model.new_cache(enc.select(torch.tensor([audio_of[r] for r in range(6)])), 8)
+        shared = _self_rows(per_row, range(6))
+        tokens = torch.randint(0, model.vocab_size, (6, 3))
+        want = model.decode_hidden(per_row, tokens)
+        got = grouped_decoder_hidden(model, shared, tokens, SharedCross.of(model.new_cache(enc, 1)), groups)
+    assert shared.pending == 3
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for a, b in zip(shared.self_k, per_row.self_k):
+        torch.testing.assert_close(a[:, :, :3], b[:, :, :3])

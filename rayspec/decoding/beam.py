@@ -22,10 +22,12 @@ Batching: beams are rows of the decoder batch; an audio's rows run together with
 audio leaves the batch (its rows dropped from the cache) as soon as it is done, so its result is what it would be
 decoded alone (openai/whisper's ``decode`` of one audio). After each step the self-attention KV cache is reordered
 by the kept beams' source rows (:meth:`~rayspec.models.cache.DecoderCache.reorder`: only rows whose source changed
-are copied, and only their committed positions). The first pass runs the prompt once per audio; its cache row is
-then repeated into the audio's beam rows, cross-attention keys/values included: the beams of an audio hold copies of
-its cross-attention keys/values (``rayspec.models.whisper``'s decoder attends row by row, so sharing one copy per
-audio would need a grouped cross-attention there; whisper-base holds 37 MB of them per row in float32).
+are copied, and only their committed positions). The beams of an audio share its cross-attention keys/values: the
+prompt pass runs once per audio over the model's usual cache; the beams' cache then holds self-attention rows alone,
+and the audio's one copy of cross-attention keys/values (:class:`SharedCross`) is attended by all its beams at once,
+their queries grouped into one query block per audio (:func:`grouped_decoder_hidden`: the decoder's layers as
+``WhisperASR.decoder_layers`` runs them, with that grouping in cross-attention). Per step a beam then reads no
+cross-attention memory of its own (whisper-base holds 37 MB of it per audio in float32, 1,500 positions).
 """
 
 from __future__ import annotations
@@ -36,12 +38,121 @@ from typing import Optional, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
-from ..models.whisper import EncoderOutput, WhisperASR
+from ..models.cache import DecoderCache
+from ..models.linear import linear_layer
+from ..models.whisper import KEY_BLOCK, EncoderOutput, WhisperASR
+from ..runner.attention import decode_attention
 from ..spec_decode.timestamps import apply_rules, rule_bounds
 from .common import DecodeStats, Hypothesis
 
 ROUTE = "beam"
+
+
+@dataclass
+class SharedCross:
+    """Cross-attention keys/values, one copy per audio, for the beams of the audios (rows in audio order).
+
+    Attributes:
+        k, v: one tensor per decoder layer, ``[N, H, S, Dh]`` (the model's dtype); mask: bool ``[N, 1, 1, S]`` or
+            None; lengths: int64 numpy ``[N]``, real encoder positions per audio.
+    """
+
+    k: list
+    v: list
+    mask: Optional[torch.Tensor]
+    lengths: np.ndarray
+
+    @staticmethod
+    def of(cache: DecoderCache) -> "SharedCross":
+        """The cross-attention of ``cache``'s rows (one row per audio), not copied."""
+        return SharedCross(cache.cross_k, cache.cross_v, cache.cross_mask, cache.cross_lengths)
+
+    def select(self, rows: Sequence[int]) -> "SharedCross":
+        """The audios ``rows`` (indices, in that order); no copy when that is all of them in order."""
+        if list(rows) == list(range(len(self.lengths))):
+            return self
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.k[0].device if self.k else None)
+        pick = lambda ts: [t.index_select(0, index) for t in ts]  # noqa: E731
+        return SharedCross(pick(self.k), pick(self.v), None if self.mask is None else self.mask.index_select(0, index),
+                           self.lengths[list(rows)])
+
+    def cut(self) -> tuple[list, list, Optional[torch.Tensor]]:
+        """Keys, values and mask cut (views) to the longest audio's real positions (as ``DecoderCache.cross``)."""
+        s = int(self.lengths.max()) if len(self.lengths) else 0
+        if not 0 < s < (self.k[0].shape[2] if self.k else 0):
+            return self.k, self.v, self.mask
+        return [k[:, :, :s] for k in self.k], [v[:, :, :s] for v in self.v], (
+            None if self.mask is None else self.mask[..., :s])
+
+
+def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torch.Tensor, cross: SharedCross,
+                           groups: list[list[int]]) -> torch.Tensor:
+    """The target's decoder over ``Q`` new tokens per row of a self-attention-only cache, each group of rows
+    attending to one shared copy of its audio's cross-attention keys/values (their queries stacked into one block of
+    ``len(group) * Q`` queries; attention is per query, so this is the same arithmetic up to the order of a kernel's
+    sums). The operations and their order are otherwise ``WhisperASR.decoder_layers``'s (inference: no dropout).
+
+    Args:
+        cache: ``R`` rows of self-attention keys/values, no cross-attention; its new keys/values become pending.
+        tokens: int64 ``[R, Q]``, a causal chain per row (new token ``i`` at position ``lengths[r] + i``).
+        cross: ``N`` audios' cross-attention; groups: ``N`` lists of cache rows, group ``a`` attends to audio ``a``.
+
+    Returns:
+        Float ``[R, Q, D]``: the last layer's states after the final layer norm.
+
+    Raises:
+        ValueError: the cache has pending positions, or positions beyond its capacity.
+    """
+    t = target
+    b, q = tokens.shape
+    positions, slots, top, visible = cache.attention_layout(q, None, None, t.max_target_positions,
+                                                            KEY_BLOCK if t.batch_invariant else 1)
+    cross_k, cross_v, cross_mask = cross.cut()
+    if t.batch_invariant and cross_mask is None and cross_k:  # one attention path, as decode_hidden
+        cross_mask = cross_k[0].new_ones((len(groups), 1, 1, cross_k[0].shape[2]), dtype=torch.bool)
+    dev = tokens.device
+    order = [r for g in groups for r in g]
+    even = len({len(g) for g in groups}) == 1
+    perm = torch.tensor(order, dtype=torch.long, device=dev)
+    back = torch.empty_like(perm)
+    back[perm] = torch.arange(b, device=dev)
+    dec = t._half("decoder")
+    norm = lambda m, x: F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps)  # noqa: E731
+    write = slots[:, None, :, None].expand(b, t.num_heads, q, t.head_dim)
+    with decode_attention(dev):
+        x = dec.embed_tokens(tokens) * dec.embed_scale + dec.embed_positions.weight[positions]
+        for i, layer in enumerate(dec.layers):
+            attn = layer.self_attn
+            h = norm(layer.self_attn_layer_norm, x)
+            qh = t._heads(linear_layer(attn.q_proj, h) * attn.scaling)
+            cache.self_k[i].scatter_(2, write, t._heads(linear_layer(attn.k_proj, h)))
+            cache.self_v[i].scatter_(2, write, t._heads(linear_layer(attn.v_proj, h)))
+            x = x + t._attend(attn, qh, cache.self_k[i][:, :, :top], cache.self_v[i][:, :, :top], visible)
+
+            xattn = layer.encoder_attn
+            h = norm(layer.encoder_attn_layer_norm, x).index_select(0, perm)  # rows in group order
+            if even:  # [N, G * Q, D]: each audio's beams as one block of queries
+                n, d = len(groups), h.shape[-1]
+                hq = t._heads(linear_layer(xattn.q_proj, h.reshape(n, -1, d)) * xattn.scaling)
+                out = t._attend(xattn, hq, cross_k[i], cross_v[i], cross_mask).reshape(b, q, d)
+            else:
+                outs, start = [], 0
+                for a, g in enumerate(groups):
+                    hg = h[start : start + len(g)].reshape(1, -1, h.shape[-1])
+                    hq = t._heads(linear_layer(xattn.q_proj, hg) * xattn.scaling)
+                    m = None if cross_mask is None else cross_mask[a : a + 1]
+                    outs.append(t._attend(xattn, hq, cross_k[i][a : a + 1], cross_v[i][a : a + 1], m))
+                    start += len(g)
+                out = torch.cat(outs, 1).reshape(b, q, -1)
+            x = x + out.index_select(0, back)
+
+            h = layer.activation_fn(linear_layer(layer.fc1, norm(layer.final_layer_norm, x)))
+            x = x + linear_layer(layer.fc2, h)
+        hidden = norm(dec.layer_norm, x)
+    cache.pending = q
+    return hidden
 
 
 @dataclass(frozen=True)
@@ -213,6 +324,7 @@ class BeamSearch:
         self.eot = target.eos_token_id
         self.tt = target.timestamp_tokens
         self.decoder = BeamSearchDecoder(options, self.eot)
+        self.cross: Optional[SharedCross] = None  # the live audios' cross-attention, in their order
 
     @torch.inference_mode()
     def decode(self, enc: EncoderOutput, caps: Sequence[int], prompts: Optional[Sequence[Sequence[int]]] = None
@@ -264,13 +376,18 @@ class BeamSearch:
         live, cache = self._advance(live, cache, last, out, first=True)
         return out, live, cache
 
+    def _decode(self, live: list[_Audio], cache, tokens: np.ndarray) -> torch.Tensor:
+        """The decoder over ``tokens`` (int64 ``[R, Q]``, a chain per beam row): hidden ``[R, Q, D]``."""
+        return grouped_decoder_hidden(self.target, cache, torch.from_numpy(tokens).to(cache.device), self.cross,
+                                      [a.rows for a in live])
+
     def _step(self, live: list[_Audio], cache, out: list) -> tuple[list[_Audio], object]:
         """One decoder pass over every live beam's newest token and one search step."""
         last_tokens = np.empty(cache.batch_size, dtype=np.int64)
         for a in live:
             for j, row in enumerate(a.rows):
                 last_tokens[row] = a.beams[j].tokens[-1]
-        hidden = self.target.decode_hidden(cache, torch.from_numpy(last_tokens[:, None]).to(cache.device))
+        hidden = self._decode(live, cache, last_tokens[:, None])
         cache.commit(np.zeros((cache.batch_size, 1), dtype=np.int64), np.ones(cache.batch_size, dtype=np.int64))
         return self._advance(live, cache, hidden[:, 0], out)
 
@@ -331,28 +448,44 @@ class BeamSearch:
                 out[a.index] = self.decoder.finalize(a, self.route)
             else:
                 plan.append((a, [rows[s] for s in sources]))
-        if first:  # one row per audio so far: repeat each into its beams' rows (cross-attention included)
+        if first:  # one row per audio so far: its beams' rows copy its self-attention; cross-attention is shared
             src = [r for _, srcs in plan for r in srcs]
             start = 0
             for a, srcs in plan:
                 a.rows = list(range(start, start + len(srcs)))
                 start += len(srcs)
-            return [a for a, _ in plan], (cache.select(src) if src else cache)
+            self.cross = SharedCross.of(cache).select([live.index(a) for a, _ in plan])
+            return [a for a, _ in plan], (_self_rows(cache, src) if src else cache)
         gather = np.arange(cache.batch_size)
-        keep = set()
         for a, srcs in plan:
             slots = a.rows[: len(srcs)]
             gather[slots] = srcs
             a.rows = slots
-            keep.update(slots)
         cache.reorder(gather)
+        return self._compact(live, plan, cache)
+
+    def _compact(self, live: list[_Audio], plan: list, cache):
+        """Drop the cache rows no kept beam holds and the shared cross-attention of finished audios; returns the
+        audios still live (``plan``'s) and the cache."""
+        keep = {r for a, _ in plan for r in a.rows}
         gone = [r for r in range(cache.batch_size) if r not in keep]
         if gone:
             order = cache.drop(gone)
             moved = {old: new for new, old in enumerate(order)}
             for a, _ in plan:
                 a.rows = [moved[r] for r in a.rows]
+        if len(plan) < len(live):
+            self.cross = self.cross.select([live.index(a) for a, _ in plan])
         return [a for a, _ in plan], cache
+
+
+def _self_rows(cache: DecoderCache, rows: Sequence[int]) -> DecoderCache:
+    """A cache of ``cache``'s self-attention rows ``rows`` (copies; repeats allowed) without cross-attention."""
+    index = torch.tensor(list(rows), dtype=torch.long, device=cache.device)
+    pick = lambda ts: [t.index_select(0, index) for t in ts]  # noqa: E731
+    rows = np.asarray(rows, dtype=np.int64)
+    return DecoderCache(pick(cache.self_k), pick(cache.self_v), [], [], None, np.zeros(len(rows), dtype=np.int64),
+                        cache.host_lengths[rows], cache.lengths.index_select(0, index), cache.pending)
 
 
 def beam_decode(target: WhisperASR, enc: EncoderOutput, caps: Sequence[int], options: BeamOptions = BeamOptions(),

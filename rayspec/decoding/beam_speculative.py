@@ -30,7 +30,6 @@ from __future__ import annotations
 from typing import Optional, Sequence
 
 import numpy as np
-import torch
 
 from ..models.whisper import EncoderOutput, WhisperASR
 from .beam import BeamOptions, BeamSearch
@@ -94,7 +93,6 @@ class SpeculativeBeamSearch(BeamSearch):
         self.max_draft = max_draft
 
     def _step(self, live, cache, out):
-        t = self.target
         rows = cache.batch_size
         by_row = self._by_row(live, rows)
         drafts = []
@@ -108,7 +106,7 @@ class SpeculativeBeamSearch(BeamSearch):
         chains = np.full((rows, width), self.eot, dtype=np.int64)  # padding: never attended to, never committed
         for k, ((a, j), d) in enumerate(zip(by_row, drafts)):
             chains[k, : 1 + len(d)] = [a.beams[j].tokens[-1], *d]
-        hidden = t.decode_hidden(cache, torch.from_numpy(chains).to(cache.device))  # [R, 1 + m, D]
+        hidden = self._decode(live, cache, chains)  # [R, 1 + m, D]
         values, ids = self._logprobs(hidden, by_row, drafts)  # [R, 1 + m, C]
         base = cache.host_lengths.copy()
         cache.commit(np.tile(np.arange(width), (rows, 1)), np.asarray([1 + len(d) for d in drafts]))
@@ -139,23 +137,16 @@ class SpeculativeBeamSearch(BeamSearch):
                 at = nxt
             s.draft_tokens_accepted += steps - 1
 
-        gather, lengths, keep = np.arange(rows), cache.host_lengths.copy(), set()
+        gather, lengths = np.arange(rows), cache.host_lengths.copy()
         for a, sources in plan:
             slots = a.rows[: len(sources)]
             for slot, (r, d) in zip(slots, sources):
                 gather[slot] = r
                 lengths[slot] = base[r] + d + 1  # the row's newest token and d drafted tokens
             a.rows = slots
-            keep.update(slots)
         cache.reorder(gather)
         cache.crop(lengths)
-        gone = [r for r in range(rows) if r not in keep]
-        if gone:
-            order = cache.drop(gone)
-            moved = {old: new for new, old in enumerate(order)}
-            for a, _ in plan:
-                a.rows = [moved[r] for r in a.rows]
-        return [a for a, _ in plan], cache
+        return self._compact(live, plan, cache)
 
 
 def speculative_beam_decode(target: WhisperASR, enc: EncoderOutput, caps: Sequence[int], drafter,
