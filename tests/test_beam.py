@@ -257,3 +257,86 @@ def test_tiny_en_beam_equals_openai_whisper():
         [r.avg_logprob * (len(r.tokens) + 1) for r in theirs], abs=2e-3)
     assert [h.stats.no_speech_prob for h in beam] == pytest.approx([r.no_speech_prob for r in theirs], abs=1e-4)
     assert all(h.finished for h in beam)
+
+
+# ------------------------------------------------------------------ exact speculation under beam search
+
+def _drafters(plain, vocab, seed=0):
+    """Reference sequences for LookupDrafter: the plain search's own tokens (an oracle), the same with every third
+    token replaced, random tokens, nothing."""
+    rng = np.random.default_rng(seed)
+    oracle = [list(h.tokens) for h in plain]
+    noisy = [[int(rng.integers(vocab)) if k % 3 == 2 else x for k, x in enumerate(toks)] for toks in oracle]
+    rand = [rng.integers(vocab, size=len(toks) + 3).tolist() for toks in oracle]
+    return {"oracle": oracle, "noisy": noisy, "random": rand, "empty": [[] for _ in oracle]}
+
+
+@pytest.mark.parametrize("fixture,timestamps", [("tiny_target", False), ("tiny_fixed", False), ("ts_target", True)])
+@pytest.mark.parametrize("batch", [1, 4])
+def test_speculative_beam_equals_beam(request, monkeypatch, fixture, timestamps, batch):
+    from rayspec.decoding.beam_speculative import LookupDrafter, speculative_beam_decode
+
+    model = request.getfixturevalue(fixture)
+    bias = model._suppress.clone()
+    bias[model.eos_token_id] = 4.0  # rows end within their caps (see test_beam_equals_reference)
+    monkeypatch.setattr(model, "_suppress", bias)
+    audios, caps = AUDIO[:batch], [18, 9, 14, 18][:batch]
+    prompts = [model.prompt_for(timestamps=timestamps)] * batch
+    gained = 0
+    for options in (BeamOptions(5), BeamOptions(3, 1.5, 0.6)):
+        with torch.inference_mode():
+            enc = _encode(model, audios, prompts)
+            plain = beam_decode(model, enc, caps, options)
+            for name, refs in _drafters(plain, model.vocab_size).items():
+                for max_draft in (2, 6):
+                    spec = speculative_beam_decode(model, enc, caps, LookupDrafter(refs), options,
+                                                   max_draft=max_draft)
+                    assert [h.tokens for h in spec] == [h.tokens for h in plain], (name, max_draft)
+                    assert [h.finished for h in spec] == [h.finished for h in plain]
+                    assert [h.stats.sum_logprob for h in spec] == pytest.approx(
+                        [h.stats.sum_logprob for h in plain], abs=1e-4)
+                    assert all(h.route == "beam-spec" for h in spec)
+                    passes = sum(h.stats.target_forward_passes for h in spec)
+                    steps = sum(h.stats.target_forward_passes for h in plain)
+                    assert passes <= steps
+                    assert steps - passes == sum(h.stats.draft_tokens_accepted for h in spec)
+                    if name == "empty":
+                        assert passes == steps
+                    if name == "oracle":
+                        gained += steps - passes
+    if not timestamps:  # (the random timestamp model's beams scatter: its rounds take one step each)
+        assert gained > 0, "the oracle's drafts should take several steps in some pass"
+
+
+def test_lookup_drafter():
+    from rayspec.decoding.beam_speculative import LookupDrafter
+
+    d = LookupDrafter([[5, 6, 7, 5, 6, 8, 9]], max_draft=3)
+    assert d.propose(0, [], 10) == [5, 6, 7]
+    assert d.propose(0, [1, 5, 6], 10) == [7, 5, 6]  # the occurrence ending nearest the beam's length (3)
+    assert d.propose(0, [1, 1, 1, 1, 7, 5, 6], 10) == [8, 9]  # the longest tail that matches: 7 5 6 -> 8 9
+    assert d.propose(0, [4], 10) == []
+    assert d.propose(0, [5], 1) == [6]
+    with pytest.raises(ValueError):
+        LookupDrafter([[1]], max_draft=-1)
+
+
+@pytest.mark.parametrize("groups", [[[0, 3], [1], [2, 4, 5]], [[4, 1], [0, 5], [3, 2]]])
+def test_grouped_cross_attention_equals_per_row(tiny_target, groups):
+    """Beams attending to one shared copy of their audio's cross-attention (queries grouped per audio, groups of
+    any sizes and rows in any order) get the decoder states of rows that each hold a copy."""
+    from rayspec.decoding.beam import SharedCross, _self_rows, grouped_decoder_hidden
+
+    model = tiny_target
+    with torch.inference_mode():
+        enc = _encode(model, AUDIO[:3])
+        audio_of = {r: a for a, g in enumerate(groups) for r in g}
+        per_row = model.new_cache(enc.select(torch.tensor([audio_of[r] for r in range(6)])), 8)
+        shared = _self_rows(per_row, range(6))
+        tokens = torch.randint(0, model.vocab_size, (6, 3))
+        want = model.decode_hidden(per_row, tokens)
+        got = grouped_decoder_hidden(model, shared, tokens, SharedCross.of(model.new_cache(enc, 1)), groups)
+    assert shared.pending == 3
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for a, b in zip(shared.self_k, per_row.self_k):
+        torch.testing.assert_close(a[:, :, :3], b[:, :, :3])

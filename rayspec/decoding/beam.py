@@ -22,10 +22,12 @@ Batching: beams are rows of the decoder batch; an audio's rows run together with
 audio leaves the batch (its rows dropped from the cache) as soon as it is done, so its result is what it would be
 decoded alone (openai/whisper's ``decode`` of one audio). After each step the self-attention KV cache is reordered
 by the kept beams' source rows (:meth:`~rayspec.models.cache.DecoderCache.reorder`: only rows whose source changed
-are copied, and only their committed positions). The first pass runs the prompt once per audio; its cache row is
-then repeated into the audio's beam rows, cross-attention keys/values included: the beams of an audio hold copies of
-its cross-attention keys/values (``rayspec.models.whisper``'s decoder attends row by row, so sharing one copy per
-audio would need a grouped cross-attention there; whisper-base holds 37 MB of them per row in float32).
+are copied, and only their committed positions). The beams of an audio share its cross-attention keys/values: the
+prompt pass runs once per audio over the model's usual cache; the beams' cache then holds self-attention rows alone,
+and the audio's one copy of cross-attention keys/values (:class:`SharedCross`) is attended by all its beams at once,
+their queries grouped into one query block per audio (:func:`grouped_decoder_hidden`: the decoder's layers as
+``WhisperASR.decoder_layers`` runs them, with that grouping in cross-attention). Per step a beam then reads no
+cross-attention memory of its own (whisper-base holds 37 MB of it per audio in float32, 1,500 positions).
 """
 
 from __future__ import annotations
@@ -36,14 +38,122 @@ from typing import Optional, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
+from ..models.cache import DecoderCache
 from ..models.encoded import EncoderOutput
-
-from ..models.whisper import WhisperASR
+from ..models.linear import linear_layer
+from ..models.whisper import KEY_BLOCK, WhisperASR
+from ..runner.attention import decode_attention
 from ..spec_decode.timestamps import apply_rules, rule_bounds
 from .common import DecodeStats, Hypothesis
 
 ROUTE = "beam"
+
+
+@dataclass
+class SharedCross:
+    """Cross-attention keys/values, one copy per audio, for the beams of the audios (rows in audio order).
+
+    Attributes:
+        k, v: one tensor per decoder layer, ``[N, H, S, Dh]`` (the model's dtype); mask: bool ``[N, 1, 1, S]`` or
+            None; lengths: int64 numpy ``[N]``, real encoder positions per audio.
+    """
+
+    k: list
+    v: list
+    mask: Optional[torch.Tensor]
+    lengths: np.ndarray
+
+    @staticmethod
+    def of(cache: DecoderCache) -> "SharedCross":
+        """The cross-attention of ``cache``'s rows (one row per audio), not copied."""
+        return SharedCross(cache.cross_k, cache.cross_v, cache.cross_mask, cache.cross_lengths)
+
+    def select(self, rows: Sequence[int]) -> "SharedCross":
+        """The audios ``rows`` (indices, in that order); no copy when that is all of them in order."""
+        if list(rows) == list(range(len(self.lengths))):
+            return self
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.k[0].device if self.k else None)
+        pick = lambda ts: [t.index_select(0, index) for t in ts]  # noqa: E731
+        return SharedCross(pick(self.k), pick(self.v), None if self.mask is None else self.mask.index_select(0, index),
+                           self.lengths[list(rows)])
+
+    def cut(self) -> tuple[list, list, Optional[torch.Tensor]]:
+        """Keys, values and mask cut (views) to the longest audio's real positions (as ``DecoderCache.cross``)."""
+        s = int(self.lengths.max()) if len(self.lengths) else 0
+        if not 0 < s < (self.k[0].shape[2] if self.k else 0):
+            return self.k, self.v, self.mask
+        return [k[:, :, :s] for k in self.k], [v[:, :, :s] for v in self.v], (
+            None if self.mask is None else self.mask[..., :s])
+
+
+def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torch.Tensor, cross: SharedCross,
+                           groups: list[list[int]]) -> torch.Tensor:
+    """The target's decoder over ``Q`` new tokens per row of a self-attention-only cache, each group of rows
+    attending to one shared copy of its audio's cross-attention keys/values (their queries stacked into one block of
+    ``len(group) * Q`` queries; attention is per query, so this is the same arithmetic up to the order of a kernel's
+    sums). The operations and their order are otherwise ``WhisperASR.decoder_layers``'s (inference: no dropout).
+
+    Args:
+        cache: ``R`` rows of self-attention keys/values, no cross-attention; its new keys/values become pending.
+        tokens: int64 ``[R, Q]``, a causal chain per row (new token ``i`` at position ``lengths[r] + i``).
+        cross: ``N`` audios' cross-attention; groups: ``N`` lists of cache rows, group ``a`` attends to audio ``a``.
+
+    Returns:
+        Float ``[R, Q, D]``: the last layer's states after the final layer norm.
+
+    Raises:
+        ValueError: the cache has pending positions, or positions beyond its capacity.
+    """
+    t = target
+    b, q = tokens.shape
+    positions, slots, top, visible = cache.attention_layout(q, None, None, t.max_target_positions,
+                                                            KEY_BLOCK if t.batch_invariant else 1)
+    cross_k, cross_v, cross_mask = cross.cut()
+    if t.batch_invariant and cross_mask is None and cross_k:  # one attention path, as decode_hidden
+        cross_mask = cross_k[0].new_ones((len(groups), 1, 1, cross_k[0].shape[2]), dtype=torch.bool)
+    dev = tokens.device
+    order = [r for g in groups for r in g]
+    even = len({len(g) for g in groups}) == 1
+    perm = torch.tensor(order, dtype=torch.long, device=dev)
+    back = torch.empty_like(perm)
+    back[perm] = torch.arange(b, device=dev)
+    dec = t._half("decoder")
+    norm = lambda m, x: F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps)  # noqa: E731
+    write = slots[:, None, :, None].expand(b, t.num_heads, q, t.head_dim)
+    with decode_attention(dev):
+        x = dec.embed_tokens(tokens) * dec.embed_scale + dec.embed_positions.weight[positions]
+        for i, layer in enumerate(dec.layers):
+            attn = layer.self_attn
+            h = norm(layer.self_attn_layer_norm, x)
+            qh = t._heads(linear_layer(attn.q_proj, h) * attn.scaling)
+            cache.self_k[i].scatter_(2, write, t._heads(linear_layer(attn.k_proj, h)))
+            cache.self_v[i].scatter_(2, write, t._heads(linear_layer(attn.v_proj, h)))
+            x = x + t._attend(attn, qh, cache.self_k[i][:, :, :top], cache.self_v[i][:, :, :top], visible)
+
+            xattn = layer.encoder_attn
+            h = norm(layer.encoder_attn_layer_norm, x).index_select(0, perm)  # rows in group order
+            if even:  # [N, G * Q, D]: each audio's beams as one block of queries
+                n, d = len(groups), h.shape[-1]
+                hq = t._heads(linear_layer(xattn.q_proj, h.reshape(n, -1, d)) * xattn.scaling)
+                out = t._attend(xattn, hq, cross_k[i], cross_v[i], cross_mask).reshape(b, q, d)
+            else:
+                outs, start = [], 0
+                for a, g in enumerate(groups):
+                    hg = h[start : start + len(g)].reshape(1, -1, h.shape[-1])
+                    hq = t._heads(linear_layer(xattn.q_proj, hg) * xattn.scaling)
+                    m = None if cross_mask is None else cross_mask[a : a + 1]
+                    outs.append(t._attend(xattn, hq, cross_k[i][a : a + 1], cross_v[i][a : a + 1], m))
+                    start += len(g)
+                out = torch.cat(outs, 1).reshape(b, q, -1)
+            x = x + out.index_select(0, back)
+
+            h = layer.activation_fn(linear_layer(layer.fc1, norm(layer.final_layer_norm, x)))
+            x = x + linear_layer(layer.fc2, h)
+        hidden = norm(dec.layer_norm, x)
+    cache.pending = q
+    return hidden
 
 
 @dataclass(frozen=True)
@@ -182,7 +292,7 @@ class BeamSearchDecoder:
         return (len(audio.finished) >= self.options.max_candidates or not audio.beams
                 or len(audio.beams[0].tokens) >= audio.cap)
 
-    def finalize(self, audio: _Audio) -> Hypothesis:
+    def finalize(self, audio: _Audio, route: str = ROUTE) -> Hypothesis:
         """The audio's result: the best finished candidate, with unfinished beams added (best first) while fewer than
         ``beam_size`` finished. ``finished`` is False where an unfinished beam won (it hit the cap)."""
         pool = [(list(seq), lp, True) for seq, lp in audio.finished.items()]
@@ -193,11 +303,11 @@ class BeamSearchDecoder:
                 if len(pool) >= self.options.beam_size:
                     break
         if not pool:  # only a cap of 0 gets here
-            return Hypothesis([], False, ROUTE, audio.stats)
+            return Hypothesis([], False, route, audio.stats)
         tokens, lp, finished = pool[self.ranker.rank([(t, s) for t, s, _ in pool])]
         audio.stats.sum_logprob = lp
         audio.stats.scored_tokens = len(tokens) + 1  # openai/whisper's avg_logprob: over length + 1
-        return Hypothesis(tokens, finished, ROUTE, audio.stats)
+        return Hypothesis(tokens, finished, route, audio.stats)
 
 
 class BeamSearch:
@@ -207,17 +317,29 @@ class BeamSearch:
         target: the target model; options: the beam settings.
     """
 
+    route = ROUTE
+    max_draft = 0  # most draft tokens a row verifies per pass (cache room past the caps)
+
     def __init__(self, target: WhisperASR, options: BeamOptions = BeamOptions()) -> None:
         self.target = target
         self.options = options
         self.eot = target.eos_token_id
         self.tt = target.timestamp_tokens
         self.decoder = BeamSearchDecoder(options, self.eot)
+        self.cross: Optional[SharedCross] = None  # the live audios' cross-attention, in their order
 
     @torch.inference_mode()
     def decode(self, enc: EncoderOutput, caps: Sequence[int], prompts: Optional[Sequence[Sequence[int]]] = None
                ) -> list[Hypothesis]:
         """Beam-search ``B`` audios; see :func:`beam_decode`."""
+        out, live, cache = self._start(enc, caps, prompts)
+        while live:
+            live, cache = self._step(live, cache, out)
+        return out
+
+    def _start(self, enc: EncoderOutput, caps: Sequence[int], prompts: Optional[Sequence[Sequence[int]]]):
+        """Check the arguments, run the prompt pass and the first step. Returns ``(out, live, cache)``: the
+        hypotheses so far (None where not done), the live audios, the cache of their beams' rows."""
         t = self.target
         n = enc.states.shape[0]
         prompts = enc.row_prompts(t.prompt_ids) if prompts is None else [list(p) for p in prompts]
@@ -231,16 +353,16 @@ class BeamSearch:
         live = [a for a in audios if a.cap > 0]
         for a in audios:
             if a.cap <= 0:
-                out[a.index] = Hypothesis([], False, ROUTE, a.stats)
+                out[a.index] = Hypothesis([], False, self.route, a.stats)
         if not live:
-            return out
+            return out, [], None
         if len(live) < n:
             enc = enc.select(torch.tensor([a.index for a in live], device=enc.states.device))
         lens = np.asarray([len(a.prompt) for a in live], dtype=np.int64)
         width = int(lens.max())
-        cache = t.new_cache(enc, width + max(a.cap for a in live) + 1)
+        cache = t.new_cache(enc, width + max(a.cap for a in live) + 1 + self.max_draft)
 
-        # first pass: each audio's prompt once (right-padded: padding is never attended to, and not committed)
+        # the prompt pass: each audio's prompt once (right-padded: padding is never attended to, and not committed)
         tokens = torch.tensor([a.prompt + [self.eot] * (width - len(a.prompt)) for a in live], device=cache.device)
         hidden = t.decode_hidden(cache, tokens)  # [N, P, D]
         cache.commit(np.tile(np.arange(width), (len(live), 1)), lens)
@@ -254,37 +376,62 @@ class BeamSearch:
         for r, a in enumerate(live):
             a.beams, a.rows = [_Beam([], np.float32(0.0))], [r]
         live, cache = self._advance(live, cache, last, out, first=True)
+        return out, live, cache
 
-        while live:
-            rows = [(a, j) for a in live for j in range(len(a.beams))]
-            index = np.empty(cache.batch_size, dtype=np.int64)
-            last_tokens = np.empty(cache.batch_size, dtype=np.int64)
-            for a, j in rows:
-                row = a.rows[j]
-                index[row] = row
+    def _decode(self, live: list[_Audio], cache, tokens: np.ndarray) -> torch.Tensor:
+        """The decoder over ``tokens`` (int64 ``[R, Q]``, a chain per beam row): hidden ``[R, Q, D]``."""
+        return grouped_decoder_hidden(self.target, cache, torch.from_numpy(tokens).to(cache.device), self.cross,
+                                      [a.rows for a in live])
+
+    def _step(self, live: list[_Audio], cache, out: list) -> tuple[list[_Audio], object]:
+        """One decoder pass over every live beam's newest token and one search step."""
+        last_tokens = np.empty(cache.batch_size, dtype=np.int64)
+        for a in live:
+            for j, row in enumerate(a.rows):
                 last_tokens[row] = a.beams[j].tokens[-1]
-            hidden = t.decode_hidden(cache, torch.from_numpy(last_tokens[:, None]).to(cache.device))  # [R, 1, D]
-            cache.commit(np.zeros((cache.batch_size, 1), dtype=np.int64), np.ones(cache.batch_size, dtype=np.int64))
-            live, cache = self._advance(live, cache, hidden[:, 0], out)
-        return out
+        hidden = self._decode(live, cache, last_tokens[:, None])
+        cache.commit(np.zeros((cache.batch_size, 1), dtype=np.int64), np.ones(cache.batch_size, dtype=np.int64))
+        return self._advance(live, cache, hidden[:, 0], out)
 
-    def _logprobs(self, hidden: torch.Tensor, by_row: list[tuple[_Audio, int]]
-                  ) -> tuple[np.ndarray, np.ndarray]:
-        """Each row's ``beam_size + 1`` best float32 log-probabilities and their tokens, on the host (one read):
-        hidden ``[R, D]``; ``by_row[r]`` = (audio, beam) of cache row ``r``."""
+    def _by_row(self, live: list[_Audio], rows: int) -> list[tuple[_Audio, int]]:
+        """``(audio, beam index)`` of each cache row."""
+        by_row: list = [None] * rows
+        for a in live:
+            for j, row in enumerate(a.rows):
+                by_row[row] = (a, j)
+        return by_row
+
+    def _logprobs(self, hidden: torch.Tensor, by_row: list[tuple[_Audio, int]],
+                  drafts: Optional[list[list[int]]] = None) -> tuple[np.ndarray, np.ndarray]:
+        """The ``beam_size + 1`` best float32 log-probabilities of the token after each node, and those tokens, on
+        the host (one read).
+
+        Args:
+            hidden: ``[R, Q, D]``: node 0 of row ``r`` is the newest token of beam ``by_row[r]``, node ``q`` that beam
+                extended by ``drafts[r][:q]`` (without drafts ``Q`` = 1).
+
+        Returns:
+            float32 ``[R, Q, C]`` and int64 ``[R, Q, C]`` (``C = beam_size + 1``, or the vocabulary if smaller).
+        """
         t = self.target
-        logits = t.project(hidden)  # [R, V]
-        first = np.asarray([not a.beams[j].tokens for a, j in by_row])
+        r, q = hidden.shape[:2]
+        logits = t.project(hidden)  # [R, Q, V]
+        first = np.zeros((r, q), dtype=bool)
+        first[:, 0] = [not a.beams[j].tokens for a, j in by_row]
         logits = t.suppress(logits, first=first)
         stamped = [a.timestamps for a, _ in by_row]
         if any(stamped):
-            r = len(by_row)
-            layout = {"tokens": np.asarray([[a.beams[j].tokens[-1] if a.beams[j].tokens else a.prompt[-1]]
-                                            for a, j in by_row], dtype=np.int64),
-                      "parents": np.full((r, 1), -1, dtype=np.int64), "roots": np.zeros(r, dtype=np.int64),
-                      "sizes": np.ones(r, dtype=np.int64)}
+            chains = [[a.beams[j].tokens[-1] if a.beams[j].tokens else a.prompt[-1]] + (drafts[k] if drafts else [])
+                      for k, (a, j) in enumerate(by_row)]
+            tokens = np.full((r, q), self.eot, dtype=np.int64)
+            parents = np.full((r, q), -1, dtype=np.int64)
+            for k, chain in enumerate(chains):
+                tokens[k, : len(chain)] = chain
+                parents[k, 1 : len(chain)] = np.arange(len(chain) - 1)
+            layout = {"tokens": tokens, "parents": parents, "roots": np.zeros(r, dtype=np.int64),
+                      "sizes": np.asarray([len(c) for c in chains], dtype=np.int64)}
             bounds = rule_bounds(layout, [a.beams[j].tokens for a, j in by_row], stamped, self.tt)
-            logits = apply_rules(logits.unsqueeze(1).contiguous(), bounds, self.tt)[:, 0]
+            logits = apply_rules(logits.contiguous(), bounds, self.tt)
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         values, ids = logprobs.topk(min(self.decoder.candidates_per_beam, logprobs.shape[-1]), dim=-1)
         return values.cpu().numpy(), ids.cpu().numpy()
@@ -292,42 +439,55 @@ class BeamSearch:
     def _advance(self, live: list[_Audio], cache, hidden: torch.Tensor, out: list, first: bool = False):
         """Score the rows' next tokens (hidden ``[R, D]``, row ``r`` = cache row ``r``), update every audio, finalize
         the done ones and move the cache rows to the kept beams. Returns the audios still live and the cache."""
-        by_row: list = [None] * cache.batch_size
-        for a in live:
-            for j, row in enumerate(a.rows):
-                by_row[row] = (a, j)
-        values, ids = self._logprobs(hidden, by_row)
+        values, ids = self._logprobs(hidden[:, None], self._by_row(live, cache.batch_size))
+        values, ids = values[:, 0], ids[:, 0]
         plan = []  # (audio, source rows of its new beams)
         for a in live:
             a.stats.target_forward_passes += 1
             rows = a.rows
             sources = self.decoder.update(a, values[rows], ids[rows])
             if self.decoder.done(a):
-                out[a.index] = self.decoder.finalize(a)
+                out[a.index] = self.decoder.finalize(a, self.route)
             else:
                 plan.append((a, [rows[s] for s in sources]))
-        if first:  # one row per audio so far: repeat each into its beams' rows (cross-attention included)
+        if first:  # one row per audio so far: its beams' rows copy its self-attention; cross-attention is shared
             src = [r for _, srcs in plan for r in srcs]
             start = 0
             for a, srcs in plan:
                 a.rows = list(range(start, start + len(srcs)))
                 start += len(srcs)
-            return [a for a, _ in plan], (cache.select(src) if src else cache)
+            self.cross = SharedCross.of(cache).select([live.index(a) for a, _ in plan])
+            return [a for a, _ in plan], (_self_rows(cache, src) if src else cache)
         gather = np.arange(cache.batch_size)
-        keep = set()
         for a, srcs in plan:
             slots = a.rows[: len(srcs)]
             gather[slots] = srcs
             a.rows = slots
-            keep.update(slots)
         cache.reorder(gather)
+        return self._compact(live, plan, cache)
+
+    def _compact(self, live: list[_Audio], plan: list, cache):
+        """Drop the cache rows no kept beam holds and the shared cross-attention of finished audios; returns the
+        audios still live (``plan``'s) and the cache."""
+        keep = {r for a, _ in plan for r in a.rows}
         gone = [r for r in range(cache.batch_size) if r not in keep]
         if gone:
             order = cache.drop(gone)
             moved = {old: new for new, old in enumerate(order)}
             for a, _ in plan:
                 a.rows = [moved[r] for r in a.rows]
+        if len(plan) < len(live):
+            self.cross = self.cross.select([live.index(a) for a, _ in plan])
         return [a for a, _ in plan], cache
+
+
+def _self_rows(cache: DecoderCache, rows: Sequence[int]) -> DecoderCache:
+    """A cache of ``cache``'s self-attention rows ``rows`` (copies; repeats allowed) without cross-attention."""
+    index = torch.tensor(list(rows), dtype=torch.long, device=cache.device)
+    pick = lambda ts: [t.index_select(0, index) for t in ts]  # noqa: E731
+    rows = np.asarray(rows, dtype=np.int64)
+    return DecoderCache(pick(cache.self_k), pick(cache.self_v), [], [], None, np.zeros(len(rows), dtype=np.int64),
+                        cache.host_lengths[rows], cache.lengths.index_select(0, index), cache.pending)
 
 
 def beam_decode(target: WhisperASR, enc: EncoderOutput, caps: Sequence[int], options: BeamOptions = BeamOptions(),

@@ -126,8 +126,10 @@ def openai_decode(model, features: torch.Tensor, beam_size: Optional[int] = None
 
 
 def openai_decode_rows(model, features: torch.Tensor, caps: Sequence[int], **kwargs) -> list:
-    """:func:`openai_decode` one row at a time, row ``b`` with ``sample_len = caps[b]``: a ``DecodingResult`` per row
-    (openai/whisper's beam search keeps decoding a batch until every row is done, so one row at a time is its
-    semantics for a row alone)."""
+    """:func:`openai_decode` one row at a time, row ``b`` with ``sample_len = caps[b]``: a ``DecodingResult`` per row.
+    One row at a time is openai/whisper's semantics for a row alone (its beam search keeps decoding a batch until
+    every row is done), and the only way its beam search runs: ``openai-whisper`` 20250625's ``decode`` with
+    ``beam_size`` fails on a batch of several audios (it repeats the tokens per beam but not the audio features, and
+    cross-attention then meets 80 token rows and 16 audio rows)."""
     return [openai_decode(model, features[b : b + 1], sample_len=int(c), **kwargs)[0]
             for b, c in enumerate(caps)]
