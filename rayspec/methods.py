@@ -96,7 +96,9 @@ class DecodeOptions:
         hotwords: faster-whisper's ``hotwords``: words put in the same place, to make them likelier.
         beam_size: above 1, rows at temperature 0 decode with beam search (:mod:`rayspec.decoding.beam`,
             openai/whisper's ``BeamSearchDecoder``) instead of greedily; every method then returns the beam search's
-            hypotheses (no method speculates under beam search yet).
+            hypotheses: ``ctc-draft`` speculates under it exactly (each beam drafts from the CTC hypothesis,
+            :mod:`rayspec.decoding.beam_speculative`) where ``speculate_max_rows`` allows all the beams (on a CPU
+            it does not: measured slower), the others decode plain beam search.
         patience, length_penalty: beam search's (openai/whisper's ``patience`` and ``length_penalty``; the length
             penalty also ranks fallback samples).
         prefix: text each file's transcript starts with (faster-whisper's ``prefix``: its first segment's tokens

@@ -33,6 +33,7 @@ from .batching import BatchBudget, budget_for_model, plan_batches
 from .compute import as_dtype, label as compute_type_label
 from .decoding.common import DecodeStats, Hypothesis, compression_ratio, token_cap
 from .decoding.beam import beam_decode
+from .decoding.beam_speculative import LookupDrafter, speculative_beam_decode
 from .decoding.fallback import decode_with_fallback
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
 from .decoding.ssd import ctc_drafts
@@ -47,7 +48,7 @@ from .models.whisper import WhisperASR
 from .results import ResultRow, ResultWriter
 from .runner.static_step import prepare_static_steps
 from .spec_decode.gumbel import row_seed
-from .spec_decode.loop import Proposer
+from .spec_decode.loop import Proposer, speculate_max_rows
 from .activity import speech_activity
 from .timing import clip_times, parse_segments, word_timestamps
 from .vad import SegmentOptions, has_speech, segments
@@ -200,12 +201,21 @@ def decode_encoded(target: WhisperASR, options: DecodeOptions, encoded: Encoded,
 
 
 def _beam(target: WhisperASR, options: DecodeOptions, encoded: Encoded) -> list[Hypothesis]:
-    """Beam search over ``encoded``'s rows; a row's prefix ends its prompt and starts its tokens."""
+    """Beam search over ``encoded``'s rows; a row's prefix ends its prompt and starts its tokens. With a CTC
+    hypothesis at hand (``ctc-draft``), the search speculates exactly: each beam drafts from it
+    (:mod:`rayspec.decoding.beam_speculative`), the same hypotheses in fewer target passes."""
     enc = encoded.target
     prefixes = enc.row_prefixes()
     prompts = [p + f for p, f in zip(enc.row_prompts(target.prompt_ids), prefixes)]
     caps = [c - len(f) for c, f in zip(encoded.caps, prefixes)]
-    hyps = beam_decode(target, enc, caps, options.beam, prompts if enc.prefixes is not None else None)
+    prompts = prompts if enc.prefixes is not None else None
+    # the beams are live rows: speculate where the device's row rule allows that many (on a CPU, 2 rows: never with
+    # 5 beams; whisper-base, 12 LJSpeech clips, beam 5, batch 1: 0.81x plain beam search, 11% fewer passes)
+    rows = speculate_max_rows(target.device, options.speculate_max_rows)
+    if options.method == "ctc-draft" and encoded.ctc is not None and (not rows or rows >= len(caps) * options.beam_size):
+        hyps = speculative_beam_decode(target, enc, caps, LookupDrafter(encoded.ctc.tokens), options.beam, prompts)
+    else:
+        hyps = beam_decode(target, enc, caps, options.beam, prompts)
     for h, f in zip(hyps, prefixes):
         h.tokens[:0] = f
     return hyps

@@ -9,7 +9,7 @@ Part 1 (``--sections main``), the manifests' clips:
 * rayspec: ``ar`` greedy, beam 5 (temperature 0) and beam 5 + temperature fallback (0, 0.2, ... 1.0, best of 5) at
   each ``--batch-sizes``, through :func:`rayspec.pipeline.decode_batch` (features, encoder, decoder: what jobs run);
   the speculative methods (``draft``, ``ctc-draft``, ``medusa``) with beam 5 at batch 1, with their speed-up over
-  rayspec's own beam 5 (today they return the beam search's hypotheses without speculating).
+  rayspec's own beam 5 and the share of clips whose tokens equal its tokens (exact: 100%).
 * openai/whisper (:mod:`rayspec.peers.openai_whisper`): greedy and beam 5 through ``decode`` on rayspec's own log-mel
   features (the reference algorithm; only the decoding differs), one clip at a time with rayspec's token cap; beam 5
   + fallback through its own ``transcribe()`` on the waveform (its own front end).
@@ -24,10 +24,11 @@ above 0 (fell back) with the mean temperature. rayspec's texts are what ``rayspe
 ``<|nospeech|>`` probability exceeds ``--no-speech-threshold`` (0.6) has empty text.
 
 Part 2 (``--sections noisy``), fallback on noisy speech: ``--clips`` (default 40) clips built deterministically
-(``--seed``) from the first manifest's clips: speech under pink noise or babble (other clips' speech) at 0-5 dB SNR,
+(``--seed``) from the manifests' clips (after ``--limit``): speech under pink noise or babble (other clips' speech) at 0-5 dB SNR,
 with 2-4 s of noise alone before and after (each under 30 s), written once to ``<output>/data/noisy/`` with a
-manifest (:func:`build_noisy`; delete the folder to rebuild). rayspec and faster-whisper greedy, beam 5, greedy +
-fallback and beam 5 + fallback: WER and the share of clips whose text's zlib compression ratio exceeds 2.4.
+manifest of relative paths (:func:`build_noisy`; not for committing: delete the folder to rebuild). rayspec and
+faster-whisper greedy, beam 5, greedy + fallback and beam 5 + fallback: WER and the share of clips whose text's zlib
+compression ratio exceeds 2.4.
 
 Output in ``-o``: ``bench-decoding.md`` (setup line, both tables, notes), ``.csv`` (both parts) and ``.png``.
 """
@@ -378,7 +379,7 @@ def build_noisy(utts, audios, out_dir: str, count: int = 40, seed: int = 0, rate
     os.makedirs(out_dir, exist_ok=True)
     manifest = os.path.join(out_dir, "noisy.jsonl")
     recipe = {"count": count, "seed": seed, "sources": [u.id for u in utts], "snr_db": NOISY_SNR_DB,
-              "pad_s": NOISY_PAD_S, "talkers": BABBLE_TALKERS, "version": 1}
+              "pad_s": NOISY_PAD_S, "talkers": BABBLE_TALKERS, "version": 2}
     meta = os.path.join(out_dir, "recipe.json")
     if os.path.exists(manifest) and os.path.exists(meta):
         with open(meta) as f:
@@ -407,9 +408,8 @@ def build_noisy(utts, audios, out_dir: str, count: int = 40, seed: int = 0, rate
         if peak > 0.99:
             mix *= 0.99 / peak
         uid = f"noisy{k:02d}-{utts[i].id}-{kind}"
-        path = os.path.abspath(os.path.join(out_dir, uid + ".wav"))
-        _write_wav(path, mix, rate)
-        rows.append({"id": uid, "audio": path, "duration_s": round(total / rate, 3), "text": utts[i].text,
+        _write_wav(os.path.join(out_dir, uid + ".wav"), mix, rate)
+        rows.append({"id": uid, "audio": uid + ".wav", "duration_s": round(total / rate, 3), "text": utts[i].text,
                      "corpus": "noisy-ljspeech", "noise": kind, "snr_db": round(snr, 2), "lead_s": round(lead, 2),
                      "tail_s": round(tail, 2), "source": utts[i].id})
     with open(manifest, "w", encoding="utf-8") as f:
@@ -658,9 +658,11 @@ def cmd_bench_decoding(args) -> int:
     missing = [n for n, e in (("openai-whisper", oa), ("faster-whisper", fw)) if e is None]
     if missing:
         notes += f"\n- Not installed, rows skipped: {', '.join(missing)}.\n"
-    noisy_notes = NOISY_NOTES + (f"\n- Rebuild the clips: `rayspec bench --suite decoding {' '.join(args.manifests)} "
+    sources = " ".join(os.path.basename(m) for m in args.manifests)
+    noisy_notes = NOISY_NOTES + (f"\n- Rebuild the clips: `rayspec bench --suite decoding {sources} "
                                  f"--sections noisy --clips {args.clips} --seed {args.seed} -o {args.output}` "
-                                 "(deterministic; delete data/noisy first to force it).\n" if noisy else "")
+                                 "(the held-out clips' manifest; deterministic; delete data/noisy first to force "
+                                 "it).\n" if noisy else "")
     print(write_decoding_outputs(main, noisy, args.output, setup, titles, notes, noisy_notes))
     return 0
 
@@ -690,9 +692,9 @@ MAIN_NOTES = (
     "- fell back: clips decoded at a temperature above 0 (compression ratio > 2.4 or average log-probability < -1); "
     "mean T: their mean temperature over all clips. rayspec's text of a clip with `<|nospeech|>` probability > 0.6 "
     "is empty, as `rayspec transcribe` writes it.\n"
-    "- Speculative methods (draft, ctc-draft, medusa) with beam 5 return rayspec's beam search hypotheses without "
-    "speculating (their drafters still run on the drafting side); their speed-up over rayspec's own beam 5 is "
-    "reported as measured.\n")
+    "- Speculative methods (draft, ctc-draft, medusa) with beam 5: wall-clock speed-up over rayspec's own beam 5 at "
+    "the same batch size, measured in the same run (their drafters' cost on the drafting side included), and the "
+    "share of clips whose tokens equal its tokens (exact speculation: 100%).\n")
 NOISY_NOTES = (
     "- Clips: held-out LJSpeech speech under pink noise (even clips) or 4-talker babble of the other clips "
     "(odd clips) at a seeded SNR of 0-5 dB, with 2-4 s of noise alone before and after (under 30 s each). "
