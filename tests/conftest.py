@@ -50,6 +50,18 @@ def samples_manifest():
 
 
 @pytest.fixture(scope="session")
+def tiny_en():
+    """The installed whisper-tiny.en (skips where it is not installed)."""
+    from rayspec.models.errors import ModelLoadError
+    from rayspec.models.whisper import WhisperASR
+
+    try:
+        return WhisperASR.from_pretrained("whisper-tiny.en")
+    except ModelLoadError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
 def tiny_en_drafters(tmp_path_factory):
     """Drafter directories for the installed whisper-tiny.en (skips where it is not installed): ``(draft, ctc)``, a
     decoder-only draft of its first and last decoder layers (untrained, distil-whisper's initialisation) and a

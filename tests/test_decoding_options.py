@@ -2,21 +2,9 @@
 continuous-batching paths (Transcriber, the Python call), and the CLI's flags into the Parquet columns."""
 
 import pyarrow.parquet as pq
-import pytest
 import torch
 
 from rayspec.manifest import read_manifest
-
-
-@pytest.fixture(scope="module")
-def tiny_en():
-    from rayspec.models.errors import ModelLoadError
-    from rayspec.models.whisper import WhisperASR
-
-    try:
-        return WhisperASR.from_pretrained("whisper-tiny.en")
-    except ModelLoadError as e:
-        pytest.skip(str(e))
 
 
 def test_every_method_with_beam_returns_the_beam_search(tiny_en, samples_manifest, tiny_en_drafters):

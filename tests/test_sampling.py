@@ -111,17 +111,6 @@ def test_fallback_rules_as_openai_whisper():
 
 
 @pytest.fixture(scope="module")
-def tiny_en():
-    from rayspec.models.errors import ModelLoadError
-    from rayspec.models.whisper import WhisperASR
-
-    try:
-        return WhisperASR.from_pretrained("whisper-tiny.en")
-    except ModelLoadError as e:
-        pytest.skip(str(e))
-
-
-@pytest.fixture(scope="module")
 def clips(tiny_en, samples_manifest):
     from rayspec.audio import load_audio
     from rayspec.manifest import read_manifest
