@@ -87,8 +87,7 @@ def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
     caps = [token_cap(d, options.max_tokens_per_second, target.max_target_positions - n - 1)
             for d, n in zip(durations, prompt_lengths)]
     if options.prefix:  # decided tokens of each file's first segment (they count against its cap)
-        tokens = target.tokenizer(" " + options.prefix.strip(), add_special_tokens=False).input_ids
-        tokens = tokens[: target.max_target_positions // 2 - 1]
+        tokens = text_tokens(target, options.prefix)[: target.max_target_positions // 2 - 1]
         enc.prefixes = [tokens if firsts is None or firsts[r] else [] for r in range(len(audios))]
         caps = [min(c + len(p), target.max_target_positions - n - 1)
                 for c, p, n in zip(caps, enc.prefixes, prompt_lengths)]
@@ -150,9 +149,13 @@ def conditioning(target: WhisperASR, options: DecodeOptions, prompt: Optional[st
     if not isinstance(prev, int) or prev == tok.unk_token_id:
         raise ModelLoadError(f"{target.name or 'the model'} has no <|startofprev|> token: no prompts")
     half = target.max_target_positions // 2 - 1
-    encode = lambda words: tok(" " + words.strip(), add_special_tokens=False).input_ids  # noqa: E731
-    hot = encode(options.hotwords)[:half] if options.hotwords else []
-    return [prev] + hot + (encode(text)[-half:] if text else [])
+    hot = text_tokens(target, options.hotwords)[:half] if options.hotwords else []
+    return [prev] + hot + (text_tokens(target, text)[-half:] if text else [])
+
+
+def text_tokens(target: WhisperASR, text: str) -> list[int]:
+    """``text`` as Whisper tokenizes a prompt, a prefix or hotwords: with a leading space, no special tokens."""
+    return target.tokenizer(" " + text.strip(), add_special_tokens=False).input_ids
 
 
 def first_sampling(options: DecodeOptions, encoded: Encoded,
@@ -212,7 +215,8 @@ def _beam(target: WhisperASR, options: DecodeOptions, encoded: Encoded) -> list[
     # the beams are live rows: speculate where the device's row rule allows that many (on a CPU, 2 rows: never with
     # 5 beams; whisper-base, 12 LJSpeech clips, beam 5, batch 1: 0.81x plain beam search, 11% fewer passes)
     rows = speculate_max_rows(target.device, options.speculate_max_rows)
-    if options.method == "ctc-draft" and encoded.ctc is not None and (not rows or rows >= len(caps) * options.beam_size):
+    speculate = not rows or rows >= len(caps) * options.beam_size
+    if options.method == "ctc-draft" and encoded.ctc is not None and speculate:
         hyps = speculative_beam_decode(target, enc, caps, LookupDrafter(encoded.ctc.tokens), options.beam, prompts)
     else:
         hyps = beam_decode(target, enc, caps, options.beam, prompts)
@@ -234,36 +238,38 @@ def _beam_first(target: WhisperASR, options: DecodeOptions, encoded: Encoded,
     if len(greedy) == len(hyps):
         return hyps
     sampled = [i for i in range(len(hyps)) if hyps[i] is None]
-    method = "ar" if options.method == "ssd" or (needs_draft(options) and proposers is None) else options.method
-    sub_proposers = None if method == "ar" or proposers is None else (
-        lambda rs, caps: proposers([sampled[r] for r in rs], caps))
-    for i, h in zip(sampled, METHODS[method].decode(target, replace(options, method=method), encoded.select(sampled),
-                                                     sub_proposers)):
+    for i, h in zip(sampled, decode_rows(target, options, encoded, sampled, proposers)):
         hyps[i] = h
     return hyps
+
+
+def decode_rows(target: WhisperASR, options: DecodeOptions, encoded: Encoded, rows: list[int],
+                proposers: Optional[ProposerFactory] = None,
+                sampling: Optional[list[tuple[float, int]]] = None) -> list[Hypothesis]:
+    """Decode the batch rows ``rows`` (indices, repeats allowed) again, with the batch's method: ``ar`` for ssd
+    (whose gate and verification are greedy) and for a draft method without ``proposers``; ``sampling``: the rows'
+    ``(temperature, seed)`` (None: as encoded)."""
+    method = "ar" if options.method == "ssd" or (needs_draft(options) and proposers is None) else options.method
+    sub = encoded.select(rows)
+    if sampling is not None:
+        sub.target.sampling = sampling
+    sub_proposers = None if method == "ar" or proposers is None else (
+        lambda rs, caps: proposers([rows[r] for r in rs], caps))
+    return METHODS[method].decode(target, replace(options, method=method), sub, sub_proposers)
 
 
 def fallback(target: WhisperASR, options: DecodeOptions, encoded: Encoded, hyps: list[Hypothesis],
              proposers: Optional[ProposerFactory] = None) -> list[Hypothesis]:
     """Temperature fallback over one decoded batch (:func:`~rayspec.decoding.fallback.decode_with_fallback`): the
-    failing rows re-decode together at the next temperature, with the batch's method (``ar`` for ssd, whose gate
-    and verification are greedy, and for a draft method without ``proposers``)."""
+    failing rows re-decode together at the next temperature (:func:`decode_rows`)."""
     if len(options.temperatures) < 2:
         return hyps
-    method = options.method
-    if method == "ssd" or (needs_draft(options) and proposers is None):
-        method = "ar"
-    redo_options = replace(options, method=method)
 
     def redo(rows: list[int], t: float, attempt: int, copies: int) -> list[Hypothesis]:
         picked = [i for i in rows for _ in range(copies)]
-        sub = encoded.select(picked)
-        sub.target.sampling = ([(t, row_seed(options.seed, encoded.key(i), attempt, j))
-                                for i in rows for j in range(copies)] if t > 0 else None)
-        sub_proposers = None
-        if proposers is not None and method != "ar":
-            sub_proposers = lambda rs, caps: proposers([picked[r] for r in rs], caps)  # noqa: E731
-        return METHODS[method].decode(target, redo_options, sub, sub_proposers)
+        sampling = [(t, row_seed(options.seed, encoded.key(i), attempt, j)) for i in rows for j in range(copies)]
+        greedy = [(0.0, 0)] * len(picked)
+        return decode_rows(target, options, encoded, picked, proposers, sampling if t > 0 else greedy)
 
     return decode_with_fallback(hyps, redo, target.decode_text, options.fallback)
 
@@ -357,8 +363,8 @@ class EncodedBatch:
 
 def merge_hypotheses(hyps: list[Hypothesis], separator: list[int]) -> Hypothesis:
     """One hypothesis from the consecutive segments of an utterance: tokens joined by ``separator`` (e.g. the space
-    token), counters added (the largest CTC entropy, no-speech probability and temperature), finished only if every segment ended
-    with EOS."""
+    token), counters and log-probabilities added (the largest CTC entropy, no-speech probability and temperature),
+    finished only if every segment ended with EOS."""
     if len(hyps) == 1:
         return hyps[0]
     tokens: list[int] = []

@@ -11,7 +11,8 @@ One round, for every live row (rows keep different lengths in the ragged KV cach
    :func:`speculation_pays`: there the round is a plain target step).
 2. Verify: the row's context (tokens the target has not seen; the last is the root) and its draft tree are flattened
    into :class:`~rayspec.spec_decode.tree.TokenTrees`, copied to the device once, and scored in ONE target pass under tree
-   attention; the acceptance rule's per-node verdicts and argmaxes come back in ONE transfer
+   attention; the acceptance rule's per-node verdicts, argmaxes (a sampling row's: of its Gumbel-perturbed
+   logits, :mod:`rayspec.spec_decode.gumbel`) and their log-probabilities come back in ONE transfer
    (:func:`~rayspec.spec_decode.acceptance.score_tree`), and the longest passing path is picked on the host.
 3. Commit: the cache keeps the context and the accepted path (compacted); the row emits the path and the target's
    token after it; EOS or the row's cap ends it and it leaves the batch. The proposer is told which of its nodes
@@ -32,8 +33,8 @@ import torch
 from ..decoding.common import Hypothesis
 from ..models.encoded import EncoderOutput
 from ..models.whisper import WhisperASR
-from .gumbel import perturb, token_logprobs
 from .acceptance import GREEDY, AcceptanceRule, accept_tree, score_greedy_lazily, score_tree
+from .gumbel import perturb, token_logprobs
 from .timestamps import EXTRA_NODES, apply_rules, rule_bounds, wrap_proposer
 from .tree import DraftTree, TokenTrees
 
