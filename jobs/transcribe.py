@@ -42,7 +42,7 @@ from tqdm import tqdm  # noqa: E402
 
 from rayspec.batching import guided_split  # noqa: E402
 from rayspec.manifest import read_manifest  # noqa: E402
-from rayspec.models.registry import resolve_model  # noqa: E402
+from rayspec.models.registry import read_config, resolve_model  # noqa: E402
 from rayspec.options import EXIT_SOME_FAILED, add_decode_args, add_model_args, budget_from_args  # noqa: E402
 from rayspec.options import EXIT_USAGE, TranscriberSpec, print_summary, run_command, transcriber_spec  # noqa: E402
 from rayspec.pipeline import RunSummary, internal_error_row, pending_batches  # noqa: E402
@@ -103,8 +103,6 @@ def transcribe(args, on_batch=None) -> RunSummary:
     """
     from importlib import resources
 
-    from transformers import AutoConfig
-
     plan, spec = plan_from_args(args), transcriber_spec(args)
     resolve_paths(args)
     source = args.input or str(resources.files("rayspec").joinpath("samples", "manifest.jsonl"))
@@ -112,7 +110,7 @@ def transcribe(args, on_batch=None) -> RunSummary:
     # A model name or path that cannot load is one line here, not an actor's traceback; a CTranslate2 model is
     # converted once here instead of by every actor (on a cluster, each node without the cache converts its own)
     model_dir = resolve_model(args.target)
-    config = AutoConfig.from_pretrained(model_dir)
+    config = read_config(model_dir)
     writer = ResultWriter(args.output)
     try:
         # longest first, as rayspec transcribe: later rows are shorter, so their cross-attention fits the first

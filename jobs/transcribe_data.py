@@ -33,7 +33,7 @@ import ray  # noqa: E402
 from jobs.transcribe import report  # noqa: E402
 from rayspec.batching import guided_split, plan_batches  # noqa: E402
 from rayspec.manifest import AUDIO_SUFFIXES, ManifestError, corpus_name, parquet_shards, read_manifest  # noqa: E402
-from rayspec.models.registry import resolve_model  # noqa: E402
+from rayspec.models.registry import read_config, resolve_model  # noqa: E402
 from rayspec.options import add_decode_args, add_model_args, budget_from_args  # noqa: E402
 from rayspec.options import run_command, transcriber_spec  # noqa: E402
 from rayspec.pipeline import RunSummary  # noqa: E402
@@ -195,8 +195,6 @@ def transcribe_data(args) -> RunSummary:
     """
     from importlib import resources
 
-    from transformers import AutoConfig
-
     import pyarrow as pa
 
     from actors.data import MANIFEST_SCHEMA, Transcribe, drop_done, load_audio_batch
@@ -206,7 +204,7 @@ def transcribe_data(args) -> RunSummary:
     resolve_paths(args)
     source = args.input or str(resources.files("rayspec").joinpath("samples", "manifest.jsonl"))
     model_dir = resolve_model(args.target)
-    config = AutoConfig.from_pretrained(model_dir)  # a model that cannot load: one line here
+    config = read_config(model_dir)  # a model that cannot load: one line here
     budget = budget_from_args(args, config)
     for path in set_aside_unreadable(args.output):
         print(f"warning: {path} cannot be read (a write cut short?); renamed to .unreadable, its rows are redone",

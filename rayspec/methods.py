@@ -204,6 +204,10 @@ class Encoded:
         ctc: the CTC drafts (method "ssd"), else None.
         draft: the encoder output the draft model reads (method "draft", or "ssd" with the draft fallback): its own,
             or ``target`` itself for a decoder-only draft; else None.
+        keys: ``B`` stable row keys (seed sampled rows), or None (the row indices).
+        drafted: False where the drafting side skipped the method's drafter because nothing would read its drafts
+            (beam search that does not speculate, :func:`~rayspec.pipeline.beam_speculates`): rows decoded again
+            later (fallback, sampled requests) then decode with ``ar``, the same tokens.
     """
 
     target: EncoderOutput
@@ -211,13 +215,14 @@ class Encoded:
     ctc: Optional[CTCDrafts] = None
     draft: Optional[EncoderOutput] = None
     keys: Optional[list[str]] = None
+    drafted: bool = True
 
     def to(self, device, dtype: Optional[torch.dtype] = None) -> "Encoded":
         """The same batch with its tensors on ``device`` (CPU before crossing Ray's object store) and the target's
         encoder states cast to ``dtype`` if given."""
         target = self.target.to(device, dtype)
         draft = target if self.draft is self.target else self.draft.to(device) if self.draft else None
-        return Encoded(target, self.caps, self.ctc, draft, self.keys)
+        return Encoded(target, self.caps, self.ctc, draft, self.keys, self.drafted)
 
     def select(self, rows: list[int]) -> "Encoded":
         """The rows ``rows`` (indices; repeats allowed) of this batch."""
@@ -228,7 +233,7 @@ class Encoded:
         ctc = None if self.ctc is None else CTCDrafts([self.ctc.tokens[i] for i in rows],
                                                        [self.ctc.entropy[i] for i in rows])
         return Encoded(target, [self.caps[i] for i in rows], ctc, draft,
-                       None if self.keys is None else [self.keys[i] for i in rows])
+                       None if self.keys is None else [self.keys[i] for i in rows], self.drafted)
 
     def key(self, row: int) -> str:
         """The stable key of row ``row`` (seeds its sampling): its utterance id and segment, else its index."""

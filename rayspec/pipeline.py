@@ -58,6 +58,15 @@ def needs_draft(options: DecodeOptions) -> bool:
     return METHODS[options.method].needs_draft(options)
 
 
+def beam_speculates(target: WhisperASR, options: DecodeOptions, rows: int) -> bool:
+    """Whether a beam search over ``rows`` rows speculates (:mod:`rayspec.decoding.beam_speculative`): method
+    ``ctc-draft`` where the device's row rule allows every beam as a live row (on a CPU, 2 rows: never with 5 beams;
+    whisper-base, 12 LJSpeech clips, beam 5, batch 1: 0.81x plain beam search, 11% fewer passes). Any other beam
+    search reads no drafts, so its batch skips the drafter (:func:`encode_audio`)."""
+    limit = speculate_max_rows(target.device, options.speculate_max_rows)
+    return options.method == "ctc-draft" and (not limit or limit >= rows * options.beam_size)
+
+
 @torch.inference_mode()
 def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.ndarray], durations: list[float],
                  draft: Optional[WhisperASR] = None, ctc=None, keys: Optional[list[str]] = None,
@@ -91,11 +100,13 @@ def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
         enc.prefixes = [tokens if firsts is None or firsts[r] else [] for r in range(len(audios))]
         caps = [min(c + len(p), target.max_target_positions - n - 1)
                 for c, p, n in zip(caps, enc.prefixes, prompt_lengths)]
-    out = Encoded(enc, caps, keys=keys)
+    # under a beam search that does not speculate, the drafter's work would go unread
+    drafted = options.beam_size == 1 or beam_speculates(target, options, len(audios))
+    out = Encoded(enc, caps, keys=keys, drafted=drafted)
     enc.sampling = first_sampling(options, out, requests)
-    if METHODS[options.method].needs_ctc:
+    if METHODS[options.method].needs_ctc and drafted:
         out.ctc = ctc_drafts(ctc, target, enc)
-    if needs_draft(options):  # a decoder-only draft reads the target's encoder states (no second encoder)
+    if needs_draft(options) and drafted:  # a decoder-only draft reads the target's encoder states (no second encoder)
         out.draft = draft.encode(*draft.features(audios)) if draft.has_encoder else enc
     return out
 
@@ -212,11 +223,7 @@ def _beam(target: WhisperASR, options: DecodeOptions, encoded: Encoded) -> list[
     prompts = [p + f for p, f in zip(enc.row_prompts(target.prompt_ids), prefixes)]
     caps = [c - len(f) for c, f in zip(encoded.caps, prefixes)]
     prompts = prompts if enc.prefixes is not None else None
-    # the beams are live rows: speculate where the device's row rule allows that many (on a CPU, 2 rows: never with
-    # 5 beams; whisper-base, 12 LJSpeech clips, beam 5, batch 1: 0.81x plain beam search, 11% fewer passes)
-    rows = speculate_max_rows(target.device, options.speculate_max_rows)
-    speculate = not rows or rows >= len(caps) * options.beam_size
-    if options.method == "ctc-draft" and encoded.ctc is not None and speculate:
+    if encoded.ctc is not None and beam_speculates(target, options, len(caps)):
         hyps = speculative_beam_decode(target, enc, caps, LookupDrafter(encoded.ctc.tokens), options.beam, prompts)
     else:
         hyps = beam_decode(target, enc, caps, options.beam, prompts)
@@ -248,8 +255,10 @@ def decode_rows(target: WhisperASR, options: DecodeOptions, encoded: Encoded, ro
                 sampling: Optional[list[tuple[float, int]]] = None) -> list[Hypothesis]:
     """Decode the batch rows ``rows`` (indices, repeats allowed) again, with the batch's method: ``ar`` for ssd
     (whose gate and verification are greedy) and for a draft method without ``proposers``; ``sampling``: the rows'
-    ``(temperature, seed)`` (None: as encoded)."""
-    method = "ar" if options.method == "ssd" or (needs_draft(options) and proposers is None) else options.method
+    ``(temperature, seed)`` (None: as encoded); a batch encoded without its drafter (``encoded.drafted``) decodes
+    with ``ar``."""
+    method = ("ar" if options.method == "ssd" or not encoded.drafted or (needs_draft(options) and proposers is None)
+              else options.method)
     sub = encoded.select(rows)
     if sampling is not None:
         sub.target.sampling = sampling

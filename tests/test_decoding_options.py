@@ -14,7 +14,7 @@ def test_every_method_with_beam_returns_the_beam_search(tiny_en, samples_manifes
     from rayspec.models.ctc import CTCHead
     from rayspec.models.whisper import WhisperASR
     from rayspec.options import decode_options_from
-    from rayspec.pipeline import decode_batch
+    from rayspec.pipeline import decode_batch, encode_audio
 
     utts = read_manifest(samples_manifest)[:4]
     audios = [load_audio(u.audio, tiny_en.sample_rate) for u in utts]
@@ -37,6 +37,10 @@ def test_every_method_with_beam_returns_the_beam_search(tiny_en, samples_manifes
                 got += decode_batch(tiny_en, options, audios[s: s + b], seconds[s: s + b], draft=draft, ctc=ctc)
             assert [h.tokens for h in got] == want, (method, b)
             assert all(h.route == route and h.stats.avg_logprob <= 0 for h in got), (method, b)
+        # a beam search that does not speculate reads no drafts: its batches skip the drafter
+        encoded = encode_audio(tiny_en, options, audios, seconds, draft, ctc)
+        assert encoded.drafted == (route == "beam-spec"), method
+        assert (encoded.draft, encoded.ctc is None) == (None, route == "beam"), method
 
 
 def test_python_call_and_cli_take_the_options(tiny_en, samples_manifest, tmp_path):

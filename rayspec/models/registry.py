@@ -12,10 +12,12 @@ directory (loaded as it is) or a CTranslate2 / faster-whisper directory. CTransl
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import tempfile
 from dataclasses import dataclass
+from types import SimpleNamespace
 from importlib import metadata, resources
 from typing import Callable
 
@@ -210,6 +212,32 @@ def ct2_folder(name: str, dst: str) -> str:
 def model_names() -> list[str]:
     """The named models, for ``--help`` and error messages."""
     return sorted(MODELS)
+
+
+GEOMETRY_KEYS = ("max_source_positions", "max_target_positions", "decoder_layers", "d_model")
+"""The ``config.json`` fields that size batches and actors (:func:`read_config`)."""
+
+
+def read_config(model_dir: str) -> SimpleNamespace:
+    """A model directory's ``config.json`` as attributes, read without importing transformers (a Ray job's driver
+    sizes its batches and actors from it and never loads the model: transformers' import costs it 1.5 s).
+
+    Falls back to transformers' ``AutoConfig`` (which fills its defaults in) when a field of :data:`GEOMETRY_KEYS`
+    is missing.
+
+    Raises:
+        ModelLoadError: no readable ``config.json`` in ``model_dir``.
+    """
+    try:
+        with open(os.path.join(model_dir, "config.json")) as f:
+            config = json.load(f)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot read the model's config.json in {model_dir}: {exc}") from exc
+    if all(k in config for k in GEOMETRY_KEYS):
+        return SimpleNamespace(**config)
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(model_dir)
 
 
 def resolve_model(name_or_path: str) -> str:
