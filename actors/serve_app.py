@@ -561,7 +561,7 @@ def build_app(args: Optional[dict] = None):
     Raises:
         ValueError: an unknown option.
     """
-    from rayspec.compute import DTYPES
+    from rayspec.compute import dtype_of
     from rayspec.options import decode_option_names, decode_options_from
 
     args = dict(args or {})
@@ -573,7 +573,7 @@ def build_app(args: Optional[dict] = None):
     transcriber = {"target": args.get("target"), "draft": args.get("draft"), "ctc": args.get("ctc"),
                    "options": options, "device": args.get("device", "cpu"),
                    "dtype": args.get("compute_type"),  # resolved by each replica on its node (None: the default)
-                   "encoder_dtype": DTYPES[args["encoder_dtype"]] if args.get("encoder_dtype") else None}
+                   "encoder_dtype": dtype_of(args["encoder_dtype"]) if args.get("encoder_dtype") else None}
     max_batch = int(args.get("max_batch_size", 16))
     max_queued = int(args.get("max_queued", 256))
     deployment = TranscriptionService.options(

@@ -64,7 +64,7 @@ class TargetActor:
     (``max_restarts``/``max_task_retries``) and the writer de-duplicates by id.
 
     Args:
-        target: target model name or directory (default ``whisper-base``); options: :class:`~rayspec.pipeline.DecodeOptions`.
+        target: target model name or directory (default ``whisper-base``); options: :class:`~rayspec.decoding.options.DecodeOptions`.
         device: torch device ("cuda" inside a GPU actor); threads: torch CPU threads (0 = torch's default);
         dtype: model dtype (the drafter's, so encoder states arrive in it); slots: most rows decoded at once
             (continuous batching, without a remote draft).

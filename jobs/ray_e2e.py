@@ -1,7 +1,7 @@
 """What a user waits for: ``ray job submit`` of the transcription job, from the command to its exit, against
 ``rayspec transcribe`` as a whole process, on the same manifest and CPUs, with the same texts checked.
 
-    python -m jobs.ray_e2e /tmp/lj99.jsonl -o bench/ray-jobs/e2e --repeats 2
+    python -m jobs.ray_e2e clips.jsonl -o bench/ray-jobs/e2e --repeats 2
 
 Starts a local Ray head with a job server (``ray start --head --block`` on loopback, ``--cpus`` CPUs, its own
 ports and temporary folder; stopped at the end), unless ``--address`` names a running cluster's job server

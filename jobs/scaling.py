@@ -29,7 +29,7 @@ from jobs.transcribe import build_parser as job_parser
 from jobs.transcribe import transcribe
 from rayspec.options import budget_from_args, build_transcriber
 from rayspec.manifest import read_manifest
-from rayspec.pipeline import RunSummary, run_corpus
+from rayspec.runs import RunSummary, run_corpus
 from rayspec.results import read_results
 
 import ray  # noqa: E402
@@ -73,7 +73,7 @@ def machine() -> str:
 
 
 def in_process(input_path: str, out: str, job_args: list[str], threads: int) -> RunSummary:
-    """The same corpus and decoder without Ray: :func:`rayspec.pipeline.run_corpus` in this process (``rayspec
+    """The same corpus and decoder without Ray: :func:`rayspec.runs.run_corpus` in this process (``rayspec
     transcribe``: continuous batching over the same planned batches, as the job's actors), with ``threads`` torch
     threads. The summary's ``startup_s`` is the model loading."""
     args = job_parser().parse_args([input_path, "-o", out, *job_args])

@@ -45,7 +45,7 @@ from rayspec.manifest import read_manifest  # noqa: E402
 from rayspec.models.registry import read_config, resolve_model  # noqa: E402
 from rayspec.options import EXIT_SOME_FAILED, add_decode_args, add_model_args, budget_from_args  # noqa: E402
 from rayspec.options import EXIT_USAGE, TranscriberSpec, print_summary, run_command, transcriber_spec  # noqa: E402
-from rayspec.pipeline import RunSummary, internal_error_row, pending_batches  # noqa: E402
+from rayspec.runs import RunSummary, internal_error_row, pending_batches  # noqa: E402
 from rayspec.results import ResultRow, ResultWriter  # noqa: E402
 from rayspec.scoring import format_table, score_results  # noqa: E402
 

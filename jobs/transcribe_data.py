@@ -36,7 +36,7 @@ from rayspec.manifest import AUDIO_SUFFIXES, ManifestError, corpus_name, parquet
 from rayspec.models.registry import read_config, resolve_model  # noqa: E402
 from rayspec.options import add_decode_args, add_model_args, budget_from_args  # noqa: E402
 from rayspec.options import run_command, transcriber_spec  # noqa: E402
-from rayspec.pipeline import RunSummary  # noqa: E402
+from rayspec.runs import RunSummary  # noqa: E402
 from rayspec.results import ResultRow, done_ids, read_results  # noqa: E402
 
 

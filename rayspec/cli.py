@@ -44,7 +44,7 @@ def cmd_transcribe(args) -> int:
 
     from .manifest import read_manifest
     from .methods import METHODS
-    from .pipeline import run_corpus
+    from .runs import run_corpus
 
     utts = read_manifest(args.input)
     transcriber = build_transcriber(args, announce=True)

@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Iterable, Optional
+from typing import TYPE_CHECKING, Iterable, Optional
 
-import torch
+if TYPE_CHECKING:  # torch loads where a model does: a Ray job's driver parses --compute-type without it
+    import torch
 
 COMPUTE_TYPES = ("auto", "float32", "bfloat16", "float16")
 """Values of ``--compute-type``."""
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-"""Compute type name -> torch dtype (every type but ``auto``)."""
+DTYPE_NAMES = ("float32", "bfloat16", "float16")
+"""Every compute type but ``auto``: each names a torch dtype (:func:`dtype_of`)."""
 
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 """``/proc/cpuinfo`` flags of a CPU with native bfloat16 products."""
@@ -43,6 +44,13 @@ class ComputeType:
     name: str
     dtype: torch.dtype
     reason: str
+
+
+def dtype_of(name: str) -> torch.dtype:
+    """The torch dtype of a compute type name of :data:`DTYPE_NAMES` (``"bfloat16"`` -> ``torch.bfloat16``)."""
+    import torch
+
+    return getattr(torch, name)
 
 
 def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
@@ -71,12 +79,12 @@ def choose(device: str, flags: Iterable[str], max_isa: Optional[str] = None) -> 
     (``/proc/cpuinfo`` names) and oneDNN's ``ONEDNN_MAX_CPU_ISA`` value ``max_isa``: float16 on CUDA, bfloat16 on a
     CPU with AMX-BF16 or AVX-512 BF16 that oneDNN may use, float32 otherwise. A pure function (tested per flag set)."""
     if str(device).startswith("cuda"):
-        return ComputeType("float16", torch.float16, "auto: a CUDA GPU")
+        return ComputeType("float16", dtype_of("float16"), "auto: a CUDA GPU")
     have = [f for f in BF16_FLAGS if f in set(flags)]
     if have and onednn_allows_bf16(max_isa):
-        return ComputeType("bfloat16", torch.bfloat16, f"auto: this CPU has {have[0].upper().replace('_', '-')}")
+        return ComputeType("bfloat16", dtype_of("bfloat16"), f"auto: this CPU has {have[0].upper().replace('_', '-')}")
     why = (f"ONEDNN_MAX_CPU_ISA={max_isa} masks bfloat16" if have else "this CPU has no native bfloat16 products")
-    return ComputeType("float32", torch.float32, f"auto: {why}")
+    return ComputeType("float32", dtype_of("float32"), f"auto: {why}")
 
 
 ENV = "RAYSPEC_COMPUTE_TYPE"
@@ -99,9 +107,9 @@ def resolve(name: Optional[str], device: str = "cpu") -> ComputeType:
     name = (name or default_name()).lower()
     if name == "auto":
         return choose(device, cpu_flags(), os.environ.get("ONEDNN_MAX_CPU_ISA"))
-    if name not in DTYPES:
+    if name not in DTYPE_NAMES:
         raise ValueError(f"unknown compute type {name!r}; choose from {', '.join(COMPUTE_TYPES)}")
-    return ComputeType(name, DTYPES[name], "as asked")
+    return ComputeType(name, dtype_of(name), "as asked")
 
 
 def name_of(dtype: torch.dtype) -> str:
@@ -120,4 +128,6 @@ def label(dtype: torch.dtype, encoder_dtype: Optional[torch.dtype] = None) -> st
 def as_dtype(value, device: str = "cpu") -> torch.dtype:
     """A torch dtype from a dtype or a compute type name (``auto`` resolved on ``device`` of this host: what an actor
     does on its own node, whose CPU may differ from the driver's)."""
+    import torch
+
     return value if isinstance(value, torch.dtype) else resolve(value, device).dtype

@@ -23,8 +23,9 @@ from typing import Callable, Optional
 import numpy as np
 
 from .decoding.common import DecodeStats, Hypothesis
-from .spec_decode.gumbel import row_seed
-from .methods import METHODS, DecodeOptions
+from .decoding.fallback import COUNTERS
+from .decoding.options import DecodeOptions
+from .methods import METHODS
 from .models.whisper import WhisperASR
 from .timing import parse_segments
 
@@ -40,6 +41,7 @@ class _File:
     stats: DecodeStats = field(default_factory=DecodeStats)
     finished: bool = True
     routes: set = field(default_factory=set)
+    prev: Optional[list[int]] = None  # the text the next window reads (None: the initial prompt, not yet known)
 
 
 def _advance(f: _File, hyp: Hypothesis, tt, window: int, rate: int, text) -> None:
@@ -64,86 +66,159 @@ def _advance(f: _File, hyp: Hypothesis, tt, window: int, rate: int, text) -> Non
 
 
 def decode_sequential(target: WhisperASR, options: DecodeOptions, audios: list[np.ndarray], slots: int,
-                      encode: Callable, draft: Optional[WhisperASR] = None) -> list[tuple[Hypothesis, list[dict]]]:
+                      encode: Callable, draft: Optional[WhisperASR] = None, decode: Optional[Callable] = None,
+                      keys: Optional[list[str]] = None) -> list[tuple[Hypothesis, list[dict]]]:
     """Transcribe whole recordings with Whisper's sequential long-form algorithm (see the module docstring).
+
+    Greedy decoding at one temperature streams every file's windows through one continuous batch. Beam search or
+    temperature fallback (``options.beam_size > 1``, several ``options.temperatures``) decode in rounds instead: the
+    next window of up to ``slots`` files at a time, as one batch through ``decode`` (beam search, fallback: the
+    batch path's rules, per window as openai/whisper's ``transcribe`` applies them). After a window decoded above
+    temperature 0.5 the next one reads no previous text (openai/whisper's ``prompt_reset_since``).
 
     Args:
         target: the target (a stock Whisper: its 30 s window); options: the decoding options (any method but
             ``ssd``; timestamps are used whatever ``options.timestamps`` says); audios: mono float32 waveforms at
             the target's sample rate; slots: most windows decoded at once.
-        encode: ``(options, waveforms, durations) -> Encoded``, the drafting side of a batch of windows
-            (:func:`~rayspec.pipeline.encode_audio` with the method's drafters); draft: the draft model (method
-            ``draft``). ``options.condition_on_previous_text``: the previous windows' text prompts each window.
+        encode: ``(options, waveforms, durations, keys) -> Encoded``, the drafting side of a batch of windows
+            (:func:`~rayspec.pipeline.encode_audio` with the method's drafters; ``keys`` seed sampled rows); draft:
+            the draft model (method ``draft``). ``options.condition_on_previous_text``: the previous windows' text
+            prompts each window.
+        decode: ``(options, encoded) -> hypotheses``, the target side of one batch of windows with beam search and
+            fallback (:func:`~rayspec.pipeline.decode_encoded` with the method's proposers); needed for beam search
+            or fallback.
+        keys: a stable key per recording (its utterance id), which with a window's start seeds its sampling; default
+            the recordings' indices.
 
     Returns:
         Per recording ``(hypothesis, segments)``: the kept tokens of all windows (timestamps included) with the
-        counters of all windows, and its segments in seconds from the recording's start.
+        counters of all windows (``stats.temperature``: the highest any window was decoded at), and its segments in
+        seconds from the recording's start.
 
     Raises:
-        ValueError: a model without timestamp tokens. (Method ``ssd``, whose verification pass assumes one prompt
-            length per batch, is refused by :class:`~rayspec.methods.DecodeOptions`.)
+        ValueError: a model without timestamp tokens; beam search or fallback without ``decode``. (Method ``ssd``,
+            whose verification pass assumes one prompt length per batch, is refused by
+            :class:`~rayspec.decoding.options.DecodeOptions`.)
     """
-    method = METHODS[options.method]
     tt = target.timestamp_tokens
     if tt is None:
         raise ValueError(f"{target.name or 'the model'} has no timestamp tokens: --long-form sequential needs them")
-    stamped = DecodeOptions(**{**options.__dict__, "timestamps": "segment"})
-    rate = target.sample_rate
-    window = int(target.max_audio_seconds * rate)
-    prev_id = target.tokenizer.convert_tokens_to_ids("<|startofprev|>")
-    max_prev = target.max_target_positions // 2 - 1
-    limit = target.max_target_positions - 1
-    files = [_File(a) for a in audios]
-    threshold = None if options.short_window_s else options.no_speech_threshold
-    ready: deque = deque()
-    in_flight = [0]
+    rounds = options.beam_size > 1 or len(options.temperatures) > 1
+    if rounds and decode is None:
+        raise ValueError("beam search and temperature fallback in sequential long form need a decode function")
+    seq = _Sequential(target, options, audios, encode, keys)
+    if rounds:
+        seq.rounds(slots, decode)
+    else:
+        seq.stream(slots, draft)
+    return seq.results()
 
-    def enqueue(k: int) -> None:
-        f = files[k]
-        chunk = f.audio[f.seek: f.seek + window]
-        if len(chunk) < MIN_WINDOW_S * rate:
-            return
-        enc = encode(stamped, [chunk], [len(chunk) / rate])
-        prompt = enc.target.prompts[0]
-        sot = prompt.index(target.prompt_ids[0])
-        # an initial prompt (and hotwords) is the text before the first window, as in openai/whisper's transcribe
-        initial, prompt = prompt[1:sot], prompt[sot:]
-        prev = initial + f.tokens if options.condition_on_previous_text else initial if f.seek == 0 else []
-        if prev:
-            prompt = [prev_id] + prev[-max_prev:] + prompt
-        enc.target.prompts = [prompt]
-        enc.caps = [min(enc.caps[0], limit - len(prompt))]
-        if enc.target.sampling is not None:  # each window its own noise (file, window start)
-            enc.target.sampling = [(enc.target.sampling[0][0], row_seed(options.seed, k, f.seek))]
-        ready.append(method.admission(target, stamped, [(k, f.seek)], enc))  # row keys are unique in a stream
-        in_flight[0] += 1
 
-    def source():
-        while in_flight[0] or ready:
-            yield ready.popleft() if ready else None
+class _Sequential:
+    """The state of one :func:`decode_sequential` call: the files, their seeks and conditioning text."""
 
-    for k in range(len(files)):
-        enqueue(k)
-    loop = method.stream(target, stamped, draft, limit)
-    for (k, _), hyp in loop.decode_stream(source(), slots, max_cap=limit, max_prompt=limit):
-        in_flight[0] -= 1
-        f = files[k]
-        s, h = f.stats, hyp.stats
-        for name in ("target_forward_passes", "draft_forward_passes", "draft_tokens_proposed",
-                     "draft_tokens_accepted", "rounds"):
+    def __init__(self, target: WhisperASR, options: DecodeOptions, audios: list[np.ndarray], encode: Callable,
+                 keys: Optional[list[str]]) -> None:
+        self.target, self.encode = target, encode
+        self.options = DecodeOptions(**{**options.__dict__, "timestamps": "segment"})
+        self.tt = target.timestamp_tokens
+        self.rate = target.sample_rate
+        self.window = int(target.max_audio_seconds * self.rate)
+        self.prev_id = target.tokenizer.convert_tokens_to_ids("<|startofprev|>")
+        self.max_prev = target.max_target_positions // 2 - 1
+        self.limit = target.max_target_positions - 1
+        self.files = [_File(a) for a in audios]
+        self.keys = list(keys) if keys is not None else [str(k) for k in range(len(audios))]
+        self.threshold = None if options.short_window_s else options.no_speech_threshold
+
+    def chunk(self, k: int) -> Optional[np.ndarray]:
+        """File ``k``'s next window, or None where what is left is too short to decode."""
+        f = self.files[k]
+        chunk = f.audio[f.seek: f.seek + self.window]
+        return chunk if len(chunk) >= MIN_WINDOW_S * self.rate else None
+
+    def encoded(self, ks: list[int], chunks: list[np.ndarray]):
+        """The next windows of files ``ks`` as one batch, each row prompted with its file's previous text."""
+        keys = [f"{self.keys[k]}\x1f{self.files[k].seek}" for k in ks]  # file, window start
+        enc = self.encode(self.options, chunks, [len(c) / self.rate for c in chunks], keys)
+        prompts = []
+        for r, k in enumerate(ks):
+            f, prompt = self.files[k], enc.target.prompts[r]
+            sot = prompt.index(self.target.prompt_ids[0])
+            # an initial prompt (and hotwords) is the text before the first window, as in openai/whisper's transcribe
+            if f.prev is None:
+                f.prev = prompt[1:sot]
+            prompt = prompt[sot:]
+            if f.prev:
+                prompt = [self.prev_id] + f.prev[-self.max_prev:] + prompt
+            prompts.append(prompt)
+            enc.caps[r] = min(enc.caps[r], self.limit - len(prompt))
+        enc.target.prompts = prompts
+        return enc
+
+    def finish(self, k: int, hyp: Hypothesis) -> None:
+        """Keep file ``k``'s decoded window and move its seek (a window judged silence is skipped)."""
+        f, h = self.files[k], hyp.stats
+        s = f.stats
+        for name in COUNTERS:
             setattr(s, name, getattr(s, name) + getattr(h, name))
+        s.temperature = max(s.temperature, h.temperature)
         f.routes.add(hyp.route)
-        chunk = min(window, len(f.audio) - f.seek)
-        if threshold is not None and h.no_speech_prob is not None and h.no_speech_prob > threshold:
+        chunk = min(self.window, len(f.audio) - f.seek)
+        if self.threshold is not None and h.no_speech_prob is not None and h.no_speech_prob > self.threshold:
             f.seek += chunk  # silence: skip the window
-        else:
-            f.finished &= hyp.finished
-            _advance(f, hyp, tt, chunk, rate, target.decode_text)
-        if f.seek < len(f.audio):
-            enqueue(k)
-    out = []
-    for f in files:
-        route = f.routes.pop() if len(f.routes) == 1 else ("mixed" if f.routes else "no_speech")
-        out.append((Hypothesis(f.tokens, f.finished, route, f.stats), f.segments))
-    return out
+            return
+        f.finished &= hyp.finished
+        before = len(f.tokens)
+        _advance(f, hyp, self.tt, chunk, self.rate, self.target.decode_text)
+        if self.options.condition_on_previous_text and h.temperature <= 0.5:
+            f.prev += f.tokens[before:]
+        else:  # openai/whisper's prompt_reset_since
+            f.prev = []
 
+    def stream(self, slots: int, draft: Optional[WhisperASR]) -> None:
+        """Every file's windows in one continuous batch: a file's next window joins as its last one finishes."""
+        method = METHODS[self.options.method]
+        ready: deque = deque()
+        in_flight = [0]
+
+        def enqueue(k: int) -> None:
+            chunk = self.chunk(k)
+            if chunk is None:
+                return
+            enc = self.encoded([k], [chunk])
+            key = (k, self.files[k].seek)  # row keys are unique in a stream
+            ready.append(method.admission(self.target, self.options, [key], enc))
+            in_flight[0] += 1
+
+        def source():
+            while in_flight[0] or ready:
+                yield ready.popleft() if ready else None
+
+        for k in range(len(self.files)):
+            enqueue(k)
+        loop = method.stream(self.target, self.options, draft, self.limit)
+        for (k, _), hyp in loop.decode_stream(source(), slots, max_cap=self.limit, max_prompt=self.limit):
+            in_flight[0] -= 1
+            self.finish(k, hyp)
+            if self.files[k].seek < len(self.files[k].audio):
+                enqueue(k)
+
+    def rounds(self, slots: int, decode: Callable) -> None:
+        """The next window of up to ``slots`` files at a time as one batch (beam search, fallback), until every file
+        is done."""
+        while True:
+            todo = [(k, c) for k in range(len(self.files)) if (c := self.chunk(k)) is not None]
+            if not todo:
+                return
+            for s in range(0, len(todo), slots):
+                ks, chunks = zip(*todo[s: s + slots])
+                for k, hyp in zip(ks, decode(self.options, self.encoded(list(ks), list(chunks)))):
+                    self.finish(k, hyp)
+
+    def results(self) -> list[tuple[Hypothesis, list[dict]]]:
+        out = []
+        for f in self.files:
+            route = f.routes.pop() if len(f.routes) == 1 else ("mixed" if f.routes else "no_speech")
+            out.append((Hypothesis(f.tokens, f.finished, route, f.stats), f.segments))
+        return out

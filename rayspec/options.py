@@ -1,7 +1,7 @@
 """Command-line options shared by ``rayspec`` (cli.py, bench/cli.py), the Ray jobs (``jobs/``) and the Serve app.
 
 Every decoding option and its default is defined once here (:func:`add_decode_args`); :func:`decode_options` turns
-parsed arguments into :class:`~rayspec.pipeline.DecodeOptions`, and :func:`decode_options_from` does the same for a
+parsed arguments into :class:`~rayspec.decoding.options.DecodeOptions`, and :func:`decode_options_from` does the same for a
 plain mapping (Serve's ``build_app`` arguments), so a method means the same thing everywhere.
 """
 
@@ -10,12 +10,13 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import dataclass
-from typing import Optional
-
-import torch
+from typing import TYPE_CHECKING, Optional
 
 from .batching import BatchBudget, budget_for_model
-from .compute import COMPUTE_TYPES, DTYPES, ComputeType, default_name, resolve
+from .compute import COMPUTE_TYPES, DTYPE_NAMES, ComputeType, default_name, dtype_of, resolve
+
+if TYPE_CHECKING:  # the CLI and a Ray job's driver parse their options without torch
+    import torch
 
 EXIT_USAGE = 2
 EXIT_SOME_FAILED = 3
@@ -43,7 +44,7 @@ def add_model_args(p: argparse.ArgumentParser, target: str | None = None) -> Non
                         "speed, WER 3.38%% vs 3.32%%), float32 elsewhere. float32 is the exact reference (the transcripts of "
                         "earlier releases); every exact method equals ar at any type. Default: "
                         "$RAYSPEC_COMPUTE_TYPE if set, else auto")
-    g.add_argument("--encoder-dtype", choices=sorted(DTYPES), default=None,
+    g.add_argument("--encoder-dtype", choices=sorted(DTYPE_NAMES), default=None,
                    help="run the encoder in this dtype, its states cast back to --compute-type for the decoder "
                         "(e.g. --compute-type float32 --encoder-dtype bfloat16: a bfloat16 encoder with a float32 "
                         "decoder); every method stays exact against ar at the same setting. Default: --compute-type")
@@ -51,15 +52,12 @@ def add_model_args(p: argparse.ArgumentParser, target: str | None = None) -> Non
 
 
 def add_decode_args(p: argparse.ArgumentParser) -> None:
-    from .decoding.speculative import SpeculationOptions
-    from .decoding.ssd import SSDOptions
-    from .methods import METHODS
-    from .runner.static_step import DEFAULT_MAX_BATCH, STATIC_STEP_MODES
-    from .spec_decode.loop import CPU_SPECULATE_MAX_ROWS
+    from .decoding.options import (CPU_SPECULATE_MAX_ROWS, DEFAULT_MAX_BATCH, METHOD_SUMMARIES, STATIC_STEP_MODES,
+                                   SpeculationOptions, SSDOptions)
 
     g = p.add_argument_group("decoding")
-    g.add_argument("--method", choices=sorted(METHODS), default="ar",
-                   help=" ".join(f"{m.name}: {m.summary}." for m in METHODS.values()) + " default: ar")
+    g.add_argument("--method", choices=sorted(METHOD_SUMMARIES), default="ar",
+                   help=" ".join(f"{name}: {summary}." for name, summary in METHOD_SUMMARIES.items()) + " default: ar")
     g.add_argument("--speculate-max-rows", type=_max_rows, default="auto", metavar="ROWS",
                    help="speculative methods verify drafts only in decoder rounds with at most ROWS live rows; larger "
                         "rounds are plain target steps (as vLLM's disable_by_batch_size; the transcripts are the same "
@@ -93,8 +91,8 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "0,0.2,0.4,0.6,0.8,1.0 (openai/whisper's and faster-whisper's default): temperature fallback, "
                         "a row whose text repeats itself (--compression-ratio-threshold) or whose average "
                         "log-probability is below --log-prob-threshold is decoded again at the next temperature, "
-                        "--best-of samples kept the likeliest; the row's temperature column says which was used (--long-form "
-                        "sequential decodes its windows at the first temperature only)")
+                        "--best-of samples kept the likeliest; the row's temperature column says which was used (with "
+                        "--long-form sequential, window by window as openai/whisper's transcribe does)")
     g.add_argument("--beam-size", type=int, default=1,
                    help="beam search with this many beams (openai/whisper's and faster-whisper's beam_size; 5 is "
                         "their default) at temperature 0; 1: greedy (default). Tokens equal openai/whisper's beam "
@@ -254,7 +252,7 @@ def _max_rows(value: str) -> str:
 
 
 def max_rows_value(value: str):
-    """``--speculate-max-rows`` as :attr:`~rayspec.methods.DecodeOptions.speculate_max_rows`: None (auto), 0 (all)
+    """``--speculate-max-rows`` as :attr:`~rayspec.decoding.options.DecodeOptions.speculate_max_rows`: None (auto), 0 (all)
     or the row count.
 
     Raises:
@@ -268,7 +266,7 @@ def max_rows_value(value: str):
 
 
 def speculation_options(args):
-    from .decoding.speculative import SpeculationOptions
+    from .decoding.options import SpeculationOptions
 
     return SpeculationOptions(
         max_draft=args.draft_max, threshold=args.draft_threshold, recycle=args.recycle,
@@ -278,11 +276,8 @@ def speculation_options(args):
 
 
 def decode_options(args):
-    """:class:`~rayspec.pipeline.DecodeOptions` from parsed CLI arguments."""
-    from .decoding.ssd import SSDOptions
-    from .pipeline import DecodeOptions
-
-    from .decoding.medusa_proposer import MedusaOptions
+    """:class:`~rayspec.decoding.options.DecodeOptions` from parsed CLI arguments."""
+    from .decoding.options import DecodeOptions, MedusaOptions, SSDOptions
 
     ssd = SSDOptions(args.tau_ctc, args.tau_slm, args.exact, True, args.fallback, speculation_options(args))
     medusa = MedusaOptions(args.medusa, args.acceptance, args.typical_epsilon, args.typical_delta)
@@ -337,7 +332,7 @@ def transcriber_spec(args) -> TranscriberSpec:
     """The :class:`TranscriberSpec` of parsed ``rayspec transcribe`` / ``python -m jobs.transcribe`` arguments.
 
     Raises:
-        ValueError: decoding options that do not go together (see :class:`~rayspec.methods.DecodeOptions`).
+        ValueError: decoding options that do not go together (see :class:`~rayspec.decoding.options.DecodeOptions`).
     """
     return TranscriberSpec(args.target, args.draft, args.ctc, args.device, args.compute_type, decode_options(args),
                            encoder_dtype(args), limits_from_args(args), args.threads)
@@ -371,7 +366,7 @@ def compute_type(args, device: Optional[str] = None, announce: bool = False) -> 
 
 def encoder_dtype(args):
     """``--encoder-dtype`` as a torch dtype, or None (the encoder runs in ``--dtype``)."""
-    return DTYPES[args.encoder_dtype] if getattr(args, "encoder_dtype", None) else None
+    return dtype_of(args.encoder_dtype) if getattr(args, "encoder_dtype", None) else None
 
 
 def limits_from_args(args):
@@ -431,7 +426,7 @@ def decode_option_names() -> set[str]:
 
 
 def decode_options_from(values: dict):
-    """:class:`~rayspec.pipeline.DecodeOptions` from a mapping of option names (``method``, ``tau_ctc``, ...; see
+    """:class:`~rayspec.decoding.options.DecodeOptions` from a mapping of option names (``method``, ``tau_ctc``, ...; see
     :func:`decode_option_names`), every other option at the CLI's default. Strings are converted to the option's
     type (environment variables arrive as strings; "1"/"true"/"yes"/"on" are true).
 

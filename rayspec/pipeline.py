@@ -23,13 +23,12 @@ from __future__ import annotations
 import functools
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterable, Iterator, Optional
+from typing import Any, Iterable, Iterator, Optional
 
 import numpy as np
 import torch
 
 from .audio import AudioError, AudioLimits, load_audio
-from .batching import BatchBudget, budget_for_model, plan_batches
 from .compute import as_dtype, label as compute_type_label
 from .decoding.common import DecodeStats, Hypothesis, compression_ratio, token_cap
 from .decoding.beam import beam_decode
@@ -38,14 +37,16 @@ from .decoding.fallback import decode_with_fallback
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
 from .decoding.ssd import ctc_drafts
 from .longform import decode_sequential
-from .manifest import RequestOptions, Utterance, estimated_seconds
-from .methods import METHODS, DecodeOptions, Encoded, ProposerFactory
+from .manifest import RequestOptions, Utterance
+from .decoding.options import DecodeOptions
+from .methods import METHODS, Encoded, ProposerFactory
 from .models.ctc import CTCHead
 from .models.errors import ModelLoadError
 from .models.registry import DEFAULT_TARGET, default_drafter
 from .models.encoded import EncoderOutput
 from .models.whisper import WhisperASR
-from .results import ResultRow, ResultWriter
+from .results import ResultRow
+from .runs import internal_error_row
 from .runner.static_step import prepare_static_steps
 from .spec_decode.gumbel import row_seed
 from .spec_decode.loop import Proposer, speculate_max_rows
@@ -796,8 +797,16 @@ class Transcriber:
             except AudioError as exc:
                 rows[i] = dec._row(u, None, 0.0, name, error=str(exc), code=exc.code)
         if loaded:
-            encode = lambda options, a, d: encode_audio(self.target, options, a, d, self.draft, self.ctc)  # noqa: E731
-            results = decode_sequential(self.target, self.options, loaded, len(loaded), encode, self.draft)
+            def encode(options, waveforms, durations, keys):
+                return encode_audio(self.target, options, waveforms, durations, self.draft, self.ctc, keys)
+
+            def decode(options, encoded):
+                proposers = (local_proposers(self.draft, encoded, speculation_options(options))
+                             if needs_draft(options) else None)
+                return decode_encoded(self.target, options, encoded, proposers)
+
+            results = decode_sequential(self.target, self.options, loaded, len(loaded), encode, self.draft, decode,
+                                        [utterances[i].id for i in where])
             seconds, total = time.perf_counter() - t0, sum(len(a) for a in loaded)
             for i, a, (h, segs) in zip(where, loaded, results):
                 rows[i] = dec._row(utterances[i], h, seconds * len(a) / total, name, duration=len(a) / rate)
@@ -868,85 +877,3 @@ class Transcriber:
                 if item is None:
                     break
         yield from finished
-
-
-def internal_error_row(u: Utterance, exc: BaseException, method: str) -> ResultRow:
-    """The row of an utterance whose decoding raised on its own (error code "internal")."""
-    return ResultRow(id=u.id, corpus=u.corpus, audio=u.audio, reference=u.text, duration_s=u.duration_s,
-                     method=method, error=f"{type(exc).__name__}: {exc}"[:2000], error_code="internal")
-
-
-def pending_batches(utterances: list[Utterance], writer: ResultWriter, budget: BatchBudget) -> list[list[Utterance]]:
-    """Length-sorted token-budget batches of the utterances not yet in ``writer``'s output."""
-    todo = [u for u in utterances if u.id not in writer.done_ids]
-    return plan_batches(todo, [estimated_seconds(u) for u in todo], budget)
-
-
-@dataclass
-class RunSummary:
-    """What a corpus run did: rows written this run, failures, audio seconds, wall seconds (decoding; model loading
-    and actor start-up, where measured, in ``startup_s``)."""
-
-    written: int = 0
-    failed: int = 0
-    skipped: int = 0
-    audio_s: float = 0.0
-    wall_s: float = 0.0
-    startup_s: float = 0.0
-    failures: list = field(default_factory=list)
-
-    @property
-    def rtfx(self) -> float:
-        return self.audio_s / self.wall_s if self.wall_s else 0.0
-
-    def add(self, rows: Iterable[ResultRow]) -> None:
-        for r in rows:
-            self.written += 1
-            if r.error:
-                self.failed += 1
-                self.failures.append((r.id, r.error))
-            else:
-                self.audio_s += r.duration_s or 0.0
-
-
-def run_corpus(
-    utterances: list[Utterance],
-    transcriber: Transcriber,
-    output: str,
-    budget: Optional[BatchBudget] = None,
-    progress: Optional[Callable[[int], None]] = None,
-    continuous: bool = True,
-) -> RunSummary:
-    """Transcribe a corpus in-process into ``output`` (resuming), then merge the results file.
-
-    Args:
-        budget: batch budget; default :class:`BatchBudget` for the transcriber's target
-            (:func:`~rayspec.batching.budget_for_model`).
-        continuous: continuous batching (:meth:`Transcriber.transcribe_stream`, longest batches first, as many
-            rows at once as the largest planned batch); False decodes the planned batches one after another.
-
-    Raises:
-        OutputLockedError: another live job writes ``output``.
-    """
-    writer = ResultWriter(output)
-    try:
-        budget = budget or budget_for_model(BatchBudget(), transcriber.target.config)
-        batches = pending_batches(utterances, writer, budget)
-        summary = RunSummary(skipped=len(utterances) - sum(len(b) for b in batches))
-        t0 = time.perf_counter()
-        if continuous and batches:
-            # Longest first: later rows are shorter, so their cross-attention fits the first rows' cache.
-            batches = batches[::-1]
-            done = transcriber.transcribe_stream(((b, None) for b in batches), max(len(b) for b in batches))
-        else:
-            done = ((k, transcriber.transcribe(b)) for k, b in enumerate(batches))
-        for k, rows in done:
-            writer.write(rows)
-            summary.add(rows)
-            if progress:
-                progress(len(batches[k]))
-        summary.wall_s = time.perf_counter() - t0
-        writer.finalize()
-    finally:
-        writer.close()
-    return summary

@@ -48,3 +48,18 @@ def test_methods_table_reports_the_encoder_bound():
     assert cells["bound (free decode)"] == "1.67x" and cells["share of bound"] == f"{100 * 0.25 / (10 / 6 - 1):.0f}%"
     assert cells["decode speed-up vs AR"] == "2.00x"
     assert dict(zip(bench.HEADERS["methods"], bench._cells(ar, "methods", ar)))["share of bound"] == "-"
+
+
+def test_end_to_end_table_reads_both_summaries_and_sums_rounds():
+    from jobs.ray_e2e import SUMMARY, summary
+
+    job = "99 utterances written (0 already done), 0 failed, 649.1 s of audio in 33.3 s after 5.4 s of start-up (RTFx 19.5)"
+    local = "99 utterances written (0 already done), 0 failed, 649.1 s of audio in 36.5 s (RTFx 17.8) -> x.parquet"
+    assert SUMMARY.search(job).groups() == ("99", "649.1", "33.3", "5.4")
+    assert SUMMARY.search(local).groups() == ("99", "649.1", "36.5", None)
+    rows = [{"config": c, "end_to_end_s": e, "transcribe_s": t, "startup_s": s, "other_s": e - t - s}
+            for c, e, t, s in (("in-process", 40.0, 36.0, 0.0), ("ray job submit", 50.0, 33.0, 5.0),
+                               ("ray job submit", 46.0, 32.0, 5.0), ("in-process", 42.0, 37.0, 0.0))]
+    table = summary(rows)
+    assert table[2].startswith("| in-process | 82.0 |") and table[2].endswith("| 1.00x |")
+    assert table[3] == "| ray job submit | 96.0 | 65.0 | 10.0 | 21.0 | 1.17x |"

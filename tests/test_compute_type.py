@@ -153,7 +153,8 @@ def test_default_batching_gives_batch_one_transcripts_in_float32(tmp_path):
     from rayspec.batching import BatchBudget
     from rayspec.manifest import read_manifest
     from rayspec.models.errors import ModelLoadError
-    from rayspec.pipeline import DecodeOptions, Transcriber, run_corpus
+    from rayspec.pipeline import DecodeOptions, Transcriber
+    from rayspec.runs import run_corpus
 
     try:
         transcriber = Transcriber("whisper-tiny.en", options=DecodeOptions("ar"))

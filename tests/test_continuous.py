@@ -294,7 +294,7 @@ def test_cache_drop_moves_only_the_rows_that_fill_holes(tiny_target):
 
 def _run(tmp_path, name, utts, transcriber, continuous, max_rows=3):
     from rayspec.batching import BatchBudget
-    from rayspec.pipeline import run_corpus
+    from rayspec.runs import run_corpus
     from rayspec.results import read_results
 
     out = str(tmp_path / f"{name}.parquet")

@@ -1,10 +1,14 @@
-"""The library (rayspec/) never imports Ray; Ray lives in actors/ and jobs/."""
+"""The library (rayspec/) never imports Ray; Ray lives in actors/ and jobs/; no import cycles; a Ray job's driver
+imports no torch."""
 
+import os
 import pkgutil
 import subprocess
 import sys
 
 import rayspec
+
+ROOT = os.path.join(os.path.dirname(__file__), "..")
 
 
 def test_no_library_module_imports_ray():
@@ -61,3 +65,22 @@ def test_module_level_imports_form_no_cycle():
         if name not in done:
             visit(name, [name])
     assert "rayspec.pipeline" not in _imports(paths["rayspec.methods"], "rayspec.methods", False)
+
+
+def test_the_ray_job_driver_plans_without_torch():
+    # the driver parses and checks the options, reads the manifest and the model's config and plans the batches; torch
+    # (2 s) and transformers (1.5 s) load in the actors only
+    code = """
+import sys
+from jobs.transcribe import build_parser
+from rayspec.models.registry import read_config, resolve_model
+from rayspec.options import budget_from_args, transcriber_spec
+for argv in ([], ["--method", "ssd", "--beam-size", "5", "--temperature", "0,0.4"], ["--method", "medusa"]):
+    args = build_parser().parse_args(argv)
+    spec = transcriber_spec(args)
+    budget = budget_from_args(args, read_config(resolve_model("whisper-base")))
+heavy = sorted(m for m in ("torch", "transformers", "pandas") if m in sys.modules)
+assert not heavy, heavy
+"""
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]

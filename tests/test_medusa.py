@@ -103,7 +103,8 @@ def test_typical_acceptance_runs_and_keeps_lengths_within_caps(tiny_target):
 
 
 def test_default_tree_follows_the_device():
-    from rayspec.decoding.medusa_proposer import CPU_TREE, MedusaOptions, default_tree
+    from rayspec.decoding.medusa_proposer import CPU_TREE, default_tree
+    from rayspec.decoding.options import MedusaOptions
 
     assert default_tree(torch.device("cpu")) == CPU_TREE == ((0,), (1,), (2,))
     assert default_tree(torch.device("cuda")) == SPARSE_TREE

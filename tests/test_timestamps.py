@@ -367,7 +367,7 @@ def test_sequential_long_form_is_exact_and_advances(ts_target, ts_draft):
     out = {}
     for method in ("ar", "draft"):
         opt = DecodeOptions(method, no_speech_threshold=None, long_form="sequential")
-        encode = lambda o, a, d: encode_audio(ts_target, o, a, d, ts_draft)  # noqa: E731
+        encode = lambda o, a, d, k: encode_audio(ts_target, o, a, d, ts_draft, keys=k)  # noqa: E731
         with torch.inference_mode():
             out[method] = decode_sequential(ts_target, opt, long, 2, encode, ts_draft)
     assert [h.tokens for h, _ in out["draft"]] == [h.tokens for h, _ in out["ar"]]
@@ -377,3 +377,41 @@ def test_sequential_long_form_is_exact_and_advances(ts_target, ts_draft):
         starts = [s["start_s"] for s in segs]
         assert starts == sorted(starts) and segs[-1]["end_s"] <= len(audio) / 16000 + 5
         assert segs[-1]["start_s"] > 5  # it went past the first window
+
+
+def test_sequential_long_form_with_beam_search_and_fallback(ts_target, ts_draft):
+    """Beam search and temperature fallback in sequential long form decode window rounds through the batch path:
+    greedy rounds equal the continuous stream; a window redone at every temperature ends above 0.5, so the next
+    window reads no previous text (openai/whisper's prompt_reset_since); draft == ar under seeded sampling and
+    under beam search."""
+    from rayspec.longform import decode_sequential
+    from rayspec.methods import DecodeOptions
+    from rayspec.pipeline import decode_encoded, encode_audio, local_proposers, needs_draft, speculation_options
+
+    rng = np.random.default_rng(2)
+    long = [np.concatenate([AUDIO[j] for j in rng.permutation(8)[:5]]) for _ in range(3)]
+    encode = lambda o, a, d, k: encode_audio(ts_target, o, a, d, ts_draft, keys=k)  # noqa: E731
+
+    def decode(o, enc):
+        proposers = local_proposers(ts_draft, enc, speculation_options(o)) if needs_draft(o) else None
+        return decode_encoded(ts_target, o, enc, proposers)
+
+    def run(method, slots=2, **kw):
+        opt = DecodeOptions(method, no_speech_threshold=None, long_form="sequential", **kw)
+        with torch.inference_mode():
+            return decode_sequential(ts_target, opt, long, slots, encode, ts_draft, decode, ["a", "b", "c"])
+
+    tokens = lambda out: [h.tokens for h, _ in out]  # noqa: E731
+    stream = run("ar")
+    never = dict(log_prob_threshold=None, compression_ratio_threshold=None)
+    assert tokens(run("ar", temperatures=(0.0, 0.4), **never)) == tokens(stream)  # rounds, nothing redone
+    # every window fails (its average log-probability is below 0) and is redone up to 0.8 with 2 samples each
+    always = dict(temperatures=(0.0, 0.4, 0.8), best_of=2, log_prob_threshold=0.0)
+    hot = {m: run(m, **always) for m in ("ar", "draft")}
+    assert tokens(hot["draft"]) == tokens(hot["ar"]) != tokens(stream)
+    assert all(h.stats.temperature == 0.8 for h, _ in hot["ar"])
+    assert all(a.stats.target_forward_passes > b.stats.target_forward_passes for (a, _), (b, _) in zip(hot["ar"], stream))
+    assert tokens(run("ar", slots=3, **always)) == tokens(hot["ar"])  # seeds follow the file and window
+    assert tokens(run("ar", condition_on_previous_text=False, **always)) == tokens(hot["ar"])
+    beam = {m: run(m, beam_size=2) for m in ("ar", "draft")}
+    assert tokens(beam["draft"]) == tokens(beam["ar"]) and all(h.route == "beam" for h, _ in beam["ar"])

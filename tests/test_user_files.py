@@ -74,7 +74,7 @@ def _help_texts() -> list[str]:
     from rayspec.cli import build_parser
 
     todo = [build_parser()] + [importlib.import_module(f"jobs.{name}").build_parser()
-                               for name in ("transcribe", "transcribe_data", "synthesize", "scaling", "ray_bench")]
+                               for name in ("transcribe", "transcribe_data", "synthesize", "scaling", "ray_bench", "ray_e2e")]
     texts = []
     while todo:
         parser = todo.pop()

@@ -36,9 +36,8 @@ from tqdm import tqdm
 
 from ..batching import BatchBudget, plan_batches
 from ..decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, Hypothesis, token_cap
-from ..decoding.medusa_proposer import SPARSE_TREE, MedusaOptions
-from ..decoding.speculative import SpeculationOptions
-from ..decoding.ssd import SSDOptions
+from ..decoding.medusa_proposer import SPARSE_TREE
+from ..decoding.options import MedusaOptions, SSDOptions, SpeculationOptions
 from ..metrics import error_rates
 from ..pipeline import DecodeOptions, decode_batch, encode_audio, stream_decode
 from .tables import write_table
@@ -227,7 +226,7 @@ def _run(name, options, models, audios, durations, batches, timings: dict) -> li
 
 def run_bench(models, audios, references, configs, batch_sizes=(1, 16), hf_assisted=False, progress=True,
               repeats: int = 1, keep: Optional[dict] = None):
-    """Run ``configs`` (name, :class:`~rayspec.pipeline.DecodeOptions`; the first must be AR) at each batch size.
+    """Run ``configs`` (name, :class:`~rayspec.decoding.options.DecodeOptions`; the first must be AR) at each batch size.
 
     Args:
         models: ``(target, draft or None, ctc head or None)``.

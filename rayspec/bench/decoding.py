@@ -599,7 +599,7 @@ def cmd_bench_decoding(args) -> int:
     if not args.manifests:
         raise ValueError("--suite decoding needs at least one manifest (clips with references)")
     from ..audio import load_audio
-    from ..compute import DTYPES
+    from ..compute import dtype_of
     from ..manifest import read_manifest
     from .process import cpu_description
 
@@ -610,7 +610,7 @@ def cmd_bench_decoding(args) -> int:
     utts = [u for m in args.manifests for u in read_manifest(m)]
     if args.limit:
         utts = utts[: args.limit]
-    rs = RayspecEngine(args.target, args.device, DTYPES[ctype], args.draft, args.ctc, args.medusa)
+    rs = RayspecEngine(args.target, args.device, dtype_of(ctype), args.draft, args.ctc, args.medusa)
     target = rs.target
     rate = target.sample_rate
     audios = [load_audio(u.audio, rate) for u in tqdm(utts, desc="audio", leave=False)]

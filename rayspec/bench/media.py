@@ -169,7 +169,8 @@ def _formats_section(utts, tmp: str, target: str) -> list[str]:
     import shutil
 
     from ..manifest import read_manifest
-    from ..pipeline import Transcriber, run_corpus
+    from ..pipeline import Transcriber
+    from ..runs import run_corpus
     from ..scoring import score_results
 
     rows = _write_formats(utts, tmp)

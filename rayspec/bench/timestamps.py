@@ -108,14 +108,14 @@ def _fmt_ms(x: float) -> str:
 # --- the engines -----------------------------------------------------------------------------------------------
 
 def has_option(name: str) -> bool:
-    """Whether this build's :class:`~rayspec.methods.DecodeOptions` has the field ``name``."""
+    """Whether this build's :class:`~rayspec.decoding.options.DecodeOptions` has the field ``name``."""
     from ..methods import DecodeOptions
 
     return name in {f.name for f in fields(DecodeOptions)}
 
 
 def rayspec_options(method: str, timestamps: str = "none", **extra):
-    """:class:`~rayspec.methods.DecodeOptions` of ``method`` with ``timestamps`` (and ``extra`` fields), or None
+    """:class:`~rayspec.decoding.options.DecodeOptions` of ``method`` with ``timestamps`` (and ``extra`` fields), or None
     when this build lacks one of them."""
     from ..methods import DecodeOptions
 

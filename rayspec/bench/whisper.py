@@ -11,7 +11,7 @@ For each target (default ``whisper-base`` and ``whisper-tiny.en``) and each mani
 
 ``--whisper-targets`` entries may name an encoder compute type after ``@`` (``whisper-base@bfloat16``: the encoder in
 bfloat16, the decoder in float32) and a short encoder window after ``:short=`` (``whisper-base:short=10``: the
-``--short-window 10`` of :class:`~rayspec.methods.DecodeOptions`), so a lossy setting's WER and speed sit beside the
+``--short-window 10`` of :class:`~rayspec.decoding.options.DecodeOptions`), so a lossy setting's WER and speed sit beside the
 reference's in the same run.
 
 Writes ``bench-whisper.md`` / ``.csv`` into the output folder.

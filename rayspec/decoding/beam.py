@@ -32,7 +32,6 @@ cross-attention memory of its own (whisper-base holds 37 MB of it per audio in f
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -47,6 +46,7 @@ from ..models.whisper import KEY_BLOCK, WhisperASR
 from ..runner.attention import decode_attention
 from ..spec_decode.timestamps import apply_rules, rule_bounds
 from .common import DecodeStats, Hypothesis
+from .options import BeamOptions
 
 ROUTE = "beam"
 
@@ -154,44 +154,6 @@ def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torc
         hidden = norm(dec.layer_norm, x)
     cache.pending = q
     return hidden
-
-
-@dataclass(frozen=True)
-class BeamOptions:
-    """Beam search settings (openai/whisper's ``DecodingOptions`` fields of the same names).
-
-    Attributes:
-        beam_size: beams kept per audio (1: greedy decoding's tokens).
-        patience: the search of an audio stops once ``round(beam_size * patience)`` finished candidates are held
-            (Kasai et al. 2022, arXiv:2204.05424); 1.0 is the usual beam search.
-        length_penalty: None ranks finished candidates by summed log-probability over length; ``alpha`` in [0, 1]
-            divides by Google NMT's ``((5 + length) / 6) ** alpha`` instead.
-
-    Raises:
-        ValueError: a beam size below 1 or not an integer, a patience that is not a finite number > 0 or that leaves
-            no candidate (``round(beam_size * patience) < 1``), a length penalty outside [0, 1].
-    """
-
-    beam_size: int = 5
-    patience: float = 1.0
-    length_penalty: Optional[float] = None
-
-    def __post_init__(self) -> None:
-        if isinstance(self.beam_size, bool) or not isinstance(self.beam_size, (int, np.integer)) or self.beam_size < 1:
-            raise ValueError(f"beam_size must be an integer >= 1, got {self.beam_size!r}")
-        if isinstance(self.patience, bool) or not isinstance(self.patience, (int, float)) or not (
-                math.isfinite(self.patience) and self.patience > 0):
-            raise ValueError(f"patience must be a finite number > 0, got {self.patience!r}")
-        if self.max_candidates < 1:
-            raise ValueError(f"beam_size {self.beam_size} x patience {self.patience} rounds to no finished candidate")
-        lp = self.length_penalty
-        if lp is not None and (isinstance(lp, bool) or not isinstance(lp, (int, float)) or not 0 <= lp <= 1):
-            raise ValueError(f"length_penalty must be None or a number in [0, 1], got {lp!r}")
-
-    @property
-    def max_candidates(self) -> int:
-        """Finished candidates an audio collects before its search stops: ``round(beam_size * patience)``."""
-        return round(self.beam_size * self.patience)
 
 
 class MaximumLikelihoodRanker:

@@ -14,7 +14,6 @@ target's keys/values of its last decoder layer, which the loop hands over from i
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import torch
@@ -41,33 +40,6 @@ def default_tree(device: torch.device) -> tuple[tuple[int, ...], ...]:
     """The candidate tree :class:`MedusaOptions` uses unless given one: :data:`CPU_TREE` on a CPU, else
     :data:`SPARSE_TREE`."""
     return CPU_TREE if torch.device(device).type == "cpu" else SPARSE_TREE
-
-
-@dataclass(frozen=True)
-class MedusaOptions:
-    """Options of the medusa method.
-
-    Attributes:
-        heads: Medusa heads directory (default: the heads bundled for the target, if any).
-        acceptance: "greedy" (exact: output == the target's greedy output) or "typical" (Medusa's typical
-            acceptance, lossy).
-        epsilon, delta: typical acceptance keeps a token whose probability exceeds ``min(epsilon, delta * exp(-H))``.
-        tree: candidate paths of the sparse tree; None: :func:`default_tree` for the target's device.
-    """
-
-    heads: Optional[str] = None
-    acceptance: str = "greedy"
-    epsilon: float = 0.09
-    delta: float = 0.3
-    tree: Optional[tuple[tuple[int, ...], ...]] = None
-
-    def __post_init__(self):
-        if self.acceptance not in ("greedy", "typical"):
-            raise ValueError(f"acceptance must be 'greedy' or 'typical', not {self.acceptance!r}")
-
-    def tree_for(self, device: torch.device) -> tuple[tuple[int, ...], ...]:
-        """The candidate paths in effect on ``device``."""
-        return self.tree if self.tree is not None else default_tree(device)
 
 
 @functools.lru_cache(maxsize=4)

@@ -35,50 +35,7 @@ from ..models.encoded import EncoderOutput
 from ..models.whisper import WhisperASR
 from ..spec_decode.loop import DraftRequest, Feedback, Proposal
 from ..spec_decode.tree import DraftTree
-
-
-@dataclass(frozen=True)
-class SpeculationOptions:
-    """Options of draft-model speculation (defaults: SpecASR's adaptive length and recycling, no token tree).
-
-    The defaults were the fastest exact configuration at batch 1 and within 1% of the fastest at batch 16 with the zoo
-    on a CPU (``rayspec bench --suite spec --repeats 3``, AN4 test): a draft pass there costs about a third of a
-    target pass (per-call overhead dominates at these sizes), so long drafts (SpecASR used 24 tokens) and the tree's
-    second drafting pass cost more than the target passes they save. On a GPU with a large target, raise
-    ``max_draft`` and try ``tree``.
-
-    Attributes:
-        max_draft: most trunk tokens per round (SpecASR: 24; default 8).
-        threshold: adaptive drafting stops after the first token whose draft top-1 probability is below this
-            (SpecASR IV.A: 0.4); 0 drafts exactly ``max_draft`` tokens (fixed-length speculation).
-        recycle: reuse the rejected draft suffix where the new draft re-joins it (IV.B).
-        tree: draft branches at uncertain trunk positions and verify a token tree (IV.C).
-        tree_threshold: trunk positions with top-1 probability below this are branch candidates.
-        tree_branches: most branches per row and round (the least confident positions first).
-        branch_max: most tokens per branch.
-        vocabulary: read drafts out over the draft's own vocabulary where its config lists one (FR-Spec,
-            arXiv:2502.14856; :meth:`~rayspec.models.whisper.WhisperASR.readout_logits`): a draft pass skips most of
-            the output projection, the draft never proposes a token outside that vocabulary, and ``threshold``
-            compares probabilities normalised over it. Off: the whole vocabulary.
-    """
-
-    max_draft: int = 8
-    threshold: float = 0.4
-    recycle: bool = True
-    tree: bool = False
-    tree_threshold: float = 0.6
-    tree_branches: int = 2
-    branch_max: int = 8
-    vocabulary: bool = True
-
-    def __post_init__(self):
-        if self.max_draft < 1 or self.tree_branches < 0 or self.branch_max < 1:
-            raise ValueError(f"invalid speculation options: {self}")
-
-    @property
-    def nodes_per_round(self) -> int:
-        """Most draft tokens one row can send to verification in one round (trunk + branches)."""
-        return self.max_draft + self.branch_max * (self.tree_branches if self.tree else 0)
+from .options import SpeculationOptions
 
 
 @dataclass

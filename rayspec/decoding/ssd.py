@@ -36,50 +36,14 @@ import torch
 from ..models.ctc import CTCHead, max_frame_entropy
 from ..models.encoded import EncoderOutput
 from ..models.whisper import WhisperASR
-from ..spec_decode.acceptance import AcceptanceRule, accept_tree, score_tree
+from ..spec_decode.acceptance import accept_tree, score_tree
 from ..spec_decode.loop import Admission, Proposer, VerifyLoop
 from ..spec_decode.timestamps import apply_rules, rule_bounds
 from ..spec_decode.tree import DraftTree, TokenTrees
 from .common import Hypothesis
 from .ctc_proposer import CTC_MAX_DRAFT
-from .proposer import SpeculationOptions
+from .options import SSDOptions
 from .speculative import draft_loop
-
-
-@dataclass(frozen=True)
-class SSDOptions:
-    """Options of :class:`SSDDecoder`.
-
-    The defaults are ``rayspec transcribe --method ssd``'s (lossy); ``SSDOptions(tau_ctc=0.0, exact=True)`` decodes
-    exactly as AR.
-
-    Attributes:
-        tau_ctc: CTC gate threshold on the largest frame entropy (nats); 0 turns the gate off (default 0.7:
-            calibrated for whisper-base's bundled head on its dev split, see its card).
-        tau_slm: verification threshold on each token's target probability (eq. 5).
-        exact: also require every verified token to be the target's argmax (output == AR greedy when tau_ctc = 0).
-        verify: run the verification pass; False sends every gate-rejected utterance to full AR from the prompt
-            (the paper's "CTC gate + AR" ablation).
-        fallback: "ar" (greedy), "draft" (draft-model speculation from the prefix) or "ctc" (the CTC hypothesis
-            re-aligned after the prefix, verified with this rule: ``tau_slm`` and ``exact``, each round).
-        speculation: options of the draft fallback.
-    """
-
-    tau_ctc: float = 0.7
-    tau_slm: float = 0.01
-    exact: bool = False
-    verify: bool = True
-    fallback: str = "ar"
-    speculation: SpeculationOptions = SpeculationOptions()
-
-    def __post_init__(self):
-        if self.fallback not in ("ar", "draft", "ctc"):
-            raise ValueError(f"fallback must be 'ar', 'draft' or 'ctc', not {self.fallback!r}")
-
-    @property
-    def rule(self) -> AcceptanceRule:
-        """The verification rule (eq. 5, with ``exact`` the target's argmax as well)."""
-        return AcceptanceRule("threshold", tau=self.tau_slm, exact=self.exact)
 
 
 def retokenize(ctc_ids: list[int], ctc: CTCHead, target: WhisperASR) -> list[int]:

@@ -1,8 +1,3 @@
-"""Model adapters (Ray-free): :class:`WhisperASR` over transformers' Whisper family and its ragged KV cache."""
-
-from .cache import DecoderCache
-from .errors import ModelLoadError
-from .encoded import EncoderOutput
-from .whisper import WhisperASR
-
-__all__ = ["DecoderCache", "EncoderOutput", "ModelLoadError", "WhisperASR"]
+"""Model adapters (Ray-free): :class:`~rayspec.models.whisper.WhisperASR` over the Whisper family and its ragged KV
+cache (:mod:`rayspec.models.cache`), the drafters (CTC head, Medusa heads) and the model registry
+(:mod:`rayspec.models.registry`). The package imports nothing itself, so the registry loads without torch."""

@@ -17,12 +17,14 @@ import os
 import shutil
 import struct
 import tempfile
-from typing import BinaryIO, Iterable
+from typing import TYPE_CHECKING, BinaryIO, Iterable
 
 import numpy as np
-import torch
 
 from .errors import ModelLoadError
+
+if TYPE_CHECKING:  # the registry checks and names models without torch; converting imports it
+    import torch
 
 CT2_FILES = ("model.bin", "config.json")
 CONVERTER_VERSION = 1  # part of the conversion cache's key: bump when the written directory changes
@@ -54,6 +56,8 @@ def read_model_bin(stream: BinaryIO) -> dict[str, torch.Tensor]:
     Raises:
         ModelLoadError: another format version, an unknown dtype, or a truncated file.
     """
+    import torch
+
     try:
         (version,) = struct.unpack("<I", stream.read(4))
         if version != 6:
@@ -235,6 +239,8 @@ def convert_ct2(src: str, dst: str, model_bin: Iterable[str] | None = None) -> s
     Raises:
         ModelLoadError: missing files, another format or architecture.
     """
+    import torch
+
     from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
     parts = list(model_bin) if model_bin else [os.path.join(src, "model.bin")]

@@ -38,6 +38,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
+from ..decoding.options import DEFAULT_MAX_BATCH, STATIC_STEP_MODES
 from ..models.cache import DecoderCache, attention_layout
 from .attention import decode_attention
 
@@ -45,7 +46,6 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 """Batch sizes a static step runs at: a step over ``B`` rows runs at the smallest bucket ``>= B``."""
 QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 """New tokens per row a static step runs at (1: a plain decoding step; more: a verification pass)."""
-DEFAULT_MAX_BATCH = 64
 LOG = logging.getLogger("rayspec.runner")
 DEFAULT_MAX_QUERY = 64
 
@@ -359,7 +359,6 @@ def attach_static_steps(model, max_batch: int = DEFAULT_MAX_BATCH, max_query: in
     return steps
 
 
-STATIC_STEP_MODES = ("auto", "on", "off")
 
 
 def prepare_static_steps(model, mode: str = "auto", cuda_graphs: bool = True,

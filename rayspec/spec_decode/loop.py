@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from ..decoding.common import Hypothesis
+from ..decoding.options import CPU_SPECULATE_MAX_ROWS
 from ..models.encoded import EncoderOutput
 from ..models.whisper import WhisperASR
 from .acceptance import GREEDY, AcceptanceRule, accept_tree, score_greedy_lazily, score_tree
@@ -43,12 +44,6 @@ from .tree import DraftTree, TokenTrees
 # (packed weights are read at memory speed: whisper-base, 2 threads, 5.2 / 6.1 / 11.5 / 40 ms for 1 / 10 / 40 / 160
 # rows, the bound 0.1-3.4 ms), and on a GPU the host round trip would stall the device
 LAZY_MIN_NODES = 16
-
-# on a CPU, speculation pays only while the batch is small: a verification pass's cost grows with its rows x draft
-# nodes (whisper-base, 2 threads, 16 rows: 37 / 58 / 91 / 150 ms for 1 / 2 / 4 / 10 new positions per row, one
-# row: 12.7 / 13.5 / 13.0 / 16.1 ms), so above this many live rows a round verifies no draft (vLLM's
-# ``disable_by_batch_size``); measured by decoding 32 LJSpeech clips at 1-16 rows, see docs/benchmarks/medusa.md
-CPU_SPECULATE_MAX_ROWS = 2
 
 
 def speculate_max_rows(device: torch.device, rows: Optional[int] = None) -> int:
