@@ -11,13 +11,32 @@ from importlib import resources
 from typing import Sequence
 
 
+def _english_normalizer_class():
+    """transformers' ``EnglishTextNormalizer``, loaded from its module file alone where it can be: the module needs
+    only the standard library and ``regex``, while importing it through the ``transformers`` package costs 1-1.5 s
+    (a Ray job's driver scores its rows and loads no model)."""
+    import importlib.util
+    import os
+    import sys
+
+    name = "transformers.models.whisper.english_normalizer"
+    spec = importlib.util.find_spec("transformers") if name not in sys.modules else None
+    path = os.path.join(os.path.dirname(spec.origin), "models", "whisper", "english_normalizer.py") if spec else ""
+    if not os.path.isfile(path):
+        from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
+
+        return EnglishTextNormalizer
+    module_spec = importlib.util.spec_from_file_location("rayspec._english_normalizer", path)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module.EnglishTextNormalizer
+
+
 @lru_cache(maxsize=1)
 def normalizer():
     """Whisper's English text normalizer (lower case, spelled-out numbers to digits, punctuation removed, ...)."""
-    from transformers.models.whisper.english_normalizer import EnglishTextNormalizer
-
     spelling = json.loads(resources.files("rayspec.data").joinpath("english_spelling.json").read_text())
-    return EnglishTextNormalizer(spelling)
+    return _english_normalizer_class()(spelling)
 
 
 def normalize(text: str) -> str:
