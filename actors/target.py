@@ -33,7 +33,8 @@ def _build(target, options, device: str, threads: int, dtype):
 
     if threads:
         torch.set_num_threads(threads)
-    model = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, as_dtype(dtype or torch.float32, device))
+    model = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, as_dtype(dtype or torch.float32, device),
+                                       lean=True)
     model.release("encoder")  # the encoder runs on the drafter actors
     model.pack_for_inference()
     return TargetDecoder(model, options)

@@ -443,7 +443,7 @@ class Drafter:
             default_drafter(self.target.name, "medusa")
         if needs_draft(options):
             self.draft = WhisperASR.from_pretrained(draft or default_drafter(self.target.name, "draft"), device, dtype,
-                                                    encoder_dtype).pack_for_inference()
+                                                    encoder_dtype, lean=True).pack_for_inference()
             check_compatible(self.target, self.draft)
             prepare_static_steps(self.draft, options.static_steps, options.cuda_graphs, options.max_graph_batch)
         self.limits = limits or AudioLimits()

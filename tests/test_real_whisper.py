@@ -375,3 +375,22 @@ def test_short_window_cuts_the_encoder_and_keeps_methods_exact_at_that_setting(t
     assert [h.tokens for h in spec] == [h.tokens for h in ar] and all(h.tokens for h in ar)
     with pytest.raises(ValueError, match="short_window_s"):
         DecodeOptions("ar", short_window_s=-1.0)
+
+
+def test_lean_loading_holds_the_same_weights_as_transformers():
+    # the plain module tree (rayspec.models.whisper_modules) skips transformers' modelling code at start-up; it must
+    # hold every weight transformers' classes hold, for a target and for a draft decoder that borrows its embedding
+    import torch
+
+    from rayspec.models.registry import default_drafter
+    from rayspec.models.whisper import WhisperASR
+    from rayspec.models.whisper_modules import LeanWhisper
+
+    for path in ("whisper-base", default_drafter("whisper-base", "draft")):
+        lean, full = (WhisperASR.from_pretrained(path, lean=flag) for flag in (True, False))
+        assert isinstance(lean.model, LeanWhisper) and not isinstance(full.model, LeanWhisper)
+        assert lean.has_encoder == full.has_encoder and lean.has_encoder == (path == "whisper-base")
+        want = full.model.state_dict()
+        got = lean.model.state_dict()
+        assert set(got) == set(want)
+        assert all(torch.equal(got[k], want[k]) for k in want)

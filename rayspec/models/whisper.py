@@ -94,23 +94,34 @@ def stack_frames(features: torch.Tensor | np.ndarray, k: int):
     return x.reshape(*lead, k * m, t // k)
 
 
-def _with_target_embedding(path: str, config, dtype: torch.dtype):
-    """A ``WhisperForCausalLM`` from ``path``'s weights plus the token embedding of the model its config names in
-    ``rayspec_embedding_from`` (see :func:`~rayspec.train.draft_decoder.export_draft_decoder`)."""
+def _target_embedding(path: str, config) -> torch.Tensor:
+    """The token embedding ``[V, D]`` of the model ``path``'s config names in ``rayspec_embedding_from`` (a draft
+    decoder shipped without it, :func:`~rayspec.train.draft_decoder.export_draft_decoder`).
+
+    Raises:
+        ModelLoadError: that model has no ``model.safetensors``, or an embedding of another shape.
+    """
     from safetensors import safe_open
-    from safetensors.torch import load_file
-    from transformers import WhisperForCausalLM
 
     ref = config.rayspec_embedding_from
     src = os.path.join(resolve_model(ref), "model.safetensors")
     if not os.path.isfile(src):
         raise ModelLoadError(f"{path} takes its token embedding from {ref}, which has no model.safetensors")
-    state = load_file(os.path.join(path, "model.safetensors"))
     with safe_open(src, "pt") as f:
-        state[EMBEDDING_KEY] = f.get_tensor(EMBEDDING_KEY)
-    if state[EMBEDDING_KEY].shape != (config.vocab_size, config.d_model):
+        embedding = f.get_tensor(EMBEDDING_KEY)
+    if embedding.shape != (config.vocab_size, config.d_model):
         raise ModelLoadError(f"{path} needs a {config.vocab_size} x {config.d_model} token embedding; {ref} has "
-                             f"{tuple(state[EMBEDDING_KEY].shape)}")
+                             f"{tuple(embedding.shape)}")
+    return embedding
+
+
+def _with_target_embedding(path: str, config, dtype: torch.dtype, embedding: torch.Tensor):
+    """transformers' ``WhisperForCausalLM`` from ``path``'s weights plus the token ``embedding`` of its target."""
+    from safetensors.torch import load_file
+    from transformers import WhisperForCausalLM
+
+    state = load_file(os.path.join(path, "model.safetensors"))
+    state[EMBEDDING_KEY] = embedding
     config._attn_implementation = "sdpa"
     model = WhisperForCausalLM(config)
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -242,9 +253,12 @@ class WhisperASR:
         decoder_only = "WhisperForCausalLM" in (getattr(config, "architectures", None) or [])
         shared = getattr(config, "rayspec_embedding_from", None) if decoder_only else None
         if shared:  # a draft decoder shipped without the embedding it shares with its target
-            model, path = _with_target_embedding(path, config, dtype), resolve_model(shared)
+            embedding = _target_embedding(path, config)
+            model = load_lean(path, config, dtype, device, embedding) if lean else None
+            model = model or _with_target_embedding(path, config, dtype, embedding)
+            path = resolve_model(shared)
         else:
-            model = load_lean(path, config, dtype, device) if lean and not decoder_only else None
+            model = load_lean(path, config, dtype, device) if lean else None
             if model is None:
                 import transformers
 

@@ -80,22 +80,25 @@ class Decoder(nn.Module):
 
 
 class Body(nn.Module):
-    """``model``: the encoder and the decoder."""
+    """``model``: the encoder and the decoder, or the decoder alone (``encoder=False``: ``WhisperForCausalLM``)."""
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg, encoder: bool = True) -> None:
         super().__init__()
-        self.encoder, self.decoder = Encoder(cfg), Decoder(cfg)
+        if encoder:
+            self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg)
 
 
 class LeanWhisper(nn.Module):
     """A Whisper model's weights under transformers' names (``model.encoder...``, ``model.decoder...``,
-    ``proj_out``), for :class:`~rayspec.models.whisper.WhisperASR`'s inference; ``config``: its ``WhisperConfig``.
-    Only the gelu activation and tied output projections of OpenAI's checkpoints are supported."""
+    ``proj_out``), for :class:`~rayspec.models.whisper.WhisperASR`'s inference; ``config``: its ``WhisperConfig``;
+    ``decoder_only``: a ``WhisperForCausalLM`` (a draft decoder over its target's encoder states). Only the gelu
+    activation and tied output projections of OpenAI's checkpoints are supported."""
 
-    def __init__(self, cfg) -> None:
+    def __init__(self, cfg, decoder_only: bool = False) -> None:
         super().__init__()
         self.config = cfg
-        self.model = Body(cfg)
+        self.model = Body(cfg, encoder=not decoder_only)
         self.proj_out = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False, device=META)
         self.proj_out.weight = self.model.decoder.embed_tokens.weight
 
@@ -110,26 +113,39 @@ class LeanWhisper(nn.Module):
         return next(self.parameters()).dtype
 
 
+ARCHITECTURES = ("WhisperForConditionalGeneration", "WhisperForCausalLM")
+"""The checkpoints :func:`load_lean` holds: an encoder-decoder Whisper, or a decoder alone."""
+
+
 def supports(cfg) -> bool:
-    """Whether :func:`load_lean` can hold a checkpoint of this ``WhisperConfig``: an encoder-decoder Whisper with
-    gelu activations and a tied output projection (OpenAI's and distil-whisper's)."""
+    """Whether :func:`load_lean` can hold a checkpoint of this ``WhisperConfig``: a Whisper of
+    :data:`ARCHITECTURES` with gelu activations and a tied output projection (OpenAI's, distil-whisper's, rayspec's
+    draft decoders)."""
+    archs = getattr(cfg, "architectures", None) or ["WhisperForConditionalGeneration"]
     return (getattr(cfg, "activation_function", "gelu") == "gelu" and getattr(cfg, "tie_word_embeddings", True)
-            and "WhisperForConditionalGeneration" in (getattr(cfg, "architectures", None)
-                                                      or ["WhisperForConditionalGeneration"]))
+            and len(archs) == 1 and archs[0] in ARCHITECTURES)
 
 
-def load_lean(path: str, cfg, dtype: torch.dtype, device) -> Optional[LeanWhisper]:
+def load_lean(path: str, cfg, dtype: torch.dtype, device,
+              embedding: Optional[torch.Tensor] = None) -> Optional[LeanWhisper]:
     """``path``'s ``model.safetensors`` in a :class:`LeanWhisper`, in ``dtype`` on ``device``; None where the
     checkpoint is not one :func:`supports` takes, is not a single safetensors file, or its names do not match (the
-    caller then loads it through transformers)."""
+    caller then loads it through transformers).
+
+    Args:
+        embedding: the decoder's token embedding ``[V, D]`` for a checkpoint shipped without it (rayspec's draft
+            decoders take their target's, ``rayspec_embedding_from``).
+    """
     from safetensors.torch import load_file
 
     file = os.path.join(path, "model.safetensors")
     if not supports(cfg) or not os.path.isfile(file):
         return None
-    model = LeanWhisper(cfg)
+    model = LeanWhisper(cfg, decoder_only=(cfg.architectures or [""])[0] == "WhisperForCausalLM")
     state = load_file(file, device=str(device))
     state.pop("proj_out.weight", None)  # tied to the token embedding
+    if embedding is not None:
+        state["model.decoder.embed_tokens.weight"] = embedding.to(device)
     if set(state) != set(model.state_dict()) - {"proj_out.weight"}:
         return None
     model.load_state_dict({k: v.to(dtype) for k, v in state.items()}, strict=False, assign=True)
