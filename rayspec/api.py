@@ -93,6 +93,7 @@ class Model:
         from .batching import BatchBudget, budget_for_model, plan_batches
         from .manifest import Utterance, estimated_seconds
         from .options import decode_options_from
+        from .runs import stream_slots
 
         single = isinstance(audio, (str, os.PathLike, np.ndarray))
         items = [audio] if single else list(audio)
@@ -121,7 +122,8 @@ class Model:
                 given += [([utts[i] for i in paths], None)] if paths else []
             rows = {}
             # longest first, as rayspec transcribe: later rows are shorter and fit the first rows' cache
-            for _, out in t.transcribe_stream(iter(given[::-1]), max(len(b) for b in batches)):
+            slots = stream_slots([[utts[i] for i in b] for b in batches], t.part_rows, t.target.max_audio_seconds)
+            for _, out in t.transcribe_stream(iter(given[::-1]), slots):
                 rows.update({r.id: r for r in out})
         finally:
             t.set_options(saved)

@@ -36,6 +36,11 @@ class BatchBudget:
         positions = self.window_positions or seconds * self.frames_per_second
         return positions + seconds * self.tokens_per_second
 
+    def rows(self, seconds: float) -> int:
+        """Most rows of ``seconds`` of audio each that one batch holds: ``tokens // cost(seconds)``, at least 1, at
+        most ``max_rows`` (whisper-base's 30 s windows under the default budget: 12)."""
+        return min(self.max_rows, max(1, int(self.tokens // self.cost(seconds))))
+
 
 def budget_for_model(budget: BatchBudget, config) -> BatchBudget:
     """``budget`` with the encoder geometry of a Whisper-architecture model ``config`` (a transformers config):

@@ -37,6 +37,7 @@ from .decoding.fallback import decode_with_fallback
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
 from .decoding.ssd import ctc_drafts
 from .longform import decode_sequential
+from .batching import BatchBudget
 from .manifest import RequestOptions, Utterance
 from .decoding.options import DecodeOptions
 from .methods import METHODS, Encoded, ProposerFactory
@@ -46,7 +47,7 @@ from .models.registry import DEFAULT_TARGET, default_drafter
 from .models.encoded import EncoderOutput
 from .models.whisper import WhisperASR
 from .results import ResultRow
-from .runs import internal_error_row
+from .runs import budget_rows, internal_error_row
 from .runner.static_step import prepare_static_steps
 from .spec_decode.gumbel import row_seed
 from .spec_decode.loop import Proposer, speculate_max_rows
@@ -357,6 +358,9 @@ class EncodedBatch:
         activity: with word timestamps refined (``DecodeOptions.refine_words``), ``R`` entries: each row's speech
             frames (:func:`~rayspec.activity.speech_activity`, bool ``[F]``); else empty.
         draft_model: name of the draft model ("" without one); encode_s: wall seconds spent here.
+        part, parts: this batch is part ``part`` of ``parts`` of one batch of utterances
+            (:meth:`Drafter.encode_parts`): ``owners``, ``spans``, ``activity`` and ``encoded`` are then this part's
+            rows only; :class:`PartJoiner` joins the parts' decoded rows.
     """
 
     utterances: list[Utterance]
@@ -369,6 +373,8 @@ class EncodedBatch:
     draft_model: str = ""
     encode_s: float = 0.0
     activity: list[np.ndarray] = field(default_factory=list)
+    part: int = 0
+    parts: int = 1
 
 
 def merge_hypotheses(hyps: list[Hypothesis], separator: list[int]) -> Hypothesis:
@@ -453,7 +459,8 @@ class Drafter:
         return self.target.sample_rate
 
     def encode(self, utterances: list[Utterance], audios: Optional[list[np.ndarray]] = None) -> EncodedBatch:
-        """Load, segment and encode one batch; unusable audio becomes an ``errors`` entry, never an exception.
+        """Load, segment and encode one batch, all its rows at once (:meth:`encode_parts` in one part); unusable
+        audio becomes an ``errors`` entry, never an exception.
 
         Args:
             utterances: the batch; audios: their waveforms if already loaded (mono float32 at :attr:`sample_rate`),
@@ -462,6 +469,29 @@ class Drafter:
         Raises:
             Exception: whatever the feature extractor or an encoder raises for the batch as a whole (callers redo
                 the batch utterance by utterance; see :meth:`Transcriber.transcribe`).
+        """
+        return next(self.encode_parts(utterances, audios, None))
+
+    def encode_parts(self, utterances: list[Utterance], audios: Optional[list[np.ndarray]] = None,
+                     part_rows: Optional[int] = None) -> Iterator[EncodedBatch]:
+        """Load and segment one batch, then encode its rows (speech segments) a part at a time, each part as it is
+        asked for: a long recording's windows go through the encoders, and on to the decoder, in bounded groups,
+        while its waveform is held once.
+
+        Args:
+            utterances, audios: as :meth:`encode`.
+            part_rows: rows per part; a batch's rows up to ``max(part_rows, len(utterances))`` come in one part (a
+                batch planned one row per utterance stays whole), so only recordings longer than the model's window
+                split a batch. None: one part.
+
+        Yields:
+            :class:`EncodedBatch` parts in order (``part`` 0 .. ``parts - 1``): each with the batch's utterances,
+            errors and durations, and its own rows (``owners``, ``spans``, ``encoded``; row keys and first-segment
+            flags as in the whole batch); one part without rows where no utterance has speech. Join their decoded
+            rows with :class:`PartJoiner`.
+
+        Raises:
+            Exception: as :meth:`encode`, from the part being encoded.
         """
         t0 = time.perf_counter()
         rate = self.sample_rate
@@ -484,24 +514,77 @@ class Drafter:
             else:
                 cuts = segments(audio, rate, window)
             for a, b in cuts:
-                pieces.append(audio[a:b])
+                pieces.append(audio[a:b])  # views: the waveform is held once
                 owners.append(i)
                 spans.append((a / rate, b / rate))
-        encoded = None
-        if pieces:
-            keys = [f"{utterances[i].id}\x1f{owners[:r].count(i)}" for r, i in enumerate(owners)]  # id, segment
-            encoded = encode_audio(self.target, self.options, pieces, [len(p) / rate for p in pieces], self.draft,
-                                   self.ctc, keys, [utterances[i].request for i in owners],
-                                   [owners.index(i) == r for r, i in enumerate(owners)])
         name = self.draft.name if self.draft else ""
-        activity = ([speech_activity(p, rate) for p in pieces]
-                    if self.options.timestamps == "word" and self.options.refine_words else [])
-        return EncodedBatch(list(utterances), errors, codes, durations, encoded, owners, spans, name,
-                            time.perf_counter() - t0, activity)
+        if not pieces:
+            yield EncodedBatch(list(utterances), errors, codes, durations, None, [], [], name,
+                               time.perf_counter() - t0)
+            return
+        segment, seen = [], {}  # each row's segment index within its utterance
+        for i in owners:
+            seen[i] = seen.get(i, -1) + 1
+            segment.append(seen[i])
+        keys = [f"{utterances[i].id}\x1f{k}" for i, k in zip(owners, segment)]  # id, segment: seeds sampled rows
+        size = max(part_rows or len(pieces), len(utterances))
+        parts = -(-len(pieces) // size)
+        for p, s in enumerate(range(0, len(pieces), size)):
+            e = s + size
+            rows = pieces[s:e]
+            encoded = encode_audio(self.target, self.options, rows, [len(x) / rate for x in rows], self.draft,
+                                   self.ctc, keys[s:e], [utterances[i].request for i in owners[s:e]],
+                                   [k == 0 for k in segment[s:e]])
+            activity = ([speech_activity(x, rate) for x in rows]
+                        if self.options.timestamps == "word" and self.options.refine_words else [])
+            for r in range(s, min(e, len(pieces))):
+                pieces[r] = None  # encoded: the part no longer holds its samples
+            yield EncodedBatch(list(utterances), errors, codes, durations, encoded, owners[s:e], spans[s:e], name,
+                               time.perf_counter() - t0, activity, p, parts)
+            t0 = time.perf_counter()
 
     def proposers(self, encoded: Encoded) -> ProposerFactory:
         """Draft proposers over a batch this drafter encoded (in this process)."""
         return local_proposers(self.draft, encoded, speculation_options(self.options))
+
+
+@dataclass
+class DecodedRow:
+    """One encoded row after the target side: its hypothesis, its words with ``timestamps="word"`` (dicts with
+    seconds from the utterance's start, else None) and the language its prompt named (None: an English-only model)."""
+
+    hyp: Hypothesis
+    words: Optional[list[dict]] = None
+    language: Optional[str] = None
+
+
+class PartJoiner:
+    """Joins the decoded parts of batches that :meth:`Drafter.encode_parts` split: a batch's result rows once all its
+    parts are in (they may finish in any order); a whole batch's rows at once.
+
+    Args:
+        decoder: the :class:`TargetDecoder` whose :meth:`~TargetDecoder.join` makes the rows.
+    """
+
+    def __init__(self, decoder: "TargetDecoder") -> None:
+        self.decoder = decoder
+        self.parts: dict[Any, dict[int, tuple[EncodedBatch, list[DecodedRow], float]]] = {}
+
+    def add(self, key: Any, batch: EncodedBatch, decoded: list[DecodedRow], seconds: float
+            ) -> Optional[list[ResultRow]]:
+        """Add part ``batch.part`` of the batch ``key`` with its rows decoded and its wall seconds; returns the
+        batch's result rows (one per utterance) once its last part is in, else None."""
+        if batch.parts == 1:
+            return self.decoder.join(batch, decoded, seconds)
+        got = self.parts.setdefault(key, {})
+        got[batch.part] = (replace(batch, encoded=None, activity=[]), decoded, seconds)  # its rows' places only
+        if len(got) < batch.parts:
+            return None
+        del self.parts[key]
+        ordered = [got[p] for p in range(batch.parts)]
+        whole = replace(batch, encoded=None, owners=[i for b, _, _ in ordered for i in b.owners],
+                        spans=[x for b, _, _ in ordered for x in b.spans], activity=[], part=0, parts=1)
+        return self.decoder.join(whole, [d for _, ds, _ in ordered for d in ds], sum(t for _, _, t in ordered))
 
 
 class TargetDecoder:
@@ -521,15 +604,23 @@ class TargetDecoder:
                                                  options.max_graph_batch)
 
     def decode(self, batch: EncodedBatch, proposers: Optional[ProposerFactory] = None) -> list[ResultRow]:
-        """One result row per utterance of ``batch``: error rows for the audio the drafting side could not use,
-        empty text (route "no_speech") for utterances without speech segments, segment texts re-joined."""
+        """One result row per utterance of ``batch`` (a whole batch, :meth:`Drafter.encode`): error rows for the audio
+        the drafting side could not use, empty text (route "no_speech") for utterances without speech segments,
+        segment texts re-joined."""
+        decoded, seconds = self.decode_part(batch, proposers)
+        return self.join(batch, decoded, seconds)
+
+    def decode_part(self, batch: EncodedBatch, proposers: Optional[ProposerFactory] = None
+                    ) -> tuple[list[DecodedRow], float]:
+        """The decoded rows of ``batch`` (a whole batch or one part of one, :meth:`Drafter.encode_parts`) and the wall
+        seconds spent on it (its encoding included); :meth:`join` or :class:`PartJoiner` makes result rows of them."""
         if batch.encoded is None:
-            return self.rows(batch, [], 0.0)
+            return [], 0.0
         t0 = time.perf_counter()
         encoded = batch.encoded.to(self.target.device, self.target.dtype)
         hyps = decode_encoded(self.target, self.options, encoded, proposers)
         batch.encoded.target.prompts = encoded.target.prompts  # as decoded (the language detected here, if it was)
-        return self.rows(batch, hyps, batch.encode_s + time.perf_counter() - t0)
+        return self.decoded(batch, hyps), batch.encode_s + time.perf_counter() - t0
 
     def decode_stream(self, batches: Iterable[Optional[tuple[Any, EncodedBatch]]], slots: int,
                       draft: Optional[WhisperASR] = None,
@@ -540,22 +631,25 @@ class TargetDecoder:
 
         Args:
             batches: ``(key, batch)`` pairs, read lazily, longest first preferably; or None for "nothing ready now"
-                (an online queue: the stream ends once nothing is decoding).
+                (an online queue: the stream ends once nothing is decoding). The parts of a batch
+                (:meth:`Drafter.encode_parts`) come as consecutive pairs under the batch's key.
             draft: the draft model for method "draft" (in this process).
             pending: if given, holds ``key -> batch`` for the batches begun and not yet finished (on an exception:
                 the batches to redo).
 
         Yields:
             ``(key, rows)`` once per batch, as its last row finishes (not in input order); a batch's wall seconds
-            (shared out over its rows' ``decode_s``) are those since the previous batch finished.
+            (shared out over its rows' ``decode_s``) are those since the previous batch (or part) finished.
         """
         t = self.target
         pending = {} if pending is None else pending
         if self.options.beam_size > 1:  # an audio's beams are rows of one search: batch by batch, not continuous
             yield from self._decode_batches(batches, draft, pending)
             return
+        live: dict[Any, EncodedBatch] = {}  # (key, part) -> the part, while its rows decode
         hyps: dict[Any, list[Optional[Hypothesis]]] = {}
         ready: list[tuple[Any, list[ResultRow]]] = []  # batches with nothing to decode
+        joiner = PartJoiner(self)
         clock = [time.perf_counter()]
 
         def source():
@@ -565,44 +659,53 @@ class TargetDecoder:
                     continue
                 key, eb = item
                 if eb.encoded is None:
-                    ready.append((key, self.rows(eb, [], eb.encode_s)))
+                    done = joiner.add(key, eb, [], eb.encode_s)
+                    if done is not None:
+                        ready.append((key, done))
                     continue
                 encoded = eb.encoded.to(t.device, t.dtype)
                 if encoded.target.prompts is None:  # encoded where the decoder was released: detect the language here
                     encoded.target.prompts = row_prompts(t, self.options, encoded.target)
                 eb.encoded.target.prompts = encoded.target.prompts
-                pending[key], hyps[key] = eb, [None] * len(eb.owners)
-                yield key, encoded
+                pending.setdefault(key, eb)
+                live[key, eb.part], hyps[key, eb.part] = eb, [None] * len(eb.owners)
+                yield (key, eb.part), encoded
 
-        for (k, r), h in stream_decode(t, self.options, source(), slots, draft):
-            hyps[k][r] = h
-            if all(x is not None for x in hyps[k]):
-                eb = pending.pop(k)
-                done = self._fallback(eb, hyps.pop(k), draft)
+        for ((k, p), r), h in stream_decode(t, self.options, source(), slots, draft):
+            hyps[k, p][r] = h
+            if all(x is not None for x in hyps[k, p]):
+                eb = live.pop((k, p))
+                done = self._fallback(eb, hyps.pop((k, p)), draft)
                 now = time.perf_counter()
                 # wall time since the previous batch finished (it holds this batch's encoding when that ran inside
                 # the stream; adding encode_s would count it twice)
-                yield k, self.rows(eb, done, now - clock[0])
+                rows = joiner.add(k, eb, self.decoded(eb, done), now - clock[0])
                 clock[0] = now
+                if rows is not None:
+                    pending.pop(k)
+                    yield k, rows
             while ready:
                 yield ready.pop()
         yield from ready
 
     def _decode_batches(self, batches, draft: Optional[WhisperASR], pending: dict
                         ) -> Iterator[tuple[Any, list[ResultRow]]]:
-        """:meth:`decode_stream`'s batches decoded one after another (beam search); None (nothing ready) ends it."""
+        """:meth:`decode_stream`'s batches (and parts) decoded one after another (beam search); None (nothing ready)
+        ends it."""
+        joiner = PartJoiner(self)
         for item in batches:
             if item is None:
                 return
             key, eb = item
-            pending[key] = eb
+            pending.setdefault(key, eb)
             proposers = None
             if eb.encoded is not None and draft is not None and needs_draft(self.options):
                 proposers = local_proposers(draft, eb.encoded.to(self.target.device, self.target.dtype),
                                             speculation_options(self.options))
-            rows = self.decode(eb, proposers)
-            pending.pop(key)
-            yield key, rows
+            rows = joiner.add(key, eb, *self.decode_part(eb, proposers))
+            if rows is not None:
+                pending.pop(key)
+                yield key, rows
 
     def _fallback(self, batch: EncodedBatch, hyps: list[Hypothesis], draft: Optional[WhisperASR]
                   ) -> list[Hypothesis]:
@@ -615,8 +718,22 @@ class TargetDecoder:
         return fallback(self.target, self.options, encoded, hyps, proposers)
 
     def rows(self, batch: EncodedBatch, hyps: list[Hypothesis], seconds: float) -> list[ResultRow]:
-        """The result rows of ``batch`` from the hypotheses of its encoded rows (``R``, in order) and the wall
-        seconds spent on it (shared out by duration)."""
+        """The result rows of ``batch`` (a whole batch) from the hypotheses of its encoded rows (``R``, in order) and
+        the wall seconds spent on it (shared out by duration)."""
+        return self.join(batch, self.decoded(batch, hyps), seconds)
+
+    def decoded(self, batch: EncodedBatch, hyps: list[Hypothesis]) -> list[DecodedRow]:
+        """Per encoded row of ``batch`` (a whole batch or a part), its hypothesis with its words (``timestamps="word"``:
+        one batched teacher-forced target pass over the batch's encoder states) and its prompt's language."""
+        words = self._words(batch, hyps)
+        prompts = batch.encoded.target.prompts if batch.encoded is not None else None
+        return [DecodedRow(h, None if words is None else words[r],
+                           None if prompts is None else self._language(prompts[r])) for r, h in enumerate(hyps)]
+
+    def join(self, batch: EncodedBatch, decoded: list[DecodedRow], seconds: float) -> list[ResultRow]:
+        """The result rows of ``batch``'s utterances from its encoded rows decoded (``R``, in the order of
+        ``batch.owners``: all the rows of its utterances) and the wall seconds spent on them (shared out by
+        duration)."""
         rows = [self._row(u, None, 0.0, batch.draft_model, error=e, code=c) if e else
                 self._row(u, Hypothesis([], True, "no_speech"), 0.0, batch.draft_model, duration=d)
                 for u, e, c, d in zip(batch.utterances, batch.errors, batch.error_codes, batch.durations)]
@@ -624,8 +741,7 @@ class TargetDecoder:
         for r, i in enumerate(batch.owners):
             owned.setdefault(i, []).append(r)
         total = sum(batch.durations[i] for i in owned) or 1.0
-        words = self._words(batch, hyps)
-        prompts = batch.encoded.target.prompts if batch.encoded is not None else None
+        hyps = [d.hyp for d in decoded]
         for i, rs in owned.items():
             d = batch.durations[i]
             spoken = [r for r in rs if not self._no_speech(hyps[r])]
@@ -636,14 +752,13 @@ class TargetDecoder:
                 h = Hypothesis(merge_hypotheses([hyps[r] for r in spoken], self._separator).tokens, h.finished,
                                h.route, h.stats)
             rows[i] = self._row(batch.utterances[i], h, seconds * d / total, batch.draft_model, duration=d)
-            if prompts is not None:
-                rows[i].language = self._language(prompts[rs[0]])
+            rows[i].language = decoded[rs[0]].language
             if self.options.timestamps != "none":
                 rows[i].segments = clip_times([seg for r in spoken for seg in parse_segments(
                     hyps[r].tokens, self.target.timestamp_tokens, self.target.decode_text, batch.spans[r][0],
                     batch.spans[r][1] - batch.spans[r][0])], d)
-                if words is not None:
-                    rows[i].words = clip_times([w for r in spoken for w in words[r]], d)
+                if decoded[rs[0]].words is not None:
+                    rows[i].words = clip_times([w for r in spoken for w in decoded[r].words], d)
             elif self.options.segments:
                 rows[i].segments = [{"start_s": batch.spans[r][0], "end_s": batch.spans[r][1],
                                      "text": self.target.decode_text(hyps[r].tokens)} for r in spoken]
@@ -698,6 +813,10 @@ class Transcriber:
     """Drafting and target side in one process: transcribes batches of utterances.
 
     Args: as :class:`Drafter` (the target model is loaded once and shared by both sides).
+
+    Attributes:
+        part_rows: the default rows of a part of a batch (:meth:`Drafter.encode_parts`): as many of the target's
+            windows as the default :class:`~rayspec.batching.BatchBudget` holds (whisper-base: 12).
     """
 
     def __init__(self, target: Optional[str] = None, draft: Optional[str] = None,
@@ -707,6 +826,7 @@ class Transcriber:
         self.drafter = Drafter(target, draft, options, ctc, device, dtype, limits, encoder_dtype)
         self.decoder = TargetDecoder(self.drafter.target, options)
         self.options = options
+        self.part_rows = budget_rows(BatchBudget(), self.target)
         self.warm_up_s = self.warm_up() if self.target.device.type == "cuda" else 0.0
 
     def set_options(self, options: DecodeOptions) -> None:
@@ -759,7 +879,8 @@ class Transcriber:
         hyps = decode_batch(self.target, self.options, audios, durations, self.draft, self.ctc)
         return hyps, time.perf_counter() - t0
 
-    def transcribe(self, utterances: list[Utterance], audios: Optional[list[np.ndarray]] = None) -> list[ResultRow]:
+    def transcribe(self, utterances: list[Utterance], audios: Optional[list[np.ndarray]] = None,
+                   part_rows: Optional[int] = None) -> list[ResultRow]:
         """Transcribe one batch; every utterance yields exactly one row, whatever happens.
 
         Bad audio becomes an error row. If the batch as a whole raises (in feature extraction, an encoder or the
@@ -768,18 +889,22 @@ class Transcriber:
 
         Args:
             utterances: the batch; audios: their waveforms if already loaded (see :meth:`Drafter.encode`).
+            part_rows: the rows of a batch longer than that (a long recording's windows) are encoded and decoded
+                that many at a time (:meth:`Drafter.encode_parts`); default :attr:`part_rows`.
         """
         try:
             if self.options.long_form == "sequential":
                 return self._sequential(utterances, audios)
-            batch = self.drafter.encode(utterances, audios)
-            proposers = self.drafter.proposers(batch.encoded) if batch.encoded and self.draft else None
-            return self.decoder.decode(batch, proposers)
+            joiner = PartJoiner(self.decoder)
+            for part in self.drafter.encode_parts(utterances, audios, part_rows or self.part_rows):
+                proposers = self.drafter.proposers(part.encoded) if part.encoded and self.draft else None
+                rows = joiner.add(0, part, *self.decoder.decode_part(part, proposers))
+            return rows
         except Exception as exc:  # noqa: BLE001 - isolated below, row by row
             if len(utterances) == 1:
                 return [internal_error_row(utterances[0], exc, self.options.method)]
             return [row for i, u in enumerate(utterances)
-                    for row in self.transcribe([u], None if audios is None else [audios[i]])]
+                    for row in self.transcribe([u], None if audios is None else [audios[i]], part_rows)]
 
 
     def _sequential(self, utterances: list[Utterance], audios: Optional[list[np.ndarray]]) -> list[ResultRow]:
@@ -814,10 +939,11 @@ class Transcriber:
         return rows
 
     def transcribe_stream(self, batches: Iterable[Optional[tuple[list[Utterance], Optional[list[np.ndarray]]]]],
-                          slots: int) -> Iterator[tuple[int, list[ResultRow]]]:
+                          slots: int, part_rows: Optional[int] = None) -> Iterator[tuple[int, list[ResultRow]]]:
         """Transcribe batches with continuous batching: up to ``slots`` rows decode at once and the slot of a
         finished row is refilled from the next batch before the next decoder pass. Batches are encoded one at a
-        time as their rows are needed.
+        time as their rows are needed, and a batch of more rows than ``part_rows`` (a long recording's windows) a
+        part at a time (:meth:`Drafter.encode_parts`), so that its encoder states are never held all at once.
 
         Faults stay as isolated as in :meth:`transcribe`: a batch whose encoding raises is redone by
         :meth:`transcribe` at once (utterance by utterance if need be), and so is every unfinished batch when
@@ -826,12 +952,13 @@ class Transcriber:
         Args:
             batches: ``(utterances, waveforms or None)`` per batch (as :meth:`transcribe` takes them), read lazily;
                 None for "nothing ready now" (an online queue: the stream then ends once nothing is decoding).
-            slots: most rows decoded at once.
+            slots: most rows decoded at once; part_rows: as :meth:`transcribe`'s.
 
         Yields:
             ``(k, rows)`` once per batch, ``k`` its position among the batches given (Nones not counted), as the
             batch's last row finishes (not in input order).
         """
+        part_rows = part_rows or self.part_rows
         if self.options.long_form == "sequential":  # each batch's windows stream within decode_sequential
             k = 0
             for item in batches:
@@ -852,15 +979,18 @@ class Transcriber:
                     continue
                 key, k = k, k + 1
                 if static[0]:
-                    finished.append((key, self.transcribe(*item)))
+                    finished.append((key, self.transcribe(*item, part_rows)))
                     continue
                 try:
-                    eb = self.drafter.encode(*item)
+                    parts = self.drafter.encode_parts(*item, part_rows)
+                    first = next(parts)
                 except Exception:  # noqa: BLE001 - transcribe() isolates the failing utterance
-                    finished.append((key, self.transcribe(*item)))
+                    finished.append((key, self.transcribe(*item, part_rows)))
                     continue
                 items[key] = item
-                yield key, eb
+                yield key, first
+                for eb in parts:  # encoded as the stream wants their rows (a part that raises: as decoding does)
+                    yield key, eb
 
         rows = source()
         try:
@@ -870,7 +1000,7 @@ class Transcriber:
                 while finished:
                     yield finished.pop()
         except Exception:  # noqa: BLE001 - the unfinished and the remaining batches are redone alone
-            finished += [(k, self.transcribe(*items[k])) for k in sorted(pending)]
+            finished += [(k, self.transcribe(*items[k], part_rows)) for k in sorted(pending)]
             pending.clear()
             static[0] = True
             for item in rows:  # up to the first "nothing ready now" of an online source

@@ -19,6 +19,22 @@ def internal_error_row(u: Utterance, exc: BaseException, method: str) -> ResultR
                      method=method, error=f"{type(exc).__name__}: {exc}"[:2000], error_code="internal")
 
 
+def budget_rows(budget: BatchBudget, target) -> int:
+    """Rows of the target's whole window that ``budget`` holds in one batch (:meth:`BatchBudget.rows
+    <rayspec.batching.BatchBudget.rows>` with the encoder geometry of ``target``, a
+    :class:`~rayspec.models.whisper.WhisperASR`): the part size of a long recording's windows
+    (:meth:`~rayspec.pipeline.Drafter.encode_parts`)."""
+    return budget_for_model(budget, target.config).rows(target.max_audio_seconds)
+
+
+def stream_slots(batches: list[list[Utterance]], rows: int, window_s: float) -> int:
+    """The continuous batch's slots for ``batches``: the most rows one planned batch decodes, a row per utterance
+    and for a recording longer than ``window_s`` seconds its estimated windows
+    (:func:`~rayspec.manifest.estimated_seconds`), those of one batch up to ``rows`` (e.g. :func:`budget_rows`)."""
+    windows = lambda b: sum(max(1, -(-int(estimated_seconds(u)) // int(window_s))) for u in b)  # noqa: E731
+    return max((max(len(b), min(rows, windows(b))) for b in batches), default=1)
+
+
 def pending_batches(utterances: list[Utterance], writer: ResultWriter, budget: BatchBudget) -> list[list[Utterance]]:
     """Length-sorted token-budget batches of the utterances not yet in ``writer``'s output."""
     todo = [u for u in utterances if u.id not in writer.done_ids]
@@ -78,12 +94,14 @@ def run_corpus(
         batches = pending_batches(utterances, writer, budget)
         summary = RunSummary(skipped=len(utterances) - sum(len(b) for b in batches))
         t0 = time.perf_counter()
+        part_rows = budget_rows(budget, transcriber.target)  # a long recording's windows, that many at a time
         if continuous and batches:
             # Longest first: later rows are shorter, so their cross-attention fits the first rows' cache.
             batches = batches[::-1]
-            done = transcriber.transcribe_stream(((b, None) for b in batches), max(len(b) for b in batches))
+            slots = stream_slots(batches, part_rows, transcriber.target.max_audio_seconds)
+            done = transcriber.transcribe_stream(((b, None) for b in batches), slots, part_rows)
         else:
-            done = ((k, transcriber.transcribe(b)) for k, b in enumerate(batches))
+            done = ((k, transcriber.transcribe(b, part_rows=part_rows)) for k, b in enumerate(batches))
         for k, rows in done:
             writer.write(rows)
             summary.add(rows)

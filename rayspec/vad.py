@@ -20,6 +20,7 @@ FRAME_S = 0.03
 VAD_RATE = 16000
 MAX_SPEECH_FLATNESS = 0.4
 MIN_SPEECH_S = 0.09  # three frames
+BLOCK_FRAMES = 2000  # frames analysed at once by segments() (60 s)
 
 
 @dataclass(frozen=True)
@@ -93,8 +94,13 @@ def segments(audio: np.ndarray, rate: int, options: SegmentOptions = SegmentOpti
     import webrtcvad
 
     frames = _frames(audio, rate)
-    speech = _speech(frames, webrtcvad.Vad(3))
-    energy = (frames.astype(np.float64) ** 2).mean(axis=1)  # per frame, where quiet frames are cut
+    # a block of frames at a time (the same frames, one VAD state in order): a long recording's spectra and float64
+    # energies are never held whole (2 h at once: ~2 GB of temporaries)
+    vad, block = webrtcvad.Vad(3), BLOCK_FRAMES
+    speech = np.concatenate([_speech(frames[s : s + block], vad) for s in range(0, len(frames), block)] or
+                            [np.zeros(0, bool)])
+    energy = np.concatenate([(frames[s : s + block].astype(np.float64) ** 2).mean(axis=1)  # where quiet frames are cut
+                             for s in range(0, len(frames), block)] or [np.zeros(0)])
     hop = FRAME_S * rate
     pause = max(1, round(options.min_pause_s / FRAME_S))
     regions: list[list[int]] = []  # [first, last + 1] frames

@@ -3,6 +3,8 @@ encoders; damaged files and videos without sound; Parquet manifests that hold th
 export), through the CLI, the Ray job and the Ray Data pipeline."""
 
 import io
+import json
+import os
 import shutil
 from importlib import resources
 
@@ -39,8 +41,10 @@ def _path(media, kind):
 
 @pytest.fixture(params=["pyav", "ffmpeg"])
 def decoder(request):
-    """Each FFmpeg route: PyAV, and an ffmpeg executable on PATH (skipped where there is none)."""
+    """Each FFmpeg route: PyAV, and an ffmpeg executable on PATH (skipped where there is none; CI installs one and
+    sets RAYSPEC_REQUIRE_FFMPEG=1, so that a missing one fails there instead)."""
     if request.param == "ffmpeg" and not shutil.which("ffmpeg"):
+        assert os.environ.get("RAYSPEC_REQUIRE_FFMPEG") != "1", "RAYSPEC_REQUIRE_FFMPEG=1 but no ffmpeg on PATH"
         pytest.skip("no ffmpeg executable on PATH")
     return request.param
 
@@ -115,11 +119,8 @@ def test_long_audio_is_streamed_into_one_buffer(tmp_path, monkeypatch, decoder):
         load_audio(tmp_path / "long.m4a", limits=rayspec.audio.AudioLimits(max_seconds=5.0))
 
 
-def test_cli_transcribes_every_format_as_the_wav(media, tmp_path):
-    """rayspec transcribe on the folder (whisper-tiny.en): every format's text is the WAV's (after Whisper's
-    normalizer: a lossy codec may move a comma or a capital)."""
-    from rayspec.cli import main
-    from rayspec.metrics import normalize
+def _tiny_en():
+    """Skips where whisper-tiny.en is not installed."""
     from rayspec.models.errors import ModelLoadError
     from rayspec.models.registry import resolve_model
 
@@ -127,11 +128,36 @@ def test_cli_transcribes_every_format_as_the_wav(media, tmp_path):
         resolve_model("whisper-tiny.en")
     except ModelLoadError as exc:
         pytest.skip(str(exc))
+
+
+def test_cli_transcribes_every_format_as_the_wav(media, tmp_path):
+    """rayspec transcribe on the folder (whisper-tiny.en): every format's text is the WAV's (after Whisper's
+    normalizer: a lossy codec may move a comma or a capital)."""
+    from rayspec.cli import main
+    from rayspec.metrics import normalize
+
+    _tiny_en()
     out = tmp_path / "out.parquet"
     assert main(["transcribe", str(media), "-o", str(out), "-q", "--target", "whisper-tiny.en"]) == 0
     texts = {r["id"]: normalize(r["text"]) for r in pq.read_table(out).to_pylist()}
     assert len(texts) == 1 + len(FORMATS) and "yards were adjoining" in texts["clip"]
     assert {kind: texts[kind] for kind in FORMATS} == {kind: texts["clip"] for kind in FORMATS}
+
+
+def test_python_call_transcribes_every_format_as_the_wav(media):
+    """rayspec.load(...).transcribe on each format, one path and a list of them: the WAV's text, no error."""
+    import rayspec
+    from rayspec.metrics import normalize
+
+    _tiny_en()
+    model = rayspec.load("whisper-tiny.en")
+    wav = model.transcribe(str(media / "clip.wav"))
+    assert wav.error is None and "yards were adjoining" in normalize(wav.text)
+    one = model.transcribe(_path(media, "m4a"))
+    results = model.transcribe([str(_path(media, kind)) for kind in FORMATS])
+    for kind, r in zip(["m4a", *FORMATS], [one, *results]):
+        assert r.error is None and normalize(r.text) == normalize(wav.text), kind
+        assert abs(r.duration - wav.duration) < 0.1, kind
 
 
 def _bytes_manifests(tmp_path, samples_manifest):
@@ -195,3 +221,23 @@ def test_parquet_bytes_through_the_cli_the_ray_job_and_ray_data(ray_local, tmp_p
         assert {i: r["text"] for i, r in rows.items() if i != "cut"} == expected, out
         if out != "cli.parquet":
             assert rows["cut"]["error_code"] == "undecodable" and "cut.m4a" in rows["cut"]["error"], out
+
+
+def test_ray_job_transcribes_every_format(ray_local, media, tmp_path):
+    """python -m jobs.transcribe over a manifest of the WAV and the five formats (whisper-tiny.en): no error row,
+    every format's text the WAV's."""
+    from jobs.transcribe import main as job_main
+    from rayspec.metrics import normalize
+    from rayspec.results import read_results
+
+    _tiny_en()
+    rows = [{"id": "clip", "audio": str(media / "clip.wav")}]
+    rows += [{"id": kind, "audio": str(_path(media, kind))} for kind in FORMATS]
+    manifest = tmp_path / "formats.jsonl"
+    manifest.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "job.parquet"
+    assert job_main([str(manifest), "-o", str(out), "--targets", "1", "--target", "whisper-tiny.en"]) == 0
+    got = {r["id"]: r for r in read_results(str(out)).to_pylist()}
+    assert sorted(got) == sorted(r["id"] for r in rows) and not any(r["error"] for r in got.values())
+    assert {kind: normalize(got[kind]["text"]) for kind in FORMATS} == {
+        kind: normalize(got["clip"]["text"]) for kind in FORMATS}

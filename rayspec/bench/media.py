@@ -131,15 +131,18 @@ def decoding_seconds(paths: list[str], decoders: list[str], repeats: int = 5) ->
     return best
 
 
-def _long_m4a(utts, minutes: float, path: str) -> None:
-    """An m4a of ``minutes`` made by looping the clips (their own rate)."""
+def long_m4a(utts, minutes: float, path: str, gap_s: float = 0.5) -> None:
+    """Write an m4a (AAC, :func:`encode`) of ``minutes`` made by looping the clips of ``utts`` (manifest rows with
+    FLAC ``audio``), each followed by ``gap_s`` seconds of silence, at the clips' own rate."""
     import soundfile as sf
 
     clips = [sf.read(u.audio, dtype="float32") for u in utts]
     rate = clips[0][1]
+    gap = np.zeros(int(gap_s * rate), np.float32)
+    one = np.concatenate([x for c, _ in clips for x in (c, gap)])
     need = int(minutes * 60 * rate)
-    reps = need // sum(len(c) for c, _ in clips) + 1
-    samples = np.concatenate([c for c, _ in clips] * reps)[:need]
+    samples = np.tile(one, need // len(one) + 1)[:need]
+    del one
     with open(path, "wb") as f:
         f.write(encode(samples, rate, "m4a"))
 
@@ -210,7 +213,7 @@ def _long_section(utts, tmp: str, minutes: float, target: str, threads: int, ste
     options = ["--target", target] + (["--threads", str(threads)] if threads else [])
     for length in (1.0, minutes):
         path = os.path.join(tmp, f"long-{length:g}min.m4a")
-        _long_m4a(utts, length, path)
+        long_m4a(utts, length, path)
         for step, extra in [("decode", []), ("transcribe", ["-o", path + ".parquet", "-q", *options])]:
             if step in steps:
                 rss, seconds, last = _peak_rss(step, [path, *extra])
