@@ -20,7 +20,7 @@ from typing import Iterable, Optional
 
 import torch
 
-COMPUTE_TYPES = ("auto", "float32", "bfloat16", "float16")
+COMPUTE_TYPES = ("auto", "float32", "bfloat16", "float16", "int8")
 """Values of ``--compute-type``."""
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -28,6 +28,9 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 """``/proc/cpuinfo`` flags of a CPU with native bfloat16 products."""
+
+INT8_FLAGS = ("avx2",)
+"""``/proc/cpuinfo`` flags a CPU needs for ``auto`` to pick int8 (fbgemm's int8 kernels start at AVX2)."""
 
 # oneDNN's ISA names, in order (``ONEDNN_MAX_CPU_ISA``); bfloat16 products are native from AVX512_CORE_BF16 on
 _ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE", "AVX512_CORE_VNNI",
@@ -37,12 +40,18 @@ _ONEDNN_ISAS = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE
 
 @dataclass(frozen=True)
 class ComputeType:
-    """A resolved compute type: ``name`` (``float32`` / ``bfloat16`` / ``float16``), its torch ``dtype``, and
-    ``reason``, one line on why it was chosen (printed by the CLI, e.g. "auto: this CPU has AMX-BF16")."""
+    """A resolved compute type: ``name`` (``float32`` / ``bfloat16`` / ``float16`` / ``int8``), the torch ``dtype``
+    the model holds its activations, caches and unquantized weights in (float32 for int8), and ``reason``, one line on
+    why it was chosen (printed by the CLI, e.g. "auto: this CPU has AMX-BF16")."""
 
     name: str
     dtype: torch.dtype
     reason: str
+
+    @property
+    def int8(self) -> bool:
+        """Whether the model's linear layers run in int8 (:class:`~rayspec.models.linear.Int8Linear`)."""
+        return self.name == "int8"
 
 
 def cpu_flags(path: str = "/proc/cpuinfo") -> frozenset[str]:
@@ -69,14 +78,18 @@ def onednn_allows_bf16(max_isa: Optional[str]) -> bool:
 def choose(device: str, flags: Iterable[str], max_isa: Optional[str] = None) -> ComputeType:
     """The compute type ``auto`` means on ``device`` (``cpu``, ``cuda``, ``cuda:1``) for a CPU with feature ``flags``
     (``/proc/cpuinfo`` names) and oneDNN's ``ONEDNN_MAX_CPU_ISA`` value ``max_isa``: float16 on CUDA, bfloat16 on a
-    CPU with AMX-BF16 or AVX-512 BF16 that oneDNN may use, float32 otherwise. A pure function (tested per flag set)."""
+    CPU with AMX-BF16 or AVX-512 BF16 that oneDNN may use, int8 on another x86 CPU with AVX2, float32 otherwise (no
+    AVX2, or no flags read: another OS or architecture). A pure function (tested per flag set)."""
     if str(device).startswith("cuda"):
         return ComputeType("float16", torch.float16, "auto: a CUDA GPU")
-    have = [f for f in BF16_FLAGS if f in set(flags)]
+    flags = set(flags)
+    have = [f for f in BF16_FLAGS if f in flags]
     if have and onednn_allows_bf16(max_isa):
         return ComputeType("bfloat16", torch.bfloat16, f"auto: this CPU has {have[0].upper().replace('_', '-')}")
     why = (f"ONEDNN_MAX_CPU_ISA={max_isa} masks bfloat16" if have else "this CPU has no native bfloat16 products")
-    return ComputeType("float32", torch.float32, f"auto: {why}")
+    if all(f in flags for f in INT8_FLAGS):
+        return ComputeType("int8", torch.float32, f"auto: {why}; int8 through AVX2")
+    return ComputeType("float32", torch.float32, f"auto: {why}, nor AVX2 for int8")
 
 
 ENV = "RAYSPEC_COMPUTE_TYPE"
@@ -99,6 +112,10 @@ def resolve(name: Optional[str], device: str = "cpu") -> ComputeType:
     name = (name or default_name()).lower()
     if name == "auto":
         return choose(device, cpu_flags(), os.environ.get("ONEDNN_MAX_CPU_ISA"))
+    if name == "int8":
+        if not str(device).startswith("cpu"):
+            raise ValueError(f"compute type int8 runs on a CPU only, not {device}")
+        return ComputeType("int8", torch.float32, "as asked")
     if name not in DTYPES:
         raise ValueError(f"unknown compute type {name!r}; choose from {', '.join(COMPUTE_TYPES)}")
     return ComputeType(name, DTYPES[name], "as asked")
@@ -109,15 +126,23 @@ def name_of(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def label(dtype: torch.dtype, encoder_dtype: Optional[torch.dtype] = None) -> str:
+def label(dtype: torch.dtype, encoder_dtype: Optional[torch.dtype] = None, int8: bool = False) -> str:
     """The ``compute_type`` a result row records: the decoder's type, and the encoder's where it differs
-    (``"float32 (encoder bfloat16)"``, ``--encoder-dtype``)."""
+    (``"float32 (encoder bfloat16)"``, ``--encoder-dtype``); ``int8`` for a model whose linear layers run in int8."""
+    if int8:
+        return "int8"
     if encoder_dtype is None or encoder_dtype == dtype:
         return name_of(dtype)
     return f"{name_of(dtype)} (encoder {name_of(encoder_dtype)})"
 
 
-def as_dtype(value, device: str = "cpu") -> torch.dtype:
-    """A torch dtype from a dtype or a compute type name (``auto`` resolved on ``device`` of this host: what an actor
-    does on its own node, whose CPU may differ from the driver's)."""
-    return value if isinstance(value, torch.dtype) else resolve(value, device).dtype
+def as_compute_type(value, device: str = "cpu") -> ComputeType:
+    """A :class:`ComputeType` from a torch dtype or a compute type name (``auto`` resolved on ``device`` of this host:
+    what an actor does on its own node, whose CPU may differ from the driver's).
+
+    Raises:
+        ValueError: an unknown compute type name.
+    """
+    if isinstance(value, torch.dtype):
+        return ComputeType(name_of(value), value, "as asked")
+    return resolve(value, device)

@@ -353,7 +353,7 @@ def build_transcriber(args, announce: bool = False):
     spec = transcriber_spec(args)
     if spec.threads:
         torch.set_num_threads(spec.threads)
-    return Transcriber(**dict(spec.kwargs(), dtype=compute_type(args, announce=announce).dtype))
+    return Transcriber(**dict(spec.kwargs(), dtype=compute_type(args, announce=announce).name))
 
 
 def compute_type(args, device: Optional[str] = None, announce: bool = False) -> ComputeType:

@@ -105,9 +105,59 @@ def pack_linears(module: torch.nn.Module) -> int:
     return len(swaps)
 
 
+class Int8Linear(torch.nn.Module):
+    """An inference-only ``nn.Linear`` in int8 (compute type ``int8``): weights quantized per output channel
+    (symmetric, scale = the row's largest magnitude / 127), activations quantized per row (per token) as they come,
+    products in integers through PyTorch's dynamic int8 linear (fbgemm on x86), the result scaled back to float32.
+
+    Per-row activation scales make a row's result independent of the other rows in the product (the integer sums are
+    exact), so a one-token decoder step and a multi-token verification pass give a token bitwise the same logits:
+    every exact method stays exact at int8. PyTorch's dynamic linear takes one scale for the whole input (its minimum
+    and maximum), which would tie a row to its batch-mates; here each row is divided by its largest magnitude first
+    and an anchor row of +1 and -1 is appended, so that input's range is always exactly [-1, 1] and its scale fixed;
+    the row's magnitude multiplies the result afterwards (the bias added last). Activations then take 7 bits
+    (``reduce_range``, which keeps fbgemm's AVX2 kernels from saturating their 16-bit pair sums), as PyTorch's x86
+    dynamic quantization does.
+
+    Args:
+        layer: the ``nn.Linear`` to replace (CPU, float32); its weight is quantized (the float weight is not kept),
+            its bias shared.
+    """
+
+    def __init__(self, layer: torch.nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = layer.in_features, layer.out_features
+        w = layer.weight.detach().float()
+        scale = w.abs().amax(1).clamp_min(1e-12) / 127
+        qw = torch.quantize_per_channel(w, scale.double(), torch.zeros(len(w), dtype=torch.long), 0, torch.qint8)
+        self.packed = torch.ops.quantized.linear_prepack(qw, None)
+        self.bias = layer.bias
+        self.anchor = torch.tensor([1.0, -1.0]).repeat(self.in_features // 2 + 1)[None, : self.in_features]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """float32 ``[..., in_features]`` -> float32 ``[..., out_features]`` (see the class docstring)."""
+        rows = x.reshape(-1, self.in_features)
+        mag = rows.abs().amax(-1, keepdim=True).clamp_min_(1e-30)
+        y = torch.ops.quantized.linear_dynamic(torch.cat([rows / mag, self.anchor]), self.packed, True)[:-1]
+        y = y.mul_(mag) if self.bias is None else torch.addcmul(self.bias, y, mag)
+        return y.view(*x.shape[:-1], self.out_features)
+
+
+def quantize_linears(module: torch.nn.Module, skip: tuple = ()) -> int:
+    """Replace, in place, every float32 ``nn.Linear`` under ``module`` by an :class:`Int8Linear`, except the modules
+    in ``skip`` (e.g. an output projection tied to an embedding): for models that only run inference. Returns how many
+    layers were replaced."""
+    swaps = [(parent, name) for parent in module.modules() for name, child in parent.named_children()
+             if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32 and child not in skip]
+    for parent, name in swaps:
+        setattr(parent, name, Int8Linear(getattr(parent, name)))
+    return len(swaps)
+
+
 def linear_layer(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
     """``layer(x)`` for an ``nn.Linear`` (through :func:`linear`, without the module call: what its ``forward``
-    computes) or a :class:`PackedLinear`: float ``[..., in_features]`` -> ``[..., out_features]``."""
-    if type(layer) is PackedLinear:
+    computes), a :class:`PackedLinear` or an :class:`Int8Linear`: float ``[..., in_features]`` ->
+    ``[..., out_features]``."""
+    if type(layer) is PackedLinear or type(layer) is Int8Linear:
         return layer(x)
     return linear(x, layer.weight, layer.bias)

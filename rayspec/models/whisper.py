@@ -36,7 +36,7 @@ from ..runner.attention import decode_attention
 from .cache import DecoderCache
 from .errors import ModelLoadError
 from .features import log_mel, supports
-from .linear import PackedLinear, linear, linear_layer, pack_linears
+from .linear import Int8Linear, PackedLinear, linear, linear_layer, pack_linears, quantize_linears
 from .registry import resolve_model
 from .whisper_modules import load_lean
 from ..spec_decode.timestamps import TimestampTokens
@@ -188,6 +188,7 @@ class WhisperASR:
         # the static-shape decoder step (rayspec.runner.static_step.StaticSteps) when one is attached: it owns
         # preallocated KV slots and, on CUDA, the captured graphs; None: every step runs at its own shapes
         self.static_steps = None
+        self.int8 = False  # the linear layers run in int8 (pack_for_inference(int8=True))
 
     @property
     def batch_invariant(self) -> bool:
@@ -196,12 +197,14 @@ class WhisperASR:
         every exact method equals ``ar`` at the same batch size (checked: whisper-base, 24 held-out LJSpeech clips,
         every method at batch 1 and 16; batch 16 still differed from batch 1 on one clip, by a comma, a difference
         not yet traced). On for bfloat16 / float16 decoders on a CPU, where
-        the kernels' last-bit differences are large enough to flip greedy choices: PyTorch's oneDNN bfloat16 linear
+        the kernels' last-bit differences are large enough to flip greedy choices, and for int8 ones, where a last-bit
+        difference in attention can move an activation across a rounding boundary of the next layer's int8
+        quantization (its linears are batch-invariant by construction, :class:`~rayspec.models.linear.Int8Linear`): PyTorch's oneDNN bfloat16 linear
         layers give a row the same result at any row count, and attention is made to by reading keys in
         :data:`KEY_BLOCK` blocks and giving a one-token query a second row (its flash kernel takes another path for
         one query). float32 keeps the kernels it was measured with (the exact reference; its last-bit differences
         have not flipped a choice in the exactness tests)."""
-        return self._dtype in (torch.bfloat16, torch.float16) and self.device.type == "cpu"
+        return (self._dtype in (torch.bfloat16, torch.float16) or self.int8) and self.device.type == "cpu"
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -916,17 +919,31 @@ class WhisperASR:
         return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
     def count_parameters(self) -> int:
-        packed = sum(m.in_features * m.out_features for m in self.model.modules() if isinstance(m, PackedLinear))
+        packed = sum(m.in_features * m.out_features for m in self.model.modules()
+                     if isinstance(m, (PackedLinear, Int8Linear)))
         return packed + sum(p.numel() for p in self.model.parameters())
 
-    def pack_for_inference(self) -> "WhisperASR":
+    def pack_for_inference(self, int8: bool = False) -> "WhisperASR":
         """Hold the encoder's and decoder layers' linear weights only in oneDNN's packed layout
         (:func:`~rayspec.models.linear.pack_linears`): the products a decoder step runs on a few rows go at memory
         speed, and the packed copies replace the float32 originals instead of doubling them (whisper-base: ~180 MB).
         The output projection stays a dense weight (tied to the token embedding; it is packed on first use). For
         inference only (rayspec's engine): no gradients flow through packed layers, and their ``state_dict`` lacks
-        the weights. A no-op off the CPU. Returns ``self``."""
-        if self.device.type == "cpu" and pack_linears(self.model.model):
+        the weights. A no-op off the CPU. Returns ``self``.
+
+        ``int8`` (compute type ``int8``, a float32 model on a CPU): those layers become
+        :class:`~rayspec.models.linear.Int8Linear` instead (weights per channel, activations per row in int8; a
+        quarter of float32's weight memory); the output projection, the embeddings, the convolutions and attention
+        stay float32.
+
+        Raises:
+            ValueError: ``int8`` on a model that is not float32 on a CPU.
+        """
+        if int8:
+            if self.device.type != "cpu" or self.dtype != torch.float32:
+                raise ValueError(f"int8 takes a float32 model on a CPU, not {self.dtype} on {self.device}")
+            self.int8 = quantize_linears(self.model.model) > 0
+        if self.device.type == "cpu" and (pack_linears(self.model.model) or self.int8):
             # The weights left (embeddings, norms, biases, convolutions) may still be views into the checkpoint file's
             # memory map, which then stays mapped with the replaced weights' pages: copy them out so it is released.
             with torch.no_grad():
