@@ -3,13 +3,16 @@
 ``auto`` (the default) picks the fastest type the hardware runs natively, as CTranslate2's ``compute_type="auto"``
 does: float16 on a CUDA GPU; bfloat16 on a CPU with native bfloat16 products (Intel AMX-BF16 or AVX-512 BF16, which
 oneDNN uses for PyTorch's bfloat16 linear layers), unless oneDNN is told not to use them (``ONEDNN_MAX_CPU_ISA``
-below ``AVX512_CORE_BF16``); float32 elsewhere. float32 is the exact reference: the transcripts the tests and the
-peers compare against. Every exact method stays identical to ``ar`` at the type chosen (a bfloat16 decoder runs
-batch-invariant steps: :attr:`~rayspec.models.whisper.WhisperASR.batch_invariant`).
+below ``AVX512_CORE_BF16``); int8 on another x86 CPU with AVX2 (the linear layers on int8 weights and per-row int8
+activations through fbgemm, the output projection on float16 weights: :class:`~rayspec.models.linear.Int8Linear`);
+float32 elsewhere. float32 is the exact reference: the transcripts the tests and the peers compare against. Every
+exact method stays identical to ``ar`` at the type chosen (bfloat16 and int8 decoders run batch-invariant steps:
+:attr:`~rayspec.models.whisper.WhisperASR.batch_invariant`).
 
 Measured on a 2-core Intel Xeon with AMX, whisper-base, 99 held-out LJSpeech clips at batch 1, whole processes
-(``bench/peers-process``): bfloat16 took 71.9 s, float32 126.7 s, at 3.38% and 3.32% WER. No int8 path is offered
-yet, so a CPU without native bfloat16 runs float32.
+(``bench/peers-process``): bfloat16 took 71.9 s, float32 126.7 s, at 3.38% and 3.32% WER. With every kernel library
+held to AVX2, as on a CPU without AVX-512 (``bench/peers-process-avx2``): int8 took 153.2 s, float32 176.6 s,
+faster-whisper int8 134.2 s (int8 0.88x faster-whisper's), at 3.63%, 3.32% and 3.57% WER.
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from ..files import write_atomic
 from .tables import write_table
 
 DEFAULT_CONFIGS = ("rayspec", "rayspec@float32", "rayspec#AVX2", "faster-whisper@int8", "faster-whisper@float32",
-                   "rayspec:batched", "faster-whisper@int8:batched")
+                   "faster-whisper@int8#AVX2", "rayspec:batched", "faster-whisper@int8:batched")
 FW_BATCH = 16
 BF16_FLAG_NAMES = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
 
