@@ -16,6 +16,10 @@ a 512 x 512 weight: 24 vs 30 us; 2 rows: 45 vs 34 us). bfloat16 products go thro
 :data:`MIN_ELEMENTS_BF16` elements at any row count (MKL has no fast bfloat16 product here: one row against
 1024 x 256, 49 vs 23 us).
 
+The compute type int8 (:mod:`rayspec.compute`) replaces these layers by :class:`Int8Linear` (fbgemm's int8 products,
+per-row activation scales) and gives the output projection a :class:`Float16RowLinear`; both compute a row the same
+whatever rows share its product.
+
 The two kernels may round differently in the last bits, so a result may depend on how many rows went through the
 product with it; speculation stays exact only as far as the argmax does not flip on such rounding, which the
 exactness tests (tests/test_decoding_tiny.py, tests/test_real_whisper.py) check across batch sizes and drafts.
@@ -23,6 +27,7 @@ exactness tests (tests/test_decoding_tiny.py, tests/test_real_whisper.py) check 
 
 from __future__ import annotations
 
+import warnings
 from typing import Optional
 
 import torch
@@ -117,7 +122,9 @@ class Int8Linear(torch.nn.Module):
     and an anchor row of +1 and -1 is appended, so that input's range is always exactly [-1, 1] and its scale fixed;
     the row's magnitude multiplies the result afterwards (the bias added last). Activations then take 7 bits
     (``reduce_range``, which keeps fbgemm's AVX2 kernels from saturating their 16-bit pair sums), as PyTorch's x86
-    dynamic quantization does.
+    dynamic quantization does. PyTorch 2.13 marks quantized tensors (which fbgemm's prepacking takes) deprecated,
+    to be removed in a later release: the warning is silenced here, and this class will need another int8 kernel
+    when the pinned PyTorch moves on.
 
     Args:
         layer: the ``nn.Linear`` to replace (CPU, float32); its weight is quantized (the float weight is not kept),
@@ -129,7 +136,9 @@ class Int8Linear(torch.nn.Module):
         self.in_features, self.out_features = layer.in_features, layer.out_features
         w = layer.weight.detach().float()
         scale = w.abs().amax(1).clamp_min(1e-12) / 127
-        qw = torch.quantize_per_channel(w, scale.double(), torch.zeros(len(w), dtype=torch.long), 0, torch.qint8)
+        with warnings.catch_warnings():  # quantized tensors are deprecated (see the class docstring)
+            warnings.filterwarnings("ignore", message=".*quantized tensor creation functions.*deprecated")
+            qw = torch.quantize_per_channel(w, scale.double(), torch.zeros(len(w), dtype=torch.long), 0, torch.qint8)
         self.packed = torch.ops.quantized.linear_prepack(qw, None)
         self.bias = layer.bias
         self.anchor = torch.tensor([1.0, -1.0]).repeat(self.in_features // 2 + 1)[None, : self.in_features]
@@ -169,12 +178,11 @@ class Float16RowLinear(torch.nn.Module):
         return out.view(*x.shape[:-1], self.out_features)
 
 
-def quantize_linears(module: torch.nn.Module, skip: tuple = ()) -> int:
-    """Replace, in place, every float32 ``nn.Linear`` under ``module`` by an :class:`Int8Linear`, except the modules
-    in ``skip`` (e.g. an output projection tied to an embedding): for models that only run inference. Returns how many
-    layers were replaced."""
+def quantize_linears(module: torch.nn.Module) -> int:
+    """Replace, in place, every float32 ``nn.Linear`` under ``module`` by an :class:`Int8Linear`: for models that
+    only run inference. Returns how many layers were replaced."""
     swaps = [(parent, name) for parent in module.modules() for name, child in parent.named_children()
-             if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32 and child not in skip]
+             if type(child) is torch.nn.Linear and child.weight.dtype == torch.float32]
     for parent, name in swaps:
         setattr(parent, name, Int8Linear(getattr(parent, name)))
     return len(swaps)

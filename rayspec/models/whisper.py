@@ -198,13 +198,15 @@ class WhisperASR:
         every exact method equals ``ar`` at the same batch size (checked: whisper-base, 24 held-out LJSpeech clips,
         every method at batch 1 and 16; batch 16 still differed from batch 1 on one clip, by a comma, a difference
         not yet traced). On for bfloat16 / float16 decoders on a CPU, where
-        the kernels' last-bit differences are large enough to flip greedy choices, and for int8 ones, where a last-bit
-        difference in attention can move an activation across a rounding boundary of the next layer's int8
-        quantization (its linears are batch-invariant by construction, :class:`~rayspec.models.linear.Int8Linear`): PyTorch's oneDNN bfloat16 linear
+        the kernels' last-bit differences are large enough to flip greedy choices: PyTorch's oneDNN bfloat16 linear
         layers give a row the same result at any row count, and attention is made to by reading keys in
         :data:`KEY_BLOCK` blocks and giving a one-token query a second row (its flash kernel takes another path for
         one query). float32 keeps the kernels it was measured with (the exact reference; its last-bit differences
-        have not flipped a choice in the exactness tests)."""
+        have not flipped a choice in the exactness tests). On too for int8 decoders (:attr:`int8`), whose linear
+        layers and output projection are batch-invariant by construction
+        (:class:`~rayspec.models.linear.Int8Linear`, :class:`~rayspec.models.linear.Float16RowLinear`) but whose
+        attention is not: a last-bit difference there can move an activation across a rounding boundary of the next
+        layer's int8 quantization."""
         return (self._dtype in (torch.bfloat16, torch.float16) or self.int8) and self.device.type == "cpu"
 
     # ------------------------------------------------------------------ loading
