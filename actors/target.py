@@ -26,17 +26,17 @@ def _build(target, options, device: str, threads: int, dtype):
     :class:`rayspec.engine.StreamEngine` for why)."""
     import torch
 
-    from rayspec.compute import as_dtype
+    from rayspec.compute import as_compute_type
     from rayspec.models.registry import DEFAULT_TARGET
     from rayspec.models.whisper import WhisperASR
     from rayspec.pipeline import TargetDecoder
 
     if threads:
         torch.set_num_threads(threads)
-    model = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, as_dtype(dtype or torch.float32, device),
-                                       lean=True)
+    chosen = as_compute_type(dtype or torch.float32, device)
+    model = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, chosen.dtype, lean=True)
     model.release("encoder")  # the encoder runs on the drafter actors
-    model.pack_for_inference()
+    model.pack_for_inference(chosen.int8)
     return TargetDecoder(model, options)
 
 

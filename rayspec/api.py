@@ -72,10 +72,10 @@ class Model:
 
     @property
     def compute_type(self) -> str:
-        """The compute type the model runs in (``float32``, ``bfloat16``, ``float16``)."""
-        from .compute import name_of
+        """The compute type the model runs in (``float32``, ``bfloat16``, ``float16``, ``int8``)."""
+        from .compute import label
 
-        return name_of(self.transcriber.target.dtype)
+        return label(self.transcriber.target.dtype, int8=self.transcriber.target.int8)
 
     def transcribe(self, audio: Union[Audio, Sequence[Audio]], **options) -> Union[Transcription,
                                                                                       list[Transcription]]:
@@ -167,5 +167,5 @@ def load(model: str = "whisper-base", method: str = "ar", *, draft: Optional[str
     decode = decode_options_from(opts)  # checked before anything loads
     if threads:
         torch.set_num_threads(threads)
-    transcriber = Transcriber(model, draft, decode, ctc, device, resolve(compute_type, device).dtype)
+    transcriber = Transcriber(model, draft, decode, ctc, device, resolve(compute_type, device).name)
     return Model(transcriber, opts)

@@ -41,8 +41,9 @@ def add_model_args(p: argparse.ArgumentParser, target: str | None = None) -> Non
                    help="the type the model computes in. auto (default): the fastest the hardware runs natively, "
                         "printed at start and written to each row's compute_type: float16 on a GPU, bfloat16 on a "
                         "CPU with AMX-BF16 or AVX-512 BF16 (whisper-base on a 2-core Xeon with AMX: 1.8x float32's "
-                        "speed, WER 3.38%% vs 3.32%%), float32 elsewhere. float32 is the exact reference (the transcripts of "
-                        "earlier releases); every exact method equals ar at any type. Default: "
+                        "speed, WER 3.38%% vs 3.32%%), int8 on another x86 CPU with AVX2 (linear layers in int8, "
+                        "the output projection in float16 weights), float32 elsewhere. float32 is the exact reference "
+                        "(the transcripts of earlier releases); every exact method equals ar at any type. Default: "
                         "$RAYSPEC_COMPUTE_TYPE if set, else auto")
     g.add_argument("--encoder-dtype", choices=sorted(DTYPE_NAMES), default=None,
                    help="run the encoder in this dtype, its states cast back to --compute-type for the decoder "
@@ -348,7 +349,7 @@ def build_transcriber(args, announce: bool = False):
     spec = transcriber_spec(args)
     if spec.threads:
         torch.set_num_threads(spec.threads)
-    return Transcriber(**dict(spec.kwargs(), dtype=compute_type(args, announce=announce).dtype))
+    return Transcriber(**dict(spec.kwargs(), dtype=compute_type(args, announce=announce).name))
 
 
 def compute_type(args, device: Optional[str] = None, announce: bool = False) -> ComputeType:

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from .audio import AudioError, AudioLimits, load_audio
-from .compute import as_dtype, label as compute_type_label
+from .compute import as_compute_type, label as compute_type_label
 from .decoding.common import DecodeStats, Hypothesis, compression_ratio, token_cap
 from .decoding.beam import beam_decode
 from .decoding.beam_speculative import LookupDrafter, speculative_beam_decode
@@ -437,9 +437,10 @@ class Drafter:
                  dtype: torch.dtype | str = torch.float32, limits: Optional[AudioLimits] = None,
                  encoder_dtype: Optional[torch.dtype] = None) -> None:
         self.options = options
-        dtype = as_dtype(dtype, device)
+        chosen = as_compute_type(dtype, device)
+        dtype = chosen.dtype
         self.target = WhisperASR.from_pretrained(target or DEFAULT_TARGET, device, dtype, encoder_dtype, lean=True)
-        self.target.pack_for_inference()
+        self.target.pack_for_inference(chosen.int8)
         self.target.prompt_for(None if options.language == "auto" else options.language, options.task,
                                options.timestamps != "none")  # checked
         self.draft = self.ctc = None
@@ -449,7 +450,7 @@ class Drafter:
             default_drafter(self.target.name, "medusa")
         if needs_draft(options):
             self.draft = WhisperASR.from_pretrained(draft or default_drafter(self.target.name, "draft"), device, dtype,
-                                                    encoder_dtype, lean=True).pack_for_inference()
+                                                    encoder_dtype, lean=True).pack_for_inference(chosen.int8)
             check_compatible(self.target, self.draft)
             prepare_static_steps(self.draft, options.static_steps, options.cuda_graphs, options.max_graph_batch)
         self.limits = limits or AudioLimits()
@@ -598,7 +599,7 @@ class TargetDecoder:
     def __init__(self, target: WhisperASR, options: DecodeOptions) -> None:
         self.target, self.options = target, options
         encoder = target.encoder_dtype if getattr(target.model.model, "encoder", None) is not None else None
-        self._compute_type = compute_type_label(target.dtype, encoder)
+        self._compute_type = compute_type_label(target.dtype, encoder, target.int8)
         # static-shape steps (and on CUDA their graphs) captured now, before any job: rayspec.runner.static_step
         self.static_steps = prepare_static_steps(target, options.static_steps, options.cuda_graphs,
                                                  options.max_graph_batch)

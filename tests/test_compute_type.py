@@ -1,5 +1,5 @@
 """The compute type: what ``auto`` picks for a given CPU, how it reaches the result rows, and every exact method equal
-to ``ar`` at bfloat16 (the type ``auto`` picks on a CPU with AMX or AVX-512 BF16)."""
+to ``ar`` at bfloat16 (the type ``auto`` picks on a CPU with AMX or AVX-512 BF16) and at int8 (on other x86 CPUs)."""
 
 import argparse
 
@@ -17,22 +17,28 @@ AMX = {"fpu", "avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "amx_int
 ZEN4 = {"fpu", "avx2", "avx512f", "avx512_bf16"}
 AVX2 = {"fpu", "sse4_2", "avx", "avx2", "fma"}
 SKYLAKE = {"fpu", "avx2", "avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
+OLD = {"fpu", "sse4_2", "avx"}  # no AVX2: no int8 kernels worth it
+fbgemm = pytest.mark.skipif("fbgemm" not in torch.backends.quantized.supported_engines,
+                            reason="this PyTorch build has no fbgemm (int8 linears)")
 
 
 @pytest.mark.parametrize("flags, max_isa, expected", [
     (AMX, None, "bfloat16"),
     (ZEN4, None, "bfloat16"),
-    (AVX2, None, "float32"),
-    (SKYLAKE, None, "float32"),  # AVX-512 without BF16: oneDNN emulates bfloat16, slower than float32
-    (AMX, "AVX2", "float32"),  # BF16 masked off, as on a CPU without it
-    (AMX, "avx512_core_vnni", "float32"),
+    (AVX2, None, "int8"),
+    (SKYLAKE, None, "int8"),  # AVX-512 without BF16: oneDNN emulates bfloat16, slower than float32
+    (AMX, "AVX2", "int8"),  # BF16 masked off, as on a CPU without it
+    (AMX, "avx512_core_vnni", "int8"),
+    (OLD, None, "float32"),
+    (set(), None, "float32"),  # no flags read (another OS or architecture)
     (AMX, "AVX512_CORE_BF16", "bfloat16"),
     (AMX, "AVX512_CORE_AMX", "bfloat16"),
     (AMX, "ALL", "bfloat16"),
 ])
-def test_auto_picks_bfloat16_only_where_the_cpu_has_native_bfloat16(flags, max_isa, expected):
+def test_auto_picks_bfloat16_where_the_cpu_has_native_bfloat16_else_int8_with_avx2(flags, max_isa, expected):
     chosen = choose("cpu", flags, max_isa)
-    assert chosen.name == expected and chosen.dtype == getattr(torch, expected)
+    assert chosen.name == expected and chosen.int8 == (expected == "int8")
+    assert chosen.dtype == (torch.float32 if expected == "int8" else getattr(torch, expected))
     assert chosen.reason.startswith("auto: ")
 
 
@@ -41,6 +47,9 @@ def test_auto_on_a_gpu_is_float16_and_named_types_are_taken_as_asked(monkeypatch
     assert resolve("float32").dtype == torch.float32 and resolve("BFloat16").dtype == torch.bfloat16
     with pytest.raises(ValueError, match="unknown compute type 'int4'"):
         resolve("int4")
+    assert resolve("int8").int8 and resolve("int8").dtype == torch.float32
+    with pytest.raises(ValueError, match="int8 runs on a CPU only"):
+        resolve("int8", "cuda")
     assert not onednn_allows_bf16("AVX") and onednn_allows_bf16(None) and not onednn_allows_bf16("bogus")
     monkeypatch.setenv("RAYSPEC_COMPUTE_TYPE", "bfloat16")
     assert resolve(None).name == "bfloat16"
@@ -68,23 +77,33 @@ def test_result_rows_record_the_compute_type(tiny_target, tmp_path):
     assert TargetDecoder(tiny_target, DecodeOptions("ar"))._compute_type == "float32"
     assert label(torch.float32, torch.bfloat16) == "float32 (encoder bfloat16)"
     assert label(torch.bfloat16, torch.bfloat16) == "bfloat16"
+    assert label(torch.float32, int8=True) == "int8"
 
 
-@native_bf16
-def test_batch_invariant_steps_equal_a_multi_token_pass(tmp_path):
-    """bfloat16 on a CPU: caches hold whole key blocks, and a token decoded one step at a time gets bitwise the states
-    it gets inside a longer pass (what verifying a draft computes), so greedy choices cannot differ between them."""
+def _low_precision(fp32, compute_type: str) -> WhisperASR:
+    """``fp32`` (a float32 WhisperASR) at ``compute_type``: bfloat16 weights, or int8 linear layers."""
+    if compute_type == "int8":
+        return fp32.pack_for_inference(int8=True)
+    return WhisperASR(fp32.model.to(torch.bfloat16), fp32.feature_extractor, fp32.tokenizer, fp32.generation_config)
+
+
+@pytest.mark.parametrize("compute_type", [pytest.param("bfloat16", marks=native_bf16),
+                                          pytest.param("int8", marks=fbgemm)])
+def test_batch_invariant_steps_equal_a_multi_token_pass(tmp_path, compute_type):
+    """bfloat16 or int8 on a CPU: caches hold whole key blocks, and a token decoded one step at a time gets bitwise the
+    states it gets inside a longer pass (what verifying a draft computes), so greedy choices cannot differ between
+    them."""
     import numpy as np
 
     from tiny import make_tiny
 
     fp32 = make_tiny(tmp_path, d_model=64, layers=2, seed=5)
     assert not fp32.batch_invariant
-    model = WhisperASR(fp32.model.to(torch.bfloat16), fp32.feature_extractor, fp32.tokenizer, fp32.generation_config)
+    model = _low_precision(fp32, compute_type)
     assert model.batch_invariant
     feats, lengths = model.features([np.random.default_rng(0).standard_normal(16000).astype(np.float32)])
     with torch.inference_mode():
-        enc = model.encode(feats.to(torch.bfloat16), lengths)
+        enc = model.encode(feats.to(model.dtype), lengths)
         prompt = torch.tensor([model.prompt_ids])
         new = torch.tensor([[5, 9, 12, 7, 30, 31]])
         p = prompt.shape[1]
@@ -106,11 +125,30 @@ def test_batch_invariant_steps_equal_a_multi_token_pass(tmp_path):
         assert torch.equal(model.project(torch.cat(steps, 1)).argmax(-1), model.project(passed).argmax(-1))
 
 
-@native_bf16
+@fbgemm
+def test_int8_linear_rows_do_not_depend_on_their_batch_mates():
+    """An int8 linear layer's row is bitwise the same alone as among other rows of any range, and near float32's."""
+    from rayspec.models.linear import Int8Linear
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(96, 40)
+    q = Int8Linear(layer)
+    x = torch.randn(7, 96) * torch.logspace(-2, 2, 7)[:, None]
+    with torch.inference_mode():
+        together = q(x)
+        assert torch.equal(torch.cat([q(r[None]) for r in x]), together)
+        assert torch.equal(q(x[None, 2:5])[0], together[2:5])
+        ref = layer(x)
+    assert ((together - ref).norm(dim=-1) / ref.norm(dim=-1)).max() < 0.05
+
+
+@pytest.mark.parametrize("compute_type", [pytest.param("bfloat16", marks=native_bf16),
+                                          pytest.param("int8", marks=fbgemm)])
 @pytest.mark.parametrize("batch_size", [1, 4])
-def test_every_method_equals_ar_at_bfloat16(tiny_en_drafters, samples_manifest, batch_size, tmp_path):
-    """Real whisper-tiny.en at bfloat16 (what auto picks on a CPU with AMX or AVX-512 BF16): every exact method gives
-    ar's tokens at the same batch size."""
+def test_every_method_equals_ar_at_low_precision(tiny_en_drafters, samples_manifest, batch_size, compute_type,
+                                                 tmp_path):
+    """Real whisper-tiny.en at bfloat16 (what auto picks on a CPU with AMX or AVX-512 BF16) and at int8 (what it picks
+    on other x86 CPUs): every exact method gives ar's tokens at the same batch size."""
     from rayspec.audio import load_audio
     from rayspec.manifest import read_manifest
     from rayspec.models.ctc import CTCHead
@@ -118,10 +156,12 @@ def test_every_method_equals_ar_at_bfloat16(tiny_en_drafters, samples_manifest, 
     from rayspec.options import decode_options_from
     from rayspec.pipeline import decode_batch
 
-    model = WhisperASR.from_pretrained("whisper-tiny.en", dtype=torch.bfloat16).pack_for_inference()
+    int8 = compute_type == "int8"
+    dtype = torch.float32 if int8 else torch.bfloat16
+    model = WhisperASR.from_pretrained("whisper-tiny.en", dtype=dtype).pack_for_inference(int8)
     assert model.batch_invariant
-    draft = WhisperASR.from_pretrained(tiny_en_drafters[0], dtype=torch.bfloat16)
-    ctc = CTCHead.from_pretrained(tiny_en_drafters[1]).to(torch.bfloat16)
+    draft = WhisperASR.from_pretrained(tiny_en_drafters[0], dtype=dtype).pack_for_inference(int8)
+    ctc = CTCHead.from_pretrained(tiny_en_drafters[1]).to(dtype)
     torch.manual_seed(0)
     MedusaHeads(model.config.d_model, 3).save_pretrained(str(tmp_path / "heads"))
     clips = [load_audio(u.audio, 16000) for u in read_manifest(samples_manifest)[:6]]

@@ -394,3 +394,23 @@ def test_lean_loading_holds_the_same_weights_as_transformers():
         got = lean.model.state_dict()
         assert set(got) == set(want)
         assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+def test_checksums_are_remembered_by_size_and_modification_time(tmp_path, monkeypatch):
+    """A packaged file is hashed once; it is hashed again when its size or modification time changes."""
+    import hashlib
+
+    from rayspec.models import registry
+
+    monkeypatch.setenv("RAYSPEC_CACHE", str(tmp_path / "cache"))
+    f = tmp_path / "weights.bin"
+    f.write_bytes(b"abc")
+    reads = []
+    monkeypatch.setattr(registry, "sha256", lambda p: reads.append(p) or hashlib.sha256(open(p, "rb").read()).hexdigest())
+    assert registry.checked_sha256(str(f)) == hashlib.sha256(b"abc").hexdigest()
+    assert registry.checked_sha256(str(f)) == hashlib.sha256(b"abc").hexdigest() and len(reads) == 1
+    f.write_bytes(b"abd")  # same size, new modification time
+    os.utime(f, ns=(1, 10**18))
+    assert registry.checked_sha256(str(f)) == hashlib.sha256(b"abd").hexdigest() and len(reads) == 2
+    (tmp_path / "cache" / registry.HASH_CACHE).write_text("not json")  # a broken cache is ignored
+    assert registry.checked_sha256(str(f)) == hashlib.sha256(b"abd").hexdigest() and len(reads) == 3

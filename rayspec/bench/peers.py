@@ -305,9 +305,12 @@ def cmd_whole_process(args, utts) -> int:
              "script. Start-up: whole minus the transcription time the process reports. Batch 1: file by file "
              f"(`--max-batch 1`; faster-whisper's WhisperModel.transcribe); default: rayspec's default batching, "
              f"faster-whisper's BatchedInferencePipeline at batch {FW_BATCH}. rayspec's compute type auto is "
-             "what `rayspec transcribe` runs with no flags; #AVX2 runs it with ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN "
-             "without bfloat16 products, as a CPU without AVX-512 BF16/AMX: auto then picks float32). WER after "
-             "Whisper's English normalizer. faster-whisper int8 / this: above 1 this configuration is faster.\n")
+             "what `rayspec transcribe` runs with no flags; #AVX2 runs a configuration with every kernel library "
+             "of both engines held to AVX2 (ONEDNN_MAX_CPU_ISA=AVX2, FBGEMM_ENABLE_INSTRUCTIONS=AVX2, "
+             "ATEN_CPU_CAPABILITY=avx2, MKL_ENABLE_INSTRUCTIONS=AVX2, CT2_FORCE_CPU_ISA=AVX2: a CPU without "
+             "AVX-512, hence without bfloat16 or VNNI products, where auto picks int8), its ratios taken against "
+             "the #AVX2 runs of the others where there are some. WER after Whisper's English normalizer. "
+             "faster-whisper int8 / this: above 1 this configuration is faster.\n")
     notes += "".join(f"- FAILED {line}\n" for line in failures)
     print(write_process_outputs(best, {u.id: u.text or "" for u in utts}, audio_s, args.output, title, notes))
     return 0

@@ -7,10 +7,11 @@ count. Configurations alternate within a round and each keeps its fastest round.
 (process start to the first transcription call: the whole time minus the transcription time the process reports)
 and that transcription time alone, WER, and how many texts equal rayspec float32's.
 
-Configurations: ``rayspec[@COMPUTE_TYPE][#MASK]`` (compute type as ``--compute-type``, default auto; ``#MASK`` runs
-it with ``ONEDNN_MAX_CPU_ISA=MASK``, e.g. ``#AVX2``: a CPU without bfloat16 products) and
-``faster-whisper@COMPUTE_TYPE``, each at batch 1 (file by file) or, with ``:batched``, rayspec's default batching /
-faster-whisper's ``BatchedInferencePipeline`` at batch 16.
+Configurations: ``ENGINE[@COMPUTE_TYPE][#MASK]``: engine ``rayspec`` (compute type as ``--compute-type``, default
+auto) or ``faster-whisper`` (default int8); ``#MASK`` (e.g. ``#AVX2``: a CPU without AVX-512, bfloat16 or VNNI
+products) holds every instruction-set switch of both engines' kernels to that level (:func:`isa_mask`); each at
+batch 1 (file by file) or, with ``:batched``, rayspec's default batching / faster-whisper's
+``BatchedInferencePipeline`` at batch 16.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from ..files import write_atomic
 from .tables import write_table
 
 DEFAULT_CONFIGS = ("rayspec", "rayspec@float32", "rayspec#AVX2", "faster-whisper@int8", "faster-whisper@float32",
-                   "rayspec:batched", "faster-whisper@int8:batched")
+                   "faster-whisper@int8#AVX2", "rayspec:batched", "faster-whisper@int8:batched")
 FW_BATCH = 16
 BF16_FLAG_NAMES = ("amx_bf16", "avx512_bf16", "avx512f", "avx2")
 
@@ -67,14 +68,28 @@ def parse_config(config: str) -> tuple[str, str, Optional[str], bool]:
     return engine, ctype or ("auto" if engine == "rayspec" else "int8"), mask or None, batched
 
 
+ISA_SWITCHES = {"ONEDNN_MAX_CPU_ISA": str.upper, "FBGEMM_ENABLE_INSTRUCTIONS": str.upper,
+                "ATEN_CPU_CAPABILITY": str.lower, "MKL_ENABLE_INSTRUCTIONS": str.upper, "CT2_FORCE_CPU_ISA": str.upper}
+"""The environment variables that cap the instruction set of each kernel library the two engines run, and how each
+spells a level: oneDNN (PyTorch's float32/bfloat16 linears and convolutions), fbgemm (PyTorch's int8 linears), ATen's
+own vectorized kernels, MKL (PyTorch's and CTranslate2's float32 products) and CTranslate2's own kernels."""
+
+
+def isa_mask(level: str) -> dict:
+    """The environment that holds every library of :data:`ISA_SWITCHES` to the instruction set ``level`` (``AVX2``:
+    as a CPU without AVX-512 / AMX, hence without native bfloat16 or VNNI products)."""
+    return {name: spell(level) for name, spell in ISA_SWITCHES.items()}
+
+
 def command(config: str, manifest: str, out: str, threads: int, ct2_dir: str) -> tuple[list[str], dict]:
     """The command line and environment of one configuration's process."""
     engine, ctype, mask, batched = parse_config(config)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "TOKENIZERS_PARALLELISM": "false"}
     env.pop("RAYSPEC_COMPUTE_TYPE", None)
-    env.pop("ONEDNN_MAX_CPU_ISA", None)
+    for name in ISA_SWITCHES:
+        env.pop(name, None)
     if mask:
-        env["ONEDNN_MAX_CPU_ISA"] = mask
+        env.update(isa_mask(mask))
     if engine == "rayspec":
         cmd = [sys.executable, "-m", "rayspec.cli", "transcribe", manifest, "-o", out, "-q", "--threads",
                str(threads), "--compute-type", ctype] + ([] if batched else ["--max-batch", "1"])
@@ -167,26 +182,32 @@ def cpu_description() -> str:
 
 
 def write_process_outputs(best: dict, refs: dict, audio_s: float, out_dir: str, title: str, notes: str = "") -> str:
-    """``bench-peers-process.md`` / ``.csv`` / ``.png``: one row per configuration, ratios against rayspec's
-    default (auto) and faster-whisper int8 at the same batching."""
+    """``bench-peers-process.md`` / ``.csv`` / ``.png``: one row per configuration, ratios against faster-whisper
+    int8 at the same batching and rayspec float32 (each under the same instruction-set mask where one ran with it)."""
     from ..metrics import error_rates
 
     ids = sorted(refs)
-    reference = best.get("rayspec@float32")
+
+    def peer(name: str, mask: Optional[str], batched: bool) -> Optional[ProcessRun]:
+        # the run of ``name`` under the same instruction-set mask, else the unmasked one
+        tail = ":batched" if batched else ""
+        return best.get(f"{name}#{mask}{tail}", best.get(name + tail)) if mask else best.get(name + tail)
+
     header = ["config", "engine", "compute type", "batch", "whole s", "start-up s", "transcribe s", "RTFx (whole)",
               "faster-whisper int8 / this (whole)", "this / rayspec float32 (whole)", "WER %",
               "texts = rayspec float32"]
     cells = []
     for config, run in best.items():
         engine, _, mask, batched = parse_config(config)
-        fw = best.get("faster-whisper@int8" + (":batched" if batched else ""))
+        fw = peer("faster-whisper@int8", mask, batched)
+        ref = peer("rayspec@float32", mask, False)
         rates = error_rates([refs[i] for i in ids], [run.texts.get(i, "") for i in ids])
-        same = sum(run.texts.get(i) == reference.texts.get(i) for i in ids) if reference else 0
-        ctype = run.compute_type + (f" (ONEDNN_MAX_CPU_ISA={mask})" if mask else "")
+        same = sum(run.texts.get(i) == ref.texts.get(i) for i in ids) if ref else 0
+        ctype = run.compute_type + (f" (ISA held to {mask})" if mask else "")
         cells.append([config, f"{engine} {run.version}", ctype, f"default ({FW_BATCH})" if batched else 1,
                       f"{run.whole_s:.1f}", f"{run.startup_s:.1f}", f"{run.transcribe_s:.1f}",
                       f"{audio_s / run.whole_s:.1f}", f"{fw.whole_s / run.whole_s:.2f}x" if fw else "-",
-                      f"{run.whole_s / reference.whole_s:.2f}x" if reference else "-", f"{100 * rates.wer:.2f}",
+                      f"{run.whole_s / ref.whole_s:.2f}x" if ref else "-", f"{100 * rates.wer:.2f}",
                       f"{same}/{len(ids)}"])
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, "bench-peers-process")

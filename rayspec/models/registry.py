@@ -23,6 +23,7 @@ from typing import Callable
 
 from .ct2 import CONVERTER_VERSION, convert_ct2, is_converted_dir, is_ct2_dir
 from .errors import ModelLoadError
+from ..files import write_atomic
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,36 @@ def sha256(path: str) -> str:
     return h.hexdigest()
 
 
+HASH_CACHE = "sha256-by-stat.json"
+"""File in :func:`cache_dir` that remembers each checked file's SHA-256 with its size and modification time."""
+
+
+def checked_sha256(path: str) -> str:
+    """:func:`sha256` of ``path``, remembered in :data:`HASH_CACHE` under the file's size and modification time (ns):
+    a file unchanged since it was last hashed is not read again (whisper-base's 290 MB: 0.3 s of every start). A
+    cache that cannot be read or written is ignored."""
+    st = os.stat(path)
+    stamp = [st.st_size, st.st_mtime_ns]
+    store = os.path.join(cache_dir(), HASH_CACHE)
+    try:
+        with open(store) as fh:
+            known = json.load(fh)
+    except (OSError, ValueError):
+        known = {}
+    entry = known.get(path) if isinstance(known, dict) else None
+    if isinstance(entry, list) and entry[:2] == stamp and len(entry) == 3:
+        return entry[2]
+    digest = sha256(path)
+    try:
+        known = known if isinstance(known, dict) else {}
+        known[path] = stamp + [digest]
+        os.makedirs(cache_dir(), exist_ok=True)
+        write_atomic(store, json.dumps(known))
+    except OSError:
+        pass
+    return digest
+
+
 def _locate(name: str, f: PackagedFile) -> str:
     try:
         dist = metadata.distribution(f.distribution)
@@ -122,7 +153,8 @@ def _locate(name: str, f: PackagedFile) -> str:
 
 
 def verified_paths(name: str, files: tuple[PackagedFile, ...]) -> list[str]:
-    """Local paths of packaged files, each checked against its pinned SHA-256.
+    """Local paths of packaged files, each checked against its pinned SHA-256 (:func:`checked_sha256`: hashed again
+    only once a file's size or modification time changed).
 
     Raises:
         ModelLoadError: a package missing or of another version, a file missing, or a checksum mismatch.
@@ -130,7 +162,7 @@ def verified_paths(name: str, files: tuple[PackagedFile, ...]) -> list[str]:
     paths = []
     for f in files:
         path = _locate(name, f)
-        if sha256(path) != f.sha256:
+        if checked_sha256(path) != f.sha256:
             raise ModelLoadError(f"{name}: checksum mismatch for {path} (expected SHA-256 {f.sha256[:16]}...): "
                                  f"reinstall {f.distribution}=={f.version}")
         paths.append(path)

@@ -36,7 +36,7 @@ from ..runner.attention import decode_attention
 from .cache import DecoderCache
 from .errors import ModelLoadError
 from .features import log_mel, supports
-from .linear import PackedLinear, linear, linear_layer, pack_linears
+from .linear import Float16RowLinear, Int8Linear, PackedLinear, linear, linear_layer, pack_linears, quantize_linears
 from .registry import resolve_model
 from .whisper_modules import load_lean
 from ..spec_decode.timestamps import TimestampTokens
@@ -199,6 +199,8 @@ class WhisperASR:
         # the static-shape decoder step (rayspec.runner.static_step.StaticSteps) when one is attached: it owns
         # preallocated KV slots and, on CUDA, the captured graphs; None: every step runs at its own shapes
         self.static_steps = None
+        self.int8 = False  # the linear layers run in int8 (pack_for_inference(int8=True))
+        self._half_projection = None  # the output projection's Float16RowLinear when self.int8 (see project)
 
     @property
     def batch_invariant(self) -> bool:
@@ -211,8 +213,12 @@ class WhisperASR:
         layers give a row the same result at any row count, and attention is made to by reading keys in
         :data:`KEY_BLOCK` blocks and giving a one-token query a second row (its flash kernel takes another path for
         one query). float32 keeps the kernels it was measured with (the exact reference; its last-bit differences
-        have not flipped a choice in the exactness tests)."""
-        return self._dtype in (torch.bfloat16, torch.float16) and self.device.type == "cpu"
+        have not flipped a choice in the exactness tests). On too for int8 decoders (:attr:`int8`), whose linear
+        layers and output projection are batch-invariant by construction
+        (:class:`~rayspec.models.linear.Int8Linear`, :class:`~rayspec.models.linear.Float16RowLinear`) but whose
+        attention is not: a last-bit difference there can move an activation across a rounding boundary of the next
+        layer's int8 quantization."""
+        return (self._dtype in (torch.bfloat16, torch.float16) or self.int8) and self.device.type == "cpu"
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -785,8 +791,11 @@ class WhisperASR:
         oneDNN's packed layout, at about the same cost for 1 to 16 rows (whisper-base, 51,865 x 512, 2 threads:
         4.3 ms for one row, 4.5 ms for 10; MKL on the stored weight: 9.8 and 21.7 ms). A :attr:`batch_invariant`
         decoder projects at most :data:`PROJECT_ROWS` rows per product: oneDNN's bfloat16 product over this weight
-        rounds a row otherwise from 37 rows on.
+        rounds a row otherwise from 37 rows on. An int8 model (:attr:`int8`) projects through a float16 copy of the
+        weight, row by row (:class:`~rayspec.models.linear.Float16RowLinear`: half float32's bytes to read per step).
         """
+        if self._half_projection is not None:  # batch-invariant by construction
+            return self._half_projection(hidden)
         proj = self.model.proj_out
         if self.batch_invariant and hidden.numel() > PROJECT_ROWS * hidden.shape[-1]:
             rows = hidden.reshape(-1, hidden.shape[-1])
@@ -930,17 +939,33 @@ class WhisperASR:
         return self.tokenizer.decode(ids, skip_special_tokens=True).strip()
 
     def count_parameters(self) -> int:
-        packed = sum(m.in_features * m.out_features for m in self.model.modules() if isinstance(m, PackedLinear))
+        packed = sum(m.in_features * m.out_features for m in self.model.modules()
+                     if isinstance(m, (PackedLinear, Int8Linear)))
         return packed + sum(p.numel() for p in self.model.parameters())
 
-    def pack_for_inference(self) -> "WhisperASR":
+    def pack_for_inference(self, int8: bool = False) -> "WhisperASR":
         """Hold the encoder's and decoder layers' linear weights only in oneDNN's packed layout
         (:func:`~rayspec.models.linear.pack_linears`): the products a decoder step runs on a few rows go at memory
         speed, and the packed copies replace the float32 originals instead of doubling them (whisper-base: ~180 MB).
         The output projection stays a dense weight (tied to the token embedding; it is packed on first use). For
         inference only (rayspec's engine): no gradients flow through packed layers, and their ``state_dict`` lacks
-        the weights. A no-op off the CPU. Returns ``self``."""
-        if self.device.type == "cpu" and pack_linears(self.model.model):
+        the weights. A no-op off the CPU. Returns ``self``.
+
+        ``int8`` (compute type ``int8``, a float32 model on a CPU): those layers become
+        :class:`~rayspec.models.linear.Int8Linear` instead (weights per channel, activations per row in int8; a
+        quarter of float32's weight memory), and the output projection gets a float16 copy beside the float32 token
+        embedding it is tied to (:meth:`project`); the embeddings, the convolutions and attention stay float32.
+
+        Raises:
+            ValueError: ``int8`` on a model that is not float32 on a CPU.
+        """
+        if int8:
+            if self.device.type != "cpu" or self.dtype != torch.float32:
+                raise ValueError(f"int8 takes a float32 model on a CPU, not {self.dtype} on {self.device}")
+            self.int8 = quantize_linears(self.model.model) > 0
+            if getattr(self.model, "proj_out", None) is not None:
+                self._half_projection = Float16RowLinear(self.model.proj_out)
+        if self.device.type == "cpu" and (pack_linears(self.model.model) or self.int8):
             # The weights left (embeddings, norms, biases, convolutions) may still be views into the checkpoint file's
             # memory map, which then stays mapped with the replaced weights' pages: copy them out so it is released.
             with torch.no_grad():

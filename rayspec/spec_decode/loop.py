@@ -82,10 +82,12 @@ def speculation_pays(steps, rows: int, max_nodes: int, accepted: float) -> Optio
     return verify <= step * (1.0 + accepted)
 
 
-def _lazy_projection(hidden: torch.Tensor) -> bool:
-    """Whether a pass's greedy verification should use :func:`score_greedy_lazily`: hidden ``[B, Q, D]``."""
+def _lazy_projection(hidden: torch.Tensor, target) -> bool:
+    """Whether a pass's greedy verification should use :func:`score_greedy_lazily`: hidden ``[B, Q, D]``; not for an
+    int8 target (its token logits and shortlist bound would be float32 products beside an int8 projection)."""
     b, q, _ = hidden.shape
-    return hidden.device.type == "cpu" and hidden.dtype == torch.float32 and b * (q - 1) >= LAZY_MIN_NODES
+    return (hidden.device.type == "cpu" and hidden.dtype == torch.float32 and b * (q - 1) >= LAZY_MIN_NODES
+            and not getattr(target, "int8", False))
 
 
 @dataclass
@@ -451,7 +453,7 @@ class VerifyLoop:
         sampling = [k for k, r in enumerate(live) if r.temperature > 0]
         if sampling and self.rule.kind != "greedy":
             raise ValueError(f"sampling (temperature > 0) verifies with the exact greedy rule, not {self.rule.kind!r}")
-        if self.rule.kind == "greedy" and not sampling and _lazy_projection(hidden):
+        if self.rule.kind == "greedy" and not sampling and _lazy_projection(hidden, t):
             scores = score_greedy_lazily(hidden, dev, t, None if bounds is None else (bounds, self.tt))
             if guess:  # (the lazy path runs on a CPU: reading back costs nothing)
                 stamps = t.timestamp_logits(hidden).argmax(-1) + self.tt.begin
