@@ -155,19 +155,16 @@ def _medusa(target, options, encoded, proposers):
 
 
 def _ssd(target, options, encoded, proposers):
-    # Gate + verify the batch; the rejected rows then form their own length-sorted batch (SSD 3.2).
-    decoder = SSDDecoder(target, options.ssd, options.speculate_max_rows)
-    hyps, parked = decoder.first_pass(encoded.target, encoded.caps, encoded.ctc)
-    if parked:
-        parked.sort(key=lambda x: x.length)
-        proposer = None
+    # Gate + verify the batch; the rejected rows continue in the verification pass's cache (SSDDecoder.decode).
+    def proposer(parked):
         if options.ssd.fallback == "draft":
-            proposer = proposers([x.index for x in parked], [x.cap for x in parked])
-        elif options.ssd.fallback == "ctc":
-            proposer = _ctc_proposer(target, [encoded.ctc.tokens[x.index] for x in parked])
-        for x, h in zip(parked, decoder.fallback(encoded.target, parked, proposer)):
-            hyps[x.index] = h
-    return hyps
+            return proposers([x.index for x in parked], [x.cap for x in parked])
+        if options.ssd.fallback == "ctc":
+            return _ctc_proposer(target, [encoded.ctc.tokens[x.index] for x in parked])
+        return None
+
+    decoder = SSDDecoder(target, options.ssd, options.speculate_max_rows)
+    return decoder.decode(encoded.target, encoded.caps, encoded.ctc, proposer)
 
 
 def _ssd_stream(target, options, draft, max_cap):

@@ -154,10 +154,10 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    help="verified tokens must also be the target's argmax; with --tau-ctc 0 the output then equals "
                         f"ar (default {'on' if s.exact else 'off'})")
     c.add_argument("--fallback", choices=["ar", "draft", "ctc"], default=s.fallback,
-                   help="decoder after the verified prefix: greedy ar (the paper's; default), draft-model "
-                        "speculation, or ctc: the rest of the CTC hypothesis re-aligned after each correction and "
-                        "verified as the first pass was (--tau-slm, --exact) every round: fewer target passes, but "
-                        "lossy in every round (whisper-base on LJSpeech: WER +17%% at --tau-slm 0.05)")
+                   help="decoder after the verified prefix: ctc (default): the rest of the CTC hypothesis "
+                        "re-aligned after each correction and verified as the first pass was (--tau-slm, --exact) "
+                        "every round; greedy ar (the paper's: one target pass per token after the prefix); or "
+                        "draft-model speculation")
     m = p.add_argument_group("medusa (heads on the target's hidden state)")
     m.add_argument("--medusa", help="Medusa heads directory; default: the heads bundled for the target, if any")
     m.add_argument("--acceptance", choices=["greedy", "typical"], default="greedy",

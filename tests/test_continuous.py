@@ -154,11 +154,11 @@ def _ssd_chunks(target, draft):
         yield list(range(s, s + 4)), enc, caps, CTCDrafts(hyps, [0.5, 2.0, 2.0, 0.5]), _encode(draft, a)
 
 
-SSD_EXACT = dict(tau_ctc=0.0, tau_slm=0.1, exact=True)  # SSDOptions' defaults are the CLI's (lossy)
+SSD_EXACT = dict(tau_ctc=0.0, tau_slm=0.1, exact=True, fallback="ar")  # SSDOptions' defaults are the CLI's (lossy)
 
 
-@pytest.mark.parametrize("ssd", [SSD_EXACT, dict(tau_ctc=1.0, exact=False, tau_slm=0.05),
-                                 dict(tau_ctc=0.0, verify=False), dict(SSD_EXACT, fallback="draft"),
+@pytest.mark.parametrize("ssd", [SSD_EXACT, dict(tau_ctc=1.0, exact=False, tau_slm=0.05, fallback="ar"),
+                                 dict(tau_ctc=0.0, verify=False, fallback="ar"), dict(SSD_EXACT, fallback="draft"),
                                  dict(SSD_EXACT, tau_ctc=1.0, fallback="draft"), dict(SSD_EXACT, fallback="ctc"),
                                  dict(tau_ctc=1.0, exact=False, tau_slm=0.05, fallback="ctc")])
 def test_stream_ssd_equals_static(tiny_target, tiny_draft, ssd, slots=3):
@@ -167,7 +167,7 @@ def test_stream_ssd_equals_static(tiny_target, tiny_draft, ssd, slots=3):
     from rayspec.decoding.ssd import SSDDecoder, SSDOptions
     from rayspec.methods import _ctc_proposer
 
-    decoder = SSDDecoder(tiny_target, SSDOptions(**ssd))
+    decoder = SSDDecoder(tiny_target, SSDOptions(**ssd), max_rows=0)  # verify batches of any size
     spec = SpeculationOptions()
     expected = {}
     with torch.inference_mode():

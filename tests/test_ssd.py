@@ -140,7 +140,8 @@ def test_exact_with_gate_off_equals_ar(tiny_target, tiny_draft, tau_slm, fallbac
         hyps = [ar[0], ar[1][:5] + [(ar[1][5] + 1) % 27] + ar[1][6:], ar[2][:10], [3, 4, 5], [], ar[5] * 3,
                 ar[6][:-1], ar[7]]
         assert eos not in sum(hyps, [])
-        decoder = SSDDecoder(tiny_target, SSDOptions(tau_ctc=0.0, tau_slm=tau_slm, exact=True, fallback=fallback))
+        decoder = SSDDecoder(tiny_target, SSDOptions(tau_ctc=0.0, tau_slm=tau_slm, exact=True, fallback=fallback),
+                              max_rows=0)
         drafts = CTCDrafts(hyps, [1.0] * len(hyps))
         if fallback == "draft":
             out = _run(decoder, enc, caps, drafts, tiny_draft, _encode(tiny_draft, AUDIO))
@@ -205,3 +206,117 @@ def test_ctc_draft_proposer_is_exact_and_saves_passes_on_good_hypotheses(tiny_ta
     if ar[0].finished:
         assert out[0].stats.target_forward_passes == 1
     assert sum(h.stats.target_forward_passes for h in out) < sum(h.stats.target_forward_passes for h in ar)
+
+
+def _decode(decoder, enc, caps, drafts, draft=None, draft_enc=None):
+    """SSDDecoder.decode with the proposers rayspec.methods builds."""
+    from rayspec.methods import _ctc_proposer
+
+    def proposers(parked):
+        if decoder.opt.fallback == "ctc":
+            return _ctc_proposer(decoder.target, [drafts.tokens[x.index] for x in parked])
+        rows = torch.tensor([x.index for x in parked])
+        return DraftProposer(draft, draft_enc.select(rows), [x.cap for x in parked], SpeculationOptions())
+
+    return decoder.decode(enc, caps, drafts, None if decoder.opt.fallback == "ar" else proposers)
+
+
+@pytest.mark.parametrize("fallback", ["ar", "draft", "ctc"])
+def test_fallback_in_the_verification_cache_equals_the_parked_fallback(tiny_target, tiny_draft, fallback):
+    """SSDDecoder.decode (the fallback continues in the verification pass's cache) gives the tokens, routes and
+    counters of first_pass + fallback (prefix keys/values parked on the host, cross-attention recomputed), and in
+    exact mode AR's tokens."""
+    caps = [30] * len(AUDIO)
+    with torch.inference_mode():
+        enc = _encode(tiny_target, AUDIO)
+        ar = [h.tokens for h in greedy_decode(tiny_target, enc, caps)]
+        hyps = [ar[0], ar[1][:5] + [(ar[1][5] + 1) % 27] + ar[1][6:], ar[2][:10], [3, 4, 5], [], ar[5] * 3,
+                ar[6][:-1], ar[7]]
+        drafts = CTCDrafts(hyps, [1.0] * len(hyps))
+        draft_enc = _encode(tiny_draft, AUDIO)
+        for exact in (True, False):
+            decoder = SSDDecoder(tiny_target, SSDOptions(tau_ctc=0.0, tau_slm=0.1, exact=exact, fallback=fallback),
+                                  max_rows=0)
+            parked = _run(decoder, enc, caps, drafts, tiny_draft, draft_enc)
+            inplace = _decode(decoder, enc, caps, drafts, tiny_draft, draft_enc)
+            assert [h.tokens for h in inplace] == [h.tokens for h in parked]
+            assert [h.route for h in inplace] == [h.route for h in parked]
+            assert [(h.stats.target_forward_passes, h.stats.accepted_prefix) for h in inplace] == \
+                [(h.stats.target_forward_passes, h.stats.accepted_prefix) for h in parked]
+            if exact:
+                assert [h.tokens for h in inplace] == ar
+
+
+@pytest.mark.parametrize("fallback", ["ar", "ctc"])
+def test_decoder_work_per_utterance_is_pinned(tiny_target, monkeypatch, fallback):
+    """The decoder-side work of SSD on a fixed input: one verification pass over the whole hypothesis (+ EOS), then
+    one target pass per token after the verified prefix, all in ONE cache: the cross-attention keys/values are
+    computed once per batch (as AR computes them), not again for the fallback."""
+    n = 16  # the random tiny target never emits EOS: every row ends at its cap
+    caps = [n] * 3
+    with torch.inference_mode():
+        enc = _encode(tiny_target, AUDIO[:3])
+        ar = greedy_decode(tiny_target, enc, caps)
+        tokens = [h.tokens for h in ar]
+        assert all(len(t) == n for t in tokens)
+        wrong = (tokens[1][5] + 1) % 27
+        hyps = [tokens[0], tokens[1][:5] + [wrong] + tokens[1][6:], tokens[2][:3]]
+        calls = {"cross": 0, "passes": 0, "shapes": []}
+        cross, hidden = tiny_target.cross_attention_kv, tiny_target.decode_hidden
+
+        def count_cross(*a, **k):
+            calls["cross"] += 1
+            return cross(*a, **k)
+
+        def count_pass(cache, tokens_, *a, **k):
+            calls["passes"] += 1
+            calls["shapes"].append(tuple(tokens_.shape))
+            return hidden(cache, tokens_, *a, **k)
+
+        monkeypatch.setattr(tiny_target, "cross_attention_kv", count_cross)
+        monkeypatch.setattr(tiny_target, "decode_hidden", count_pass)
+        decoder = SSDDecoder(tiny_target, SSDOptions(tau_ctc=0.0, exact=True, fallback=fallback), max_rows=0)
+        out = _decode(decoder, enc, caps, CTCDrafts(hyps, [1.0] * 3))
+    assert [h.tokens for h in out] == tokens
+    layers = tiny_target.config.decoder_layers
+    assert calls["cross"] == layers  # one cache for the batch: verification and fallback share it
+    # row 0: verified whole up to its cap in the one pass; row 1: prefix of 5, the target's token, then the
+    # fallback; row 2: prefix of 3 (the whole hypothesis), the target's token, then one pass per token
+    assert [h.route for h in out] == ["fallback"] * 3
+    assert [h.stats.accepted_prefix for h in out] == [n, 5, 3]
+    # the verification pass scores every row's prompt + hypothesis + EOS, padded to the longest; the fallback's
+    # rounds score the rows still live, from the token after each prefix on (its prompt + prefix are in the cache)
+    assert calls["shapes"][0] == (3, len(tiny_target.prompt_ids) + n + 1)
+    assert all(rows <= 2 for rows, _ in calls["shapes"][1:])
+    if fallback == "ar":  # the verification, then one pass per token after prefix + the target's token
+        assert calls["shapes"][1:] == [(2, 1)] * (n - 6) + [(1, 1)] * 2
+        assert [h.stats.target_forward_passes for h in out] == [1, 1 + n - 6, 1 + n - 4]
+        assert calls["passes"] == 1 + n - 4  # the verification, then AR rounds until the longest row ends
+    else:  # the rest of each hypothesis, re-joined after the target's tokens, saves passes on both rows (the tiny
+        # target repeats tokens, so re-joins are ambiguous: these are this input's counts)
+        assert [h.stats.target_forward_passes for h in out] == [1, 5, 12]
+        assert [h.stats.draft_tokens_accepted for h in out] == [0, 7, 1]
+        assert calls["passes"] == 12
+
+
+def test_batch_above_the_row_cap_skips_the_verification_pass(tiny_target, monkeypatch):
+    """A batch of more rows than the row cap (2: a CPU's default) is not verified in one pass (it would score every row's
+    whole hypothesis): every row starts the fallback from the prompt; exact mode still equals AR."""
+    caps = [30] * 4
+    with torch.inference_mode():
+        enc = _encode(tiny_target, AUDIO[:4])
+        tokens = [h.tokens for h in greedy_decode(tiny_target, enc, caps)]
+        calls = {"cross": 0}
+        cross = tiny_target.cross_attention_kv
+
+        def count_cross(*a, **k):
+            calls["cross"] += 1
+            return cross(*a, **k)
+
+        monkeypatch.setattr(tiny_target, "cross_attention_kv", count_cross)
+        decoder = SSDDecoder(tiny_target, SSDOptions(tau_ctc=0.0, exact=True, fallback="ar"), max_rows=2)
+        out = decoder.decode(enc, caps, CTCDrafts(tokens, [1.0] * 4))
+    assert [h.tokens for h in out] == tokens
+    assert [(h.route, h.stats.accepted_prefix) for h in out] == [("fallback", 0)] * 4
+    assert [h.stats.target_forward_passes for h in out] == [len(t) for t in tokens]  # capped: no EOS pass
+    assert calls["cross"] == tiny_target.config.decoder_layers

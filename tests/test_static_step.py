@@ -64,7 +64,7 @@ def _every_method(target, draft, every=True):
                                 for h in _ctc_draft_loop(target, drafts.tokens).decode(enc, caps)])
     out["ctc-draft", "stream"] = _stream(_ctc_draft_loop(target, []), (Admission(ids, enc, caps, drafts.tokens)
                                                                        for ids, enc, caps, drafts, _ in chunks))
-    decoder = SSDDecoder(target, SSDOptions(**dict(SSD_EXACT, fallback="draft")))
+    decoder = SSDDecoder(target, SSDOptions(**dict(SSD_EXACT, fallback="draft")), max_rows=0)
     ssd = []
     for ids, enc, caps, drafts, draft_enc in chunks:
         hyps, parked = decoder.first_pass(enc, caps, drafts)

@@ -168,7 +168,8 @@ def test_ctc_draft_and_ssd_equal_ar_with_timestamps(ts_target, ar_tokens, batch)
             got_ctc += [x.tokens for x in out]
             accepted += sum(x.stats.draft_tokens_accepted for x in out)
             for fallback in ("ar", "ctc"):
-                decoder = SSDDecoder(ts_target, SSDOptions(tau_ctc=0.0, tau_slm=0.1, exact=True, fallback=fallback))
+                decoder = SSDDecoder(ts_target, SSDOptions(tau_ctc=0.0, tau_slm=0.1, exact=True, fallback=fallback),
+                                      max_rows=0)
                 first, parked = decoder.first_pass(enc, [CAP] * len(chunk), CTCDrafts(h, [1.0] * len(chunk)))
                 if parked:
                     prop = _ctc_proposer(ts_target, [h[x.index] for x in parked]) if fallback == "ctc" else None

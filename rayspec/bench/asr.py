@@ -9,6 +9,8 @@ Suites:
 * ``ssd`` (SSD paper Figures 3-4): full AR, then CTC gating + verification + AR fallback over a grid of tau_CTC and
   tau_SLM, each single stage as an ablation (gate only + AR; verification only), the exact mode, and the CTC
   hypothesis as the draft of every round (``ctc-draft``).
+* ``ssd-gate``: AR, then SSD at its defaults with each ``--tau-ctc``: the gate's trade-off (hypotheses accepted
+  with no decoder pass, speed-up, WER).
 * ``methods``: every method at its defaults with its bundled drafter, as ``rayspec transcribe`` runs it (the default
   row cap included), with each run's time split into the drafting side (features, encoders, CTC head) and the
   target side, and how much of the most a free decoder could gain each method reaches (the encoder bound).
@@ -39,6 +41,7 @@ from ..decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, Hypothesis, token_c
 from ..decoding.medusa_proposer import SPARSE_TREE
 from ..decoding.options import MedusaOptions, SSDOptions, SpeculationOptions
 from ..metrics import error_rates
+from ..compute import resolve
 from ..pipeline import DecodeOptions, decode_batch, encode_audio, stream_decode
 from .tables import write_table
 
@@ -99,10 +102,11 @@ def medusa_ablation(heads: Optional[str] = None, with_draft: bool = True) -> lis
 
 
 def ssd_grid(tau_ctc=(0.3, 0.7, 1.5, 3.0), tau_slm=(0.01, 0.1, 0.2)) -> list[tuple[str, DecodeOptions]]:
-    """AR, the (tau_CTC, tau_SLM) grid in the paper's relaxed mode (AR fallback; c=0.7 l=0.01 is the CLI's default),
-    the single-stage ablations, the CTC fallback, exact mode, and continuous batching for AR, the CTC fallback, the
-    exact modes and ctc-draft (batch sizes > 1)."""
-    ssd = lambda **k: DecodeOptions("ssd", ssd=SSDOptions(**k), speculate_max_rows=0)  # noqa: E731
+    """AR, the (tau_CTC, tau_SLM) grid in the paper's relaxed mode (AR fallback, unlike the CLI's default), the
+    single-stage ablations, the CTC fallback, exact mode, and continuous batching for AR, the CTC fallback, the exact
+    modes and ctc-draft (batch sizes > 1)."""
+    ssd = lambda **k: DecodeOptions("ssd", ssd=SSDOptions(**{"fallback": "ar", **k}),  # noqa: E731
+                                    speculate_max_rows=0)
     out = [("ar", DecodeOptions("ar"))]
     out += [(f"ssd c={c} l={s}", ssd(tau_ctc=c, tau_slm=s, exact=False)) for c in tau_ctc for s in tau_slm]
     out += [(f"gate only c={c} + AR", ssd(tau_ctc=c, verify=False)) for c in tau_ctc]
@@ -120,12 +124,33 @@ def ssd_grid(tau_ctc=(0.3, 0.7, 1.5, 3.0), tau_slm=(0.01, 0.1, 0.2)) -> list[tup
                                 "ctc-draft (exact)" + CONTINUOUS))
 
 
-def method_defaults(heads: Optional[str] = None) -> list[tuple[str, DecodeOptions]]:
+def method_defaults(heads: Optional[str] = None, names: Optional[list[str]] = None) -> list[tuple[str, DecodeOptions]]:
     """The ``methods`` suite: each method with its defaults (Medusa with the heads in ``heads``, default the
-    target's bundled ones); ssd's defaults are lossy."""
-    return [("ar", DecodeOptions("ar")), ("draft", DecodeOptions("draft")),
+    target's bundled ones); ssd's defaults are lossy, ``ssd exact`` is ``--exact --tau-ctc 0``.
+
+    Args:
+        names: only these rows (``ar`` always comes first); None: all.
+
+    Raises:
+        ValueError: a name that is no row of the suite.
+    """
+    rows = [("ar", DecodeOptions("ar")), ("draft", DecodeOptions("draft")),
             ("medusa", DecodeOptions("medusa", medusa=MedusaOptions(heads=heads))),
-            ("ctc-draft", DecodeOptions("ctc-draft")), ("ssd (lossy)", DecodeOptions("ssd"))]
+            ("ctc-draft", DecodeOptions("ctc-draft")), ("ssd (lossy)", DecodeOptions("ssd")),
+            ("ssd exact", DecodeOptions("ssd", ssd=SSDOptions(tau_ctc=0.0, exact=True)))]
+    if names is None:
+        return rows
+    unknown = set(names) - {name for name, _ in rows}
+    if unknown:
+        raise ValueError(f"unknown methods rows {sorted(unknown)}; choose from {', '.join(n for n, _ in rows)}")
+    return [r for r in rows if r[0] == "ar" or r[0] in names]
+
+
+def ssd_gate(tau_ctc) -> list[tuple[str, DecodeOptions]]:
+    """The ``ssd-gate`` suite: AR, then SSD at its defaults with each gate threshold ``tau_ctc`` (nats; the trade-off
+    of hypotheses accepted with no decoder pass against WER)."""
+    return [("ar", DecodeOptions("ar"))] + [(f"ssd c={c}", DecodeOptions("ssd", ssd=SSDOptions(tau_ctc=c)))
+                                            for c in tau_ctc]
 
 
 @dataclass
@@ -464,13 +489,15 @@ def cmd_bench_asr(args) -> int:
 
     if args.threads:
         torch.set_num_threads(args.threads)
-    target = WhisperASR.from_pretrained(args.target, args.device).pack_for_inference()
+    ctype = resolve("float32" if args.compute_type == "auto" else args.compute_type, args.device)
+    target = WhisperASR.from_pretrained(args.target, args.device, ctype.dtype).pack_for_inference()
     draft = None
-    if args.draft or args.suite != "medusa" or target.name in DRAFTERS and "draft" in DRAFTERS[target.name]:
-        draft = WhisperASR.from_pretrained(args.draft or default_drafter(target.name, "draft"),
-                                           args.device).pack_for_inference()
-    ctc = (CTCHead.from_pretrained(args.ctc or default_drafter(target.name, "ctc"), args.device)
-           if args.suite in ("ssd", "methods") else None)
+    if args.suite != "ssd-gate" and (args.draft or args.suite != "medusa" or
+                                     target.name in DRAFTERS and "draft" in DRAFTERS[target.name]):
+        draft = WhisperASR.from_pretrained(args.draft or default_drafter(target.name, "draft"), args.device,
+                                           ctype.dtype).pack_for_inference()
+    ctc = (CTCHead.from_pretrained(args.ctc or default_drafter(target.name, "ctc"), args.device).to(ctype.dtype)
+           if args.suite in ("ssd", "methods", "ssd-gate") else None)
     utts = [u for m in args.manifests for u in read_manifest(m)]
     if args.limit:
         utts = utts[: args.limit]
@@ -484,19 +511,21 @@ def cmd_bench_asr(args) -> int:
         configs = medusa_ablation(args.medusa, with_draft=draft is not None)
         plot_head_accuracy(target, args.medusa or default_drafter(target.name, "medusa"), utts, args.output)
     elif args.suite == "methods":
-        configs = method_defaults(args.medusa)
+        configs = method_defaults(args.medusa, args.methods.split(",") if args.methods else None)
+    elif args.suite == "ssd-gate":
+        configs = ssd_gate(tuple(args.tau_ctc))
     else:
         configs = ssd_grid(tuple(args.tau_ctc), tuple(args.tau_slm))
     rows = run_bench((target, draft, ctc), audios, [u.text for u in utts], configs, tuple(args.batch_sizes),
                      hf_assisted=args.suite == "spec" and not args.no_hf, repeats=args.repeats)
-    helper = {"spec": draft.name if draft else "", "ssd": "ctc", "medusa": "medusa heads",
+    helper = {"spec": draft.name if draft else "", "ssd": "ctc", "ssd-gate": "ctc", "medusa": "medusa heads",
               "methods": "the bundled drafters"}[args.suite]
     title = (f"{args.suite}: {target.name} + {helper} on "
              f"{', '.join(os.path.basename(os.path.dirname(os.path.abspath(m))) for m in args.manifests)} "
              f"({len(audios)} utterances, {sum(len(a) for a in audios) / target.sample_rate:.0f} s audio), "
-             f"{args.device}, {torch.get_num_threads()} threads"
+             f"{args.device}, {ctype.name}, {torch.get_num_threads()} threads"
              + (f", wall = best of {args.repeats} runs" if args.repeats > 1 else ""))
     notes = (pass_time_notes(target, draft, audios[0]) if args.suite == "spec" else
              METHODS_NOTES if args.suite == "methods" else "")
-    print(write_outputs(rows, args.output, title, args.suite, notes))
+    print(write_outputs(rows, args.output, title, "ssd" if args.suite == "ssd-gate" else args.suite, notes))
     return 0

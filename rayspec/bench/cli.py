@@ -60,10 +60,12 @@ def add_bench_parser(sub) -> None:
                     "writes bench-<suite>.md/.csv/.png. NFE = target forward passes, which do not depend on "
                     "machine noise; wall-clock ratios are measured in the same run. Suites: spec (draft-model "
                     "speculation ablation, plus transformers' assisted generation at batch 1), ssd (CTC gating / "
-                    "verification / fallback over a tau grid, WER-vs-RTFx Pareto plot), medusa (heads, tree shapes, "
+                    "verification / fallback over a tau grid, WER-vs-RTFx Pareto plot), ssd-gate (AR and SSD at "
+                    "its defaults for each --tau-ctc: the gate's speed-up against WER), medusa (heads, tree shapes, "
                     "acceptance rules, beside AR and the draft method), methods (every method at its defaults with "
                     "its bundled drafter, each run's time split into the encoder side and the decoder side, and "
-                    "the share of the most a free decoder could gain that each method reaches), tts (speculative "
+                    "the share of the most a free decoder could gain that each method reaches; spec, ssd, ssd-gate, "
+                    "medusa and methods run in float32 unless --compute-type is given), tts (speculative "
                     "speech synthesis: "
                     "target-only, sd, ssd beta sweep, pcg theta sweep; intelligibility by pocketsphinx, MCD, "
                     "acceptance, speed-up; floors of real and Lyra-resynthesised speech; offline acceptance), "
@@ -87,7 +89,7 @@ def add_bench_parser(sub) -> None:
                     "main,noisy; float32 unless --compute-type is given).",
     )
     p.add_argument("manifests", nargs="*", help="manifests (with references for WER) or folders of audio")
-    p.add_argument("--suite", choices=["spec", "ssd", "medusa", "methods", "tts", "voicechat", "peers", "whisper", "gpu",
+    p.add_argument("--suite", choices=["spec", "ssd", "ssd-gate", "medusa", "methods", "tts", "voicechat", "peers", "whisper", "gpu",
                                             "timestamps", "decoding"],
                    default="spec")
     p.add_argument("-o", "--output", default="bench", help="output folder (default: bench)")
@@ -98,7 +100,11 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--repeats", type=_positive, default=1,
                    help="spec/ssd/medusa/methods/peers/tts: timed runs per configuration, taken round-robin over the "
                         "configurations, the fastest reported (default 1)")
-    p.add_argument("--tau-ctc", type=float, nargs="+", default=[0.3, 0.7, 1.5, 3.0], help="ssd: gate thresholds")
+    p.add_argument("--tau-ctc", type=float, nargs="+", default=[0.3, 0.7, 1.5, 3.0],
+                   help="ssd, ssd-gate: gate thresholds")
+    p.add_argument("--methods", default="",
+                   help="methods: only these rows, comma-separated (ar always; rows: ar, draft, medusa, ctc-draft, "
+                        "'ssd (lossy)', 'ssd exact'); default all")
     p.add_argument("--tau-slm", type=float, nargs="+", default=[0.01, 0.1, 0.2], help="ssd: verification thresholds")
     p.add_argument("--ctc", help="ssd/methods: CTC head directory; default: the one bundled for the target, if any")
     p.add_argument("--medusa", help="medusa/methods: heads directory; default: the ones bundled for the target, if any")

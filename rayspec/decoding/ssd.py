@@ -11,15 +11,20 @@ Per utterance:
    closing EOS too (beyond the paper) rejects hypotheses the target would continue.
 3. Fallback (eq. 6-7): from the longest verified prefix, the target's own next token is already known from the
    verification logits; decoding continues from there, reusing the verification pass's KV cache for the prefix
-   (route "fallback"), with greedy AR (the paper's fallback), draft-model speculation, or (beyond the paper) the
-   rest of the CTC hypothesis re-aligned after the target's token and verified under the same rule each round
-   (:class:`~rayspec.decoding.ctc_proposer.CTCProposer`: what ``ctc-draft`` does, there with greedy acceptance).
+   (route "fallback"), with greedy AR (the paper's fallback), draft-model speculation, or (beyond the paper; the
+   default) the rest of the CTC hypothesis re-aligned after the target's token and verified under the same rule
+   each round (:class:`~rayspec.decoding.ctc_proposer.CTCProposer`: what ``ctc-draft`` does, there with greedy
+   acceptance).
 
-Phase 1 (gate + verify) and phase 2 (fallback) are batched separately: utterances that fail verification park their
-prefix keys/values in CPU memory and continue in a fallback batch of their own (:meth:`SSDDecoder.fallback`), or, with
-continuous batching, join one fallback stream pooled across the corpus (:meth:`SSDDecoder.admission`): a batch's
-parked rows fill the slots other batches' rows free, so the fallback runs in full batches however few rows of each
-batch fail.
+A batch decoded on its own (:meth:`SSDDecoder.decode`, what ``rayspec transcribe`` runs per batch) continues in the
+verification pass's own cache: nothing is copied and the cross-attention keys/values are computed once, as for AR.
+Otherwise phase 1 (gate + verify) and phase 2 (fallback) are batched separately (section 3.2): utterances that fail
+verification park their prefix keys/values in CPU memory and continue in a fallback batch of their own
+(:meth:`SSDDecoder.fallback`), or, with continuous batching, join one fallback stream pooled across the corpus
+(:meth:`SSDDecoder.admission`): a batch's parked rows fill the slots other batches' rows free, so the fallback runs
+in full batches however few rows of each batch fail. A batch of more rows than the row cap allows
+(:func:`~rayspec.spec_decode.loop.speculate_max_rows`: 2 on a CPU) skips the verification pass, which scores every
+row's whole hypothesis and there costs more than the passes it saves; its rows start the fallback from the prompt.
 
 With ``exact=True`` and ``tau_ctc=0`` (gate off) the output equals the target's greedy output for any ``tau_slm``.
 """
@@ -27,7 +32,7 @@ With ``exact=True`` and ``tau_ctc=0`` (gate off) the output equals the target's 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 
@@ -37,8 +42,8 @@ from ..models.ctc import CTCHead, max_frame_entropy
 from ..models.encoded import EncoderOutput
 from ..models.whisper import WhisperASR
 from ..spec_decode.acceptance import accept_tree, score_tree
-from ..spec_decode.loop import Admission, Proposer, VerifyLoop
-from ..spec_decode.timestamps import apply_rules, rule_bounds
+from ..spec_decode.loop import Admission, Proposer, VerifyLoop, speculate_max_rows
+from ..spec_decode.timestamps import EXTRA_NODES, apply_rules, rule_bounds
 from ..spec_decode.tree import DraftTree, TokenTrees
 from .common import Hypothesis
 from .ctc_proposer import CTC_MAX_DRAFT
@@ -100,13 +105,72 @@ class SSDDecoder:
 
     @torch.inference_mode()
     def first_pass(self, enc: EncoderOutput, caps: Sequence[int], drafts: CTCDrafts):
-        """Phase 1 for one batch: gate and verify.
+        """Phase 1 for one batch: gate and verify; the parked rows' prefix keys/values are copied to CPU memory
+        (``_Parked.kv``) for a fallback batch of their own or the corpus-wide stream.
 
         Args:
             enc: the target's encoder output (``B`` rows); caps: ``B`` token caps; drafts: the batch's CTC drafts.
 
         Returns:
             ``(hypotheses, parked)``: a hypothesis or None per row, and the rows left for :meth:`fallback`.
+        """
+        out, parked, cache, prefix = self._verify(enc, caps, drafts)
+        if parked and cache is not None:
+            kvs = cache.export_rows([k for k, _ in prefix], [n for _, n in prefix])
+            for park, kv in zip(parked, kvs):
+                park.kv = kv
+        return out, parked
+
+    @torch.inference_mode()
+    def decode(self, enc: EncoderOutput, caps: Sequence[int], drafts: CTCDrafts,
+               proposers: Optional[Callable[[list[_Parked]], Optional[Proposer]]] = None) -> list[Hypothesis]:
+        """Both phases for one batch, the fallback continuing in the verification pass's own KV cache: a parked
+        row's prefix keys/values stay where the verification wrote them and the cross-attention keys/values are not
+        computed again (:meth:`first_pass` + :meth:`fallback` copy the one out and recompute the other: what a
+        fallback batch of rows from other batches needs, not a batch decoded on its own).
+
+        Args:
+            enc, caps, drafts: as :meth:`first_pass`.
+            proposers: for ``fallback="draft"`` or ``"ctc"``, the proposer over the parked rows given, in that order
+                (see :meth:`fallback`).
+
+        Returns:
+            ``B`` hypotheses (routes "ctc", "verified", "fallback", or "ar" without verification).
+
+        Raises:
+            ValueError: ``fallback="draft"`` or ``"ctc"`` without ``proposers``.
+        """
+        if self.opt.fallback != "ar" and proposers is None:
+            raise ValueError(f"fallback={self.opt.fallback!r} needs a proposer")
+        out, parked, cache, prefix = self._verify(enc, caps, drafts, self._room())
+        if not parked:
+            return out
+        if cache is None:  # no verification pass (the gate + AR ablation, or a batch above the row cap)
+            hyps = self.fallback(enc, parked, proposers(parked) if proposers else None)
+        else:
+            # the cache keeps each parked row's prompt + prefix (minus the target's token after it): the rest of
+            # the verification pass's positions and the decided rows go
+            counts = np.zeros(cache.batch_size, dtype=np.int64)
+            counts[[k for k, _ in prefix]] = [n for _, n in prefix]
+            cache.commit(np.broadcast_to(np.arange(int(counts.max())), (len(counts), int(counts.max()))), counts)
+            by_row = dict(zip((k for k, _ in prefix), parked))
+            order = cache.drop([k for k in range(cache.batch_size) if k not in by_row])
+            parked = [by_row[k] for k in order]
+            proposer = proposers(parked) if proposers else None
+            sub = enc.select(torch.tensor([x.index for x in parked], device=enc.states.device))
+            hyps = self.loop(proposer).decode(sub, [x.cap for x in parked], [x.start for x in parked], cache=cache)
+        for x, h in zip(parked, hyps):
+            out[x.index] = h
+        return out
+
+    def _verify(self, enc: EncoderOutput, caps: Sequence[int], drafts: CTCDrafts, room: Optional[int] = None):
+        """Gate and verify one batch (eq. 2-7). ``room``: draft positions the cache must also hold for a fallback
+        that continues in it (None: room for the verification pass only).
+
+        Returns:
+            ``(hypotheses, parked, cache, prefix)``: as :meth:`first_pass` (``kv`` None), the verification pass's
+            cache (rows: the verified rows, in batch order; pending positions uncommitted), or None where nothing
+            was verified, and per parked row ``(cache row, positions of prompt + prefix to keep)``.
         """
         t, eos = self.target, self.target.eos_token_id
         entropy, hyps_ctc = drafts.entropy, drafts.tokens
@@ -126,8 +190,17 @@ class SSDDecoder:
             if h is not None:
                 h.stats.ctc_entropy = entropy[i]
                 h.stats.sum_logprob = None  # decided without a target pass
+        if len(todo) > 1 and 0 < speculate_max_rows(t.device, self.max_rows) < len(todo):
+            # a batch too large for a verification pass to pay (scoring every row's whole hypothesis costs what
+            # several one-token steps of the batch do): the rows start the fallback from the prompt, which
+            # speculates (fallback="ctc" or "draft") in its rounds of few rows, as the row cap says
+            for i in todo:
+                start = Hypothesis([], False, "fallback")
+                start.stats.ctc_entropy, start.stats.accepted_prefix = entropy[i], 0
+                parked.append(_Parked(i, int(enc.lengths[i]), start, None, caps[i]))
+            todo = []
         if not todo:
-            return out, parked
+            return out, parked, None, []
         sub = enc.select(torch.tensor(todo, device=enc.states.device))
         prompts = sub.row_prompts(t.prompt_ids)
         p = len(prompts[0])
@@ -138,7 +211,10 @@ class SSDDecoder:
         # One target pass scores each hypothesis + EOS as a chain after the prompt (eq. 4); eq. 5-6 pick the
         # verified prefix, and the target's argmax after it is known from the same pass (eq. 7).
         trees = TokenTrees.build(prompts, [DraftTree.chain(s + [eos]) for s in seqs])
-        cache = t.new_cache(sub, int(trees.sizes.max()) + 1)
+        capacity = int(trees.sizes.max()) + 1
+        if room is not None:  # the fallback's: prompt + cap + its draft nodes (VerifyLoop.decode)
+            capacity = max(capacity, max(map(len, prompts)) + max(caps[i] for i in todo) + room + 2)
+        cache = t.new_cache(sub, capacity)
         dev = trees.to_device(eos, np.full(len(todo), p - 1), cache.device)
         raw = t.decode(cache, dev.tokens, dev.ancestors, dev.depths)
         no_speech = t.no_speech_probability(raw[:, 0])  # node 0 is <|startoftranscript|>
@@ -181,12 +257,7 @@ class SSDDecoder:
                 out[i].stats.ctc_entropy = entropy[i]
         for h in [out[i] for i in todo if out[i] is not None] + [x.start for x in parked if x.start.tokens]:
             h.stats.sum_logprob = None  # verified under the threshold rule: log-probabilities not kept
-        live = [(k, n) for k, n in enumerate(keep_len) if n is not None]
-        if live:
-            kvs = cache.export_rows([k for k, _ in live], [n for _, n in live])
-            for park, kv in zip(parked[len(parked) - len(live):], kvs):
-                park.kv = kv
-        return out, parked
+        return out, parked, cache, [(k, n) for k, n in enumerate(keep_len) if n is not None]
 
     @torch.inference_mode()
     def fallback(self, enc: EncoderOutput, parked: list[_Parked], proposer: Optional[Proposer] = None
@@ -208,6 +279,13 @@ class SSDDecoder:
         sub = enc.select(torch.tensor([x.index for x in parked], device=enc.states.device))
         return self.loop(proposer).decode(sub, [x.cap for x in parked], [x.start for x in parked],
                                           [x.kv for x in parked])
+
+    def _room(self) -> int:
+        """The most draft nodes a fallback round verifies (timestamp nodes included): cache room past the cap."""
+        if self.opt.fallback == "ar":
+            return 0
+        nodes = CTC_MAX_DRAFT if self.opt.fallback == "ctc" else self.opt.speculation.nodes_per_round
+        return nodes + EXTRA_NODES
 
     def loop(self, proposer: Optional[Proposer] = None) -> VerifyLoop:
         """The fallback's verify loop: greedy AR, draft-model speculation over ``proposer``, or the CTC proposer

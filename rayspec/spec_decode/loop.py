@@ -32,6 +32,7 @@ import torch
 
 from ..decoding.common import Hypothesis
 from ..decoding.options import CPU_SPECULATE_MAX_ROWS
+from ..models.cache import DecoderCache
 from ..models.encoded import EncoderOutput
 from ..models.whisper import WhisperASR
 from .acceptance import GREEDY, AcceptanceRule, accept_tree, score_greedy_lazily, score_tree
@@ -275,7 +276,7 @@ class VerifyLoop:
 
     @torch.inference_mode()
     def decode(self, enc: EncoderOutput, caps: Sequence[int], start: Optional[list[Optional[Hypothesis]]] = None,
-               prefix_kv: Optional[list] = None) -> list[Hypothesis]:
+               prefix_kv: Optional[list] = None, cache: Optional[DecoderCache] = None) -> list[Hypothesis]:
         """Decode ``B`` rows; with the greedy rule the tokens equal the target's own greedy output.
 
         Args:
@@ -285,21 +286,33 @@ class VerifyLoop:
                 counters and route are kept and added to.
             prefix_kv: optional, per row the target's keys/values of prompt + ``start`` tokens minus the last one
                 (from :meth:`~rayspec.models.cache.DecoderCache.export_rows`) or None, so they are not recomputed.
+            cache: optional, the ``B`` rows' own cache to continue in (e.g. SSD's verification pass's), holding
+                (committed, no pending positions) each row's prompt + ``start`` tokens minus the last one, with room
+                for its cap and this loop's draft nodes; instead of ``prefix_kv`` (nothing is copied or recomputed,
+                the cross-attention keys/values included).
 
         Returns:
             ``B`` hypotheses; ``stats.target_forward_passes`` counts every target pass a row took part in; with a
             proposer also rounds, draft passes, proposed and accepted draft tokens.
 
         Raises:
-            ValueError: prefix keys/values that do not match the start tokens.
+            ValueError: prefix keys/values (or a cache) that do not match the start tokens, or a cache without room.
         """
         t = self.target
         prompts = enc.row_prompts(t.prompt_ids)
         start = start or [None] * len(caps)
-        cache = t.new_cache(enc, max(map(len, prompts)) + max(caps) + self.max_nodes + 2)
+        capacity = max(map(len, prompts)) + max(caps) + self.max_nodes + 2
+        given = cache is not None
+        if not given:
+            cache = t.new_cache(enc, capacity)
+        elif cache.batch_size != len(caps) or cache.pending or cache.capacity < capacity:
+            raise ValueError(f"a cache of {cache.batch_size} rows, {cache.capacity} positions and {cache.pending} "
+                             f"pending cannot continue {len(caps)} rows needing {capacity} positions")
         rows = [_new_row(i, c, h, p, self.route, self.tt, x, self.sot, f)
                 for i, (c, h, p, x, f) in enumerate(zip(caps, start, prompts, enc.row_sampling(), enc.row_prefixes()))]
-        if prefix_kv is not None:
+        if given:
+            _check_prefixes(cache, list(range(len(rows))), rows)
+        elif prefix_kv is not None:
             _import_prefixes(cache, list(range(len(rows))), rows, prefix_kv)
         live = _drop(cache, rows, [k for k, r in enumerate(rows) if _done(r.hyp, r.cap)])
         while live:
@@ -542,8 +555,17 @@ def _import_prefixes(cache, slots: list[int], rows: list[_Row], prefix_kv: list)
     if not have:
         return
     cache.import_rows([prefix_kv[k] for k in have], [slots[k] for k in have])
-    for k in have:
-        n = int(cache.host_lengths[slots[k]])
-        if n != len(rows[k].seq) - 1:
-            raise ValueError(f"prefix keys/values cover {n} positions, expected {len(rows[k].seq) - 1}")
-        rows[k].target_len = n
+    _check_prefixes(cache, [slots[k] for k in have], [rows[k] for k in have])
+
+
+def _check_prefixes(cache, slots: list[int], rows: list[_Row]) -> None:
+    """The rows' keys/values are those in cache rows ``slots`` (prompt + tokens minus the last one).
+
+    Raises:
+        ValueError: a cache row that does not cover exactly that.
+    """
+    for slot, row in zip(slots, rows):
+        n = int(cache.host_lengths[slot])
+        if n != len(row.seq) - 1:
+            raise ValueError(f"prefix keys/values cover {n} positions, expected {len(row.seq) - 1}")
+        row.target_len = n
