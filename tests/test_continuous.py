@@ -386,12 +386,12 @@ def test_stream_faults_are_redone_without_it(tmp_path, samples_manifest, tiny_ta
     utts = read_manifest(samples_manifest)
     transcriber = Transcriber(tiny_target.model.name_or_path, options=DecodeOptions(max_tokens_per_second=4))
     expected = _run(tmp_path, "clean", utts, transcriber, False)
-    encode = poison_drafter(monkeypatch, utts[2].id)
+    encode_parts = poison_drafter(monkeypatch, utts[2].id)
     rows = _run(tmp_path, "poisoned", utts, transcriber, True)
     assert rows[utts[2].id]["error_code"] == "internal" and "poisoned row" in rows[utts[2].id]["error"]
     assert {k: r["text"] for k, r in rows.items() if k != utts[2].id} == \
         {k: r["text"] for k, r in expected.items() if k != utts[2].id}
-    monkeypatch.setattr(Drafter, "encode", encode)
+    monkeypatch.setattr(Drafter, "encode_parts", encode_parts)
 
     stream = VerifyLoop.decode_stream
 

@@ -87,15 +87,16 @@ def hf_greedy(asr: WhisperASR, audio, max_new_tokens: int) -> list[int]:
 
 
 def poison_drafter(monkeypatch, bad_id):
-    """Make ``Drafter.encode`` raise "poisoned row" for any batch holding utterance ``bad_id``; returns the original."""
+    """Make ``Drafter.encode_parts`` (and so ``Drafter.encode``) raise "poisoned row" for any batch holding utterance
+    ``bad_id``; returns the original ``encode_parts``."""
     from rayspec.pipeline import Drafter
 
-    encode = Drafter.encode
+    encode_parts = Drafter.encode_parts
 
-    def poisoned(self, batch, audios=None):
+    def poisoned(self, batch, audios=None, part_rows=None):
         if any(u.id == bad_id for u in batch):
             raise RuntimeError("poisoned row")
-        return encode(self, batch, audios)
+        yield from encode_parts(self, batch, audios, part_rows)
 
-    monkeypatch.setattr(Drafter, "encode", poisoned)
-    return encode
+    monkeypatch.setattr(Drafter, "encode_parts", poisoned)
+    return encode_parts
