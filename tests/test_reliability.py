@@ -240,7 +240,7 @@ def test_a_method_means_the_same_in_the_cli_the_job_and_serve():
     from rayspec.methods import DecodeOptions
 
     assert DecodeOptions("ssd") == served  # the library's defaults are the same point
-    assert (served.ssd.tau_slm, served.ssd.fallback) == (0.01, "ar")
+    assert (served.ssd.tau_slm, served.ssd.fallback) == (0.2, "ctc")
     assert decode_options_from({"method": "ssd", "exact": "true", "tau_ctc": "0"}).mode == "exact"
     with pytest.raises(ValueError, match="unknown decoding options"):
         decode_options_from({"methd": "ar"})
