@@ -29,6 +29,7 @@ import numpy as np
 import torch
 
 from .audio import AudioError, AudioLimits, load_audio
+from .batching import BatchBudget
 from .compute import as_compute_type, label as compute_type_label
 from .decoding.common import DecodeStats, Hypothesis, compression_ratio, token_cap
 from .decoding.beam import beam_decode
@@ -37,7 +38,6 @@ from .decoding.fallback import decode_with_fallback
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
 from .decoding.ssd import ctc_drafts
 from .longform import decode_sequential
-from .batching import BatchBudget
 from .manifest import RequestOptions, Utterance
 from .decoding.options import DecodeOptions
 from .methods import METHODS, Encoded, ProposerFactory
@@ -718,11 +718,6 @@ class TargetDecoder:
                      if draft is not None and needs_draft(self.options) else None)
         return fallback(self.target, self.options, encoded, hyps, proposers)
 
-    def rows(self, batch: EncodedBatch, hyps: list[Hypothesis], seconds: float) -> list[ResultRow]:
-        """The result rows of ``batch`` (a whole batch) from the hypotheses of its encoded rows (``R``, in order) and
-        the wall seconds spent on it (shared out by duration)."""
-        return self.join(batch, self.decoded(batch, hyps), seconds)
-
     def decoded(self, batch: EncodedBatch, hyps: list[Hypothesis]) -> list[DecodedRow]:
         """Per encoded row of ``batch`` (a whole batch or a part), its hypothesis with its words (``timestamps="word"``:
         one batched teacher-forced target pass over the batch's encoder states) and its prompt's language."""
@@ -927,8 +922,7 @@ class Transcriber:
                 return encode_audio(self.target, options, waveforms, durations, self.draft, self.ctc, keys)
 
             def decode(options, encoded):
-                proposers = (local_proposers(self.draft, encoded, speculation_options(options))
-                             if needs_draft(options) else None)
+                proposers = self.drafter.proposers(encoded) if self.draft else None
                 return decode_encoded(self.target, options, encoded, proposers)
 
             results = decode_sequential(self.target, self.options, loaded, len(loaded), encode, self.draft, decode,
