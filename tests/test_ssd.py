@@ -52,6 +52,21 @@ def test_ctc_head_layers_ignore_padding_and_round_trip(tmp_path):
     assert torch.allclose(again(states, lengths), both, atol=5e-2)
 
 
+def test_ctc_head_inference_layers_equal_pytorchs_layer():
+    """The head's own inference path through its Transformer layers (SDPA, no fused fast path) computes what
+    ``nn.TransformerEncoderLayer`` computes, padding mask included."""
+    from rayspec.models.ctc import _encoder_layer
+
+    torch.manual_seed(1)
+    head = CTCHead(16, list(range(5)), layers=2, width=8, heads=2, ffn=16).eval()
+    x = torch.randn(3, 10, 8)
+    pad = torch.arange(10)[None, :] >= torch.tensor([10, 6, 3])[:, None]
+    with torch.no_grad():
+        for layer in head.layers:
+            assert torch.allclose(_encoder_layer(layer, x, ~pad[:, None, None, :]),
+                                  layer.train(False)(x, src_key_padding_mask=pad), atol=1e-5)
+
+
 def test_rejoin_after_a_correction():
     """Where the CTC hypothesis continues after the target's own token: match, deletion, repeat, a token placed a few
     positions off, punctuation inserted before a word (the hypothesis stays put); anything else is proposed both

@@ -20,6 +20,22 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 BLANK = 0
+FRAME_BUCKET = 64  # the head's frame count is rounded up to this (1.28 s of Whisper's 50 frames per second)
+
+
+def _encoder_layer(layer: nn.TransformerEncoderLayer, x: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
+    """One pre-norm ``nn.TransformerEncoderLayer`` (GELU, inference: no dropout) over ``x`` ``[B, S, W]`` through
+    ``scaled_dot_product_attention``; ``keep``: bool ``[B, 1, 1, S]``, the keys each row attends, or None. PyTorch's
+    own fast path for the layer (a fused kernel with a padding mask) ran 1.4x slower on a CPU in bfloat16."""
+    attn = layer.self_attn
+    b, s, w = x.shape
+    heads = attn.num_heads
+    h = layer.norm1(x)
+    q, k, v = nn.functional.linear(h, attn.in_proj_weight, attn.in_proj_bias).view(b, s, 3, heads, w // heads
+                                                                                  ).permute(2, 0, 3, 1, 4)
+    a = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=keep)
+    x = x + attn.out_proj(a.transpose(1, 2).reshape(b, s, w))
+    return x + layer.linear2(nn.functional.gelu(layer.linear1(layer.norm2(x))))
 
 
 class CTCHead(nn.Module):
@@ -50,18 +66,27 @@ class CTCHead(nn.Module):
         """``[B, S, D]`` encoder states -> float32 log-probabilities ``[B, S', C]`` (C = classes incl. blank).
 
         ``lengths`` (int64 ``[B]``, real frames per row) makes the head's layers ignore padding and cuts ``S'`` to
-        the longest row; without it ``S' = S`` and every position is attended.
+        the longest row rounded up to :data:`FRAME_BUCKET` frames (at most ``S``); without it ``S' = S`` and every
+        position is attended.
         """
         if not self.layers:
             return torch.log_softmax(self.proj(states).float(), dim=-1)
         pad = None
         if lengths is not None:
-            states = states[:, : max(1, int(lengths.max()))]
-            pad = torch.arange(states.shape[1], device=states.device)[None, :] >= lengths[:, None].to(states.device)
+            # whole buckets of frames: a shape seen before reuses its compiled kernels (oneDNN's bfloat16 primitives
+            # are built per shape, which cost more than the head itself on clips of ever new lengths)
+            frames = min(states.shape[1], -(-max(1, int(lengths.max())) // FRAME_BUCKET) * FRAME_BUCKET)
+            states = states[:, :frames]
+            pad = torch.arange(frames, device=states.device)[None, :] >= lengths[:, None].to(states.device)
             pad[:, 0] = False  # a row without frames still attends somewhere (its output is never read)
         x = self.inp(states.to(self.inp.weight.dtype))
-        for layer in self.layers:
-            x = layer(x, src_key_padding_mask=pad)
+        if self.training:
+            for layer in self.layers:
+                x = layer(x, src_key_padding_mask=pad)
+        else:
+            keep = None if pad is None else ~pad[:, None, None, :]  # [B, 1, 1, S'] keys attended
+            for layer in self.layers:
+                x = _encoder_layer(layer, x, keep)
         return torch.log_softmax(self.proj(self.norm(x)).float(), dim=-1)
 
     def save_pretrained(self, path: str, dtype: torch.dtype = torch.float32) -> None:
