@@ -225,12 +225,18 @@ class TaggedVoice:
 def test_a_rejected_prediction_is_never_played(lm):
     """The candidate's pre-synthesised first sentence plays only when it is the reply's first sentence: a rejected
     prediction's audio (synthesised while the user typed) is never what the turn plays."""
+    def first(text):
+        ids = greedy_reply(lm, text, 40)
+        return lm.decode(ids[: first_sentence_length(lm, ids)]).strip()
+
+    # two inputs whose replies start differently; the first is typed, then after a long pause replaced by the second:
+    # the candidate's first sentence is synthesised before the input ends, and is wrong
+    start, final = next((a, b) for a in PROMPTS for b in PROMPTS if first(a) != first(b))
     voice = TaggedVoice()
-    # a long pause after a misleading start: the candidate's first sentence is synthesised before the input ends
-    turn = run_turn(lm, voice, [(0.0, "Tom was sad"), (60.0, "Mia saw a cat sitting on the fence.")],
-                    PredGenOptions(max_reply_tokens=40))
+    turn = run_turn(lm, voice, [(0.0, start), (60.0, final)], PredGenOptions(max_reply_tokens=40))
     predicted = voice.said[0]
-    assert turn.outcome in ("partial", "reject") and predicted != turn.first_sentence
+    assert predicted == first(start) and turn.first_sentence == first(final) != predicted
+    assert turn.outcome in ("partial", "reject")
     assert turn.first_audio.tolist() == [ord(c) for c in turn.first_sentence]
     assert turn.wasted_tts_s > 0 and turn.tts_s > 0  # the final sentence was synthesised after the input
     # the same input spoken the same way: the prediction is right, its audio plays at once
