@@ -294,7 +294,7 @@ class RealtimeSession:
         ttfs = time.perf_counter() - t0
         await self.send(event("response.created"))
         pcm = None
-        if first["outcome"] == "accept" and first["text"] in presynth:
+        if first["text"] in presynth:  # this exact sentence was pre-synthesised (never a rejected candidate's)
             try:
                 pcm, sr = await presynth[first["text"]]
             except Exception:  # noqa: BLE001 - a failed pre-synthesis is redone below

@@ -179,3 +179,68 @@ def test_an_interrupted_extension_stops_between_tokens_and_stays_lossless(lm):
     assert engine.candidate == []
     engine.finish(PROMPTS[0])
     assert engine.complete() == greedy_reply(lm, PROMPTS[0], 30)
+
+
+def test_draft_from_pool_follows_the_longest_match():
+    from rayspec.chat.predgen import draft_from_pool
+
+    pool = [[1, 2, 3, 4, 5, 6], [7, 2, 3, 9, 8]]
+    assert draft_from_pool(pool, [], 3) == [7, 2, 3]  # nothing generated yet: the newest candidate's start
+    assert draft_from_pool(pool, [0, 1, 2, 3], 2) == [4, 5]  # a 3-token match beats the newer 2-token one
+    assert draft_from_pool(pool, [0, 2, 3], 4) == [9, 8]  # equal matches: nearest the reply's position, newest
+    assert draft_from_pool(pool, [0, 5], 4) == [6]  # a one-token match drafts at most 2 tokens
+    assert draft_from_pool(pool, [42], 4) == [] and draft_from_pool([], [1], 4) == [] and draft_from_pool(pool, [1], 0) == []
+
+
+def test_drafted_extension_is_greedy_whatever_the_drafts(lm):
+    """Drafts only save passes: with the right drafts, wrong ones or none, the extension is the greedy reply."""
+    from rayspec.chat.predgen import _extend
+
+    prompt = lm.prompt_ids(PROMPTS[3])
+    want = greedy_reply(lm, PROMPTS[3], 30)
+    shifted = want[:4] + [(want[4] + 7) % 512] + want[4:]  # a token inserted: the tail is still right, one off
+    passes = {}
+    for name, pool in [("none", []), ("right", [want]), ("shifted", [shifted]), ("garbage", [[5, 6, 7] * 10])]:
+        lm.reset()
+        p0 = lm.forward_passes
+        reply, stopped = _extend(lm, prompt, [], 30, 30, pool=pool, max_draft=8)
+        assert reply == want[: len(reply)] and (stopped or len(reply) >= 30)
+        passes[name] = lm.forward_passes - p0
+    assert passes["right"] < passes["shifted"] < passes["none"]
+
+
+class TaggedVoice:
+    """A stand-in TTS whose audio says which sentence it is (its characters' codes) and logs what it synthesised."""
+
+    sample_rate = 16000
+
+    def __init__(self):
+        self.said = []
+
+    def synthesize(self, text):
+        self.said.append(text)
+        return np.array([ord(c) for c in text], np.float32)
+
+
+def test_a_rejected_prediction_is_never_played(lm):
+    """The candidate's pre-synthesised first sentence plays only when it is the reply's first sentence: a rejected
+    prediction's audio (synthesised while the user typed) is never what the turn plays."""
+    def first(text):
+        ids = greedy_reply(lm, text, 40)
+        return lm.decode(ids[: first_sentence_length(lm, ids)]).strip()
+
+    # two inputs whose replies start differently; the first is typed, then after a long pause replaced by the second:
+    # the candidate's first sentence is synthesised before the input ends, and is wrong
+    start, final = next((a, b) for a in PROMPTS for b in PROMPTS if first(a) != first(b))
+    voice = TaggedVoice()
+    turn = run_turn(lm, voice, [(0.0, start), (60.0, final)], PredGenOptions(max_reply_tokens=40))
+    predicted = voice.said[0]
+    assert predicted == first(start) and turn.first_sentence == first(final) != predicted
+    assert turn.outcome in ("partial", "reject")
+    assert turn.first_audio.tolist() == [ord(c) for c in turn.first_sentence]
+    assert turn.wasted_tts_s > 0 and turn.tts_s > 0  # the final sentence was synthesised after the input
+    # the same input spoken the same way: the prediction is right, its audio plays at once
+    voice = TaggedVoice()
+    same = run_turn(lm, voice, [(0.0, PROMPTS[3]), (60.0, PROMPTS[3])], PredGenOptions(max_reply_tokens=40))
+    assert same.outcome == "accept" and same.tts_s == 0 and voice.said == [same.first_sentence]
+    assert same.first_audio.tolist() == [ord(c) for c in same.first_sentence]

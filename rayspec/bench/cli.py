@@ -144,6 +144,8 @@ def add_bench_parser(sub) -> None:
                    help="spoken turns: the first N questions read aloud by the Piper voice (default 20; 0: none)")
     v.add_argument("--partials-model", default="whisper-tiny.en",
                    help="spoken turns: the ASR model of the partial and final transcripts (default whisper-tiny.en)")
+    v.add_argument("--verifiers", default="greedy,topk",
+                   help="PredGen verifiers run beside the cascade, comma-separated (default greedy,topk)")
     v.add_argument("--chunk-s", type=float, default=0.5, help="spoken turns: seconds between partial transcripts")
     w = p.add_argument_group("peers suite (manifests: optional, default the bundled AN4 clips; --threads: per "
                              "engine, default 1)")

@@ -85,12 +85,17 @@ def spoken_partials(questions: list[str], voice, asr, chunk_s: float) -> list[li
     return out
 
 
-def methods(top_k: int, base: PredGenOptions) -> list[PredGenOptions]:
-    """The cascade, PredGen greedy and PredGen top-k, sharing ``base``'s lengths and caps."""
+def methods(top_k: int, base: PredGenOptions, verifiers: str = "greedy,topk") -> list[PredGenOptions]:
+    """The cascade, then PredGen with each of ``verifiers`` (comma-separated: greedy, topk), sharing ``base``'s
+    lengths, caps and drafts.
+
+    Raises:
+        ValueError: an unknown verifier.
+    """
     kw = dict(candidate_tokens=base.candidate_tokens, max_reply_tokens=base.max_reply_tokens,
-              max_wasted_tokens=base.max_wasted_tokens)
-    return [PredGenOptions(speculate=False, **kw), PredGenOptions(verifier="greedy", **kw),
-            PredGenOptions(verifier="topk", top_k=top_k, **kw)]
+              max_wasted_tokens=base.max_wasted_tokens, draft_tokens=base.draft_tokens)
+    return [PredGenOptions(speculate=False, **kw)] + [
+        PredGenOptions(verifier=v, top_k=top_k, **kw) for v in verifiers.split(",") if v]
 
 
 def run_voicechat_bench(lm, voices: dict, inputs: dict[str, list[list[tuple[float, str]]]], opts: list[PredGenOptions],
@@ -201,7 +206,7 @@ def cmd_bench_voicechat(args) -> int:
                      f"{args.partials_model} on rayspec's engine (greedy, re-decoding the growing audio); the LLM "
                      f"answers the final transcript.")
     voices = {name: load_voice(name) for name in args.voices.split(",")}
-    opts = methods(args.top_k, options_from_args(args))
+    opts = methods(args.top_k, options_from_args(args), args.verifiers)
     rows = run_voicechat_bench(lm, voices, inputs, opts)
     if args.llm_backend != "transformers":  # the backend's greedy replies against transformers' own
         ref = load_lm(args.lm)

@@ -40,6 +40,9 @@ def add_predgen_args(p, tts: bool = True) -> None:
     p.add_argument("--max-wasted-tokens", type=int, default=d.max_wasted_tokens,
                    help=f"stop speculating in a turn once this many speculative tokens were rejected (default "
                         f"{d.max_wasted_tokens})")
+    p.add_argument("--draft-tokens", type=int, default=d.draft_tokens,
+                   help=f"PredGen: draft tokens per LLM pass from the turn's earlier candidates (lossless; 0: one "
+                        f"token per pass; default {d.draft_tokens})")
     p.add_argument("--chars-per-minute", type=float, default=600.0,
                    help="typing/speaking rate of --text input, as partial prompts (default 600, the paper's)")
 
@@ -51,7 +54,7 @@ def options_from_args(args, speculate: bool = True, verifier: str | None = None)
 
     return PredGenOptions(speculate=speculate, verifier=verifier or args.verifier, top_k=args.top_k,
                           candidate_tokens=args.candidate_tokens, max_reply_tokens=args.max_reply_tokens,
-                          max_wasted_tokens=args.max_wasted_tokens)
+                          max_wasted_tokens=args.max_wasted_tokens, draft_tokens=args.draft_tokens)
 
 
 def load_lm(name: str | None, backend: str = "transformers", vllm_python: str = DEFAULT_VLLM_PYTHON):

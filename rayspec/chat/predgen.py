@@ -10,6 +10,12 @@ sentence fully accepted -> its audio plays at once (one LLM pass to first senten
 from the accepted prefix. With the ``greedy`` verifier the reply equals the plain cascade's greedy reply token for
 token (lossless); ``topk`` accepts a candidate token while it is among the target's top k (lossy, faster).
 
+Two additions to the paper's AR variant, both lossless: every LLM pass that extends a candidate or resumes after
+the final verification also verifies draft tokens looked up in the turn's rejected candidates
+(:func:`draft_from_pool`: a candidate wrong at one word is often right again after it); and the first sentence's
+audio is taken from the pre-synthesised ones whenever the reply's first sentence is exactly one of them (not only
+when the newest candidate was accepted), so the audio of a sentence the reply does not start with is never played.
+
 Time is simulated the way the paper's evaluation does: partial prompts arrive on a schedule (e.g. 600 characters per
 minute) and every computation is timed for real; work on a partial that is still running when the next partials
 arrive makes the engine skip to the newest one, and the final input stops a candidate's extension between two tokens
@@ -49,6 +55,9 @@ class PredGenOptions:
         max_wasted_tokens: cap on speculative LLM tokens thrown away per turn (rejected candidate tokens); once
             reached, the turn stops speculating and waits for the end of the input like the baseline.
         presynthesize: synthesise the candidate's first sentence while the user speaks.
+        draft_tokens: draft tokens per LLM pass looked up in the turn's earlier candidates when a candidate is
+            extended and after the final input (:func:`draft_from_pool`; lossless with the greedy verifier);
+            0 = one token per pass. The cascade has no candidates and decodes one token per pass.
     """
 
     speculate: bool = True
@@ -58,12 +67,15 @@ class PredGenOptions:
     max_reply_tokens: int = 80
     max_wasted_tokens: int = 400
     presynthesize: bool = True
+    draft_tokens: int = 16
 
     def __post_init__(self) -> None:
         if self.verifier not in VERIFIERS:
             raise ValueError(f"unknown verifier {self.verifier!r} ({', '.join(VERIFIERS)})")
         if self.top_k < 1 or self.candidate_tokens < 1 or self.max_reply_tokens < 1:
             raise ValueError("top_k, candidate_tokens and max_reply_tokens must be >= 1")
+        if self.draft_tokens < 0:
+            raise ValueError("draft_tokens must be >= 0")
 
     @property
     def rule(self) -> AcceptanceRule:
@@ -143,21 +155,67 @@ def verify(lm: CausalLM, prompt: list[int], candidate: list[int], opts: PredGenO
     return k, candidate[:k] + ([] if bonus in lm.stop_ids else [bonus])
 
 
+def draft_from_pool(pool: list[list[int]], reply: list[int], max_len: int) -> list[int]:
+    """Draft tokens to follow ``reply``, looked up in the turn's earlier candidate replies: prompt-lookup drafting
+    (Saxena 2023, "Prompt Lookup Decoding") over PredGen's own candidates. A candidate rejected at one token often
+    goes on as the target's reply does after it (a word swapped, the rest of the sentence the same: the observation
+    behind PredGen's Jacobi/CLLM variant, Li & Grover 2025, section 3.4), so its tail drafts what follows.
+
+    The longest suffix of ``reply`` (3, 2 or 1 tokens) found in a candidate picks the draft: the tokens after that
+    match, the match nearest ``reply``'s own position (then the newest candidate) winning; a one-token match drafts
+    at most 2 tokens (on a CPU a pass over 16 tokens costs about two one-token passes, so a weak guess must be
+    short). An empty ``reply`` drafts the newest candidate's start.
+
+    Args:
+        pool: candidate replies (token ids), oldest first.
+        reply: the reply so far (token ids).
+        max_len: the most draft tokens returned.
+
+    Returns:
+        Up to ``max_len`` token ids (empty: nothing matches).
+    """
+    if max_len <= 0 or not pool:
+        return []
+    if not reply:
+        return list(pool[-1][:max_len])
+    for n in range(min(3, len(reply)), 0, -1):
+        key, want, best = reply[-n:], len(reply) - n, None
+        for age, seq in enumerate(reversed(pool)):
+            for i in range(len(seq) - n):
+                if seq[i : i + n] == key:
+                    score = (abs(i - want), age)
+                    if best is None or score < best[0]:
+                        best = (score, seq[i + n : i + n + max_len])
+        if best is not None:  # a one-token match is weak evidence: it drafts at most 2 tokens
+            return list(best[1] if n > 1 else best[1][:2])
+    return []
+
+
 def _extend(lm: CausalLM, prompt: list[int], reply: list[int], target_len: int, cap: int,
-            interrupted: Callable[[], bool] = lambda: False) -> tuple[list[int], bool]:
+            interrupted: Callable[[], bool] = lambda: False, pool: list[list[int]] = (),
+            max_draft: int = 0) -> tuple[list[int], bool]:
     """Greedy-extend ``reply`` until it has ``target_len`` tokens and a complete first sentence, a stop token,
-    ``cap`` tokens, or ``interrupted()`` (asked before each token). Returns (reply, stopped): ``stopped`` is True
-    at a stop token or the cap, False otherwise (interrupted included)."""
+    ``cap`` tokens, or ``interrupted()`` (asked before each LLM pass). Returns (reply, stopped): ``stopped`` is True
+    at a stop token or the cap, False otherwise (interrupted included).
+
+    With ``max_draft > 0`` each pass also verifies up to ``max_draft`` draft tokens from ``pool``
+    (:func:`draft_from_pool`) and keeps the drafts the target's argmax agrees with plus its own next token, so the
+    reply is the greedy one token for token whatever the drafts (lossless); a pass may then add several tokens."""
     reply = list(reply)
     has_sentence = first_sentence_length(lm, reply) is not None
     while len(reply) < cap:
         if (has_sentence and len(reply) >= target_len) or interrupted():
             return reply, False
-        tok = int(lm.next_logits(prompt + reply, since=len(prompt) + len(reply))[-1].argmax())
-        if tok in lm.stop_ids:
-            return reply, True
-        reply.append(tok)
-        has_sentence = has_sentence or ends_sentence(lm.tokenizer.decode(reply))  # only the new prefix can end one
+        draft = draft_from_pool(pool, reply, min(max_draft, cap - len(reply) - 1))
+        best = lm.next_logits(prompt + reply + draft, since=len(prompt) + len(reply)).argmax(-1).tolist()
+        for j, tok in enumerate(best):
+            if tok in lm.stop_ids:
+                return reply, True
+            reply.append(tok)
+            # only the new prefix can end the first sentence
+            has_sentence = has_sentence or ends_sentence(lm.tokenizer.decode(reply))
+            if j >= len(draft) or tok != draft[j]:
+                break
     return reply, True
 
 
@@ -180,8 +238,8 @@ class FirstSentence:
 
 class PredGenEngine:
     """The LLM side of one turn of PredGen (Algorithm 1): candidate replies from partial inputs, their verification,
-    and the reply after the final input. Speech is the caller's: it synthesises :meth:`speculate`'s first sentence
-    ahead and plays it if :meth:`finish` accepts that same sentence.
+    and the reply after the final input. Speech is the caller's: it synthesises :meth:`speculate`'s first sentences
+    ahead and plays one only if it is exactly the first sentence :meth:`finish` returns.
 
     Attributes:
         wasted_tokens: candidate tokens generated and then rejected so far this turn.
@@ -194,6 +252,7 @@ class PredGenEngine:
             raise ValueError(f"top_k {opts.top_k} is over this LLM engine's limit of {lm.max_top_k}")
         self.lm, self.opts = lm, opts
         self.candidate: list[int] = []
+        self.pool: list[list[int]] = []  # earlier candidates, drafts for later passes (newest last)
         self.wasted_tokens = 0
         self.speculating = opts.speculate
         self._prompt: list[int] = []
@@ -210,9 +269,10 @@ class PredGenEngine:
         if self.candidate:
             k, kept = verify(self.lm, prompt, self.candidate, self.opts)
             self.wasted_tokens += len(self.candidate) - k
+            self._remember(self.candidate, k)
             self.candidate = kept[: self.opts.max_reply_tokens]  # the bonus may not pass the reply cap
         self.candidate, _ = _extend(self.lm, prompt, self.candidate, self.opts.candidate_tokens,
-                                    self.opts.max_reply_tokens, interrupted)
+                                    self.opts.max_reply_tokens, interrupted, self.pool, self.opts.draft_tokens)
         if self.wasted_tokens >= self.opts.max_wasted_tokens:
             self.speculating = False
         n = first_sentence_length(self.lm, self.candidate)
@@ -229,13 +289,20 @@ class PredGenEngine:
             self._reply = kept[: self.opts.max_reply_tokens]
             self._stopped = len(self._reply) >= self.opts.max_reply_tokens
             self.wasted_tokens += len(self.candidate) - k
+            self._remember(self.candidate, k)
             n_cand = first_sentence_length(self.lm, self.candidate)
             outcome = "accept" if n_cand is not None and k >= n_cand else ("partial" if k else "reject")
         n = first_sentence_length(self.lm, self._reply)
         if n is None and not self._stopped:  # resume from the accepted prefix until the first sentence is complete
-            self._reply, self._stopped = _extend(self.lm, self._prompt, self._reply, 1, self.opts.max_reply_tokens)
+            self._reply, self._stopped = _extend(self.lm, self._prompt, self._reply, 1, self.opts.max_reply_tokens,
+                                                 pool=self.pool, max_draft=self.opts.draft_tokens)
             n = first_sentence_length(self.lm, self._reply) or len(self._reply)
         return FirstSentence(self.lm.decode(self._reply[:n]).strip(), outcome, k, self.lm.forward_passes - passes0)
+
+    def _remember(self, candidate: list[int], accepted: int) -> None:
+        """Keep a verified candidate with a rejected tail as a draft source (the newest 16)."""
+        if accepted < len(candidate):
+            self.pool = (self.pool + [list(candidate)])[-16:]
 
     def complete(self) -> list[int]:
         """The whole reply after :meth:`finish` (greedy to a stop token or ``max_reply_tokens``)."""
@@ -289,7 +356,7 @@ def run_turn(lm: CausalLM, voice, partials: list[tuple[float, str]], opts: PredG
     text_at = start + clock() - t0
     res.llm_s = text_at - start
     tts.advance(text_at)
-    if first.outcome == "accept" and first.text in tts.done:
+    if first.text in tts.done:  # this exact sentence was pre-synthesised (never a rejected candidate's sentence)
         first_audio, ready = tts.done[first.text]
         audio_at = max(text_at, ready)
     else:
