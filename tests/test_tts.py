@@ -211,6 +211,28 @@ def test_g2p_gives_espeak_style_ipa_for_known_unknown_and_number_words():
     assert sentence_ipa("...") == ""
 
 
+def test_g2p_normalizes_ordinals_currency_and_abbreviations():
+    from rayspec.tts.g2p import normalize_text, sentence_ipa
+    from rayspec.tts.phones import split_sentences
+
+    assert normalize_text("On the 14th June, the 1st, 22nd and 101st") == \
+        "On the fourteenth June, the first, twenty-second and one hundred first"
+    assert normalize_text("$5.50, $1, $0.05, £3 million, €2") == \
+        "5 dollars 50 cents, 1 dollar, 0 dollars 5 cents, 3 million pounds, 2 euros"
+    assert normalize_text("50% & 3.5 %") == "50 percent  and  3.5 percent"
+    assert normalize_text("Mr. Neild, Dr. Smith vs. Mrs. Jones, etc.") == \
+        "mister Neild, doctor Smith versus missus Jones, et cetera."
+    assert normalize_text("No. 5 St. Paul's in Fleet St. I said no.") == \
+        "number 5 saint Paul's in Fleet street I said no."
+    # the abbreviation's full stop is no pause (an ordinal was "fourteen" + a guessed "th" before)
+    assert sentence_ipa("Mr. Neild") == sentence_ipa("mister Neild")
+    assert sentence_ipa("the 14th") == sentence_ipa("the fourteenth")
+    assert sentence_ipa("$1,500") == sentence_ipa("one thousand five hundred dollars")
+    # and no sentence end either
+    assert split_sentences("And Mr. Neild was told. No. 5 is here. I said no. Then St. Paul came.") == \
+        ["And Mr. Neild was told.", "No. 5 is here.", "I said no.", "Then St. Paul came."]
+
+
 def test_read_texts_turns_bad_lines_into_error_items(tmp_path):
     txt = tmp_path / "in.txt"
     txt.write_bytes(b"Hello there.\n\xff\xfe bad bytes\n\nSecond line.\n")
