@@ -414,6 +414,21 @@ def test_tts_bench_times_round_robin_and_measures_mcd_against_the_teacher(tiny_s
         assert set(row.rtfx) == {1, 2} and row.mcd >= 0 and row.tokens_per_pass >= 1  # mcd: not NaN
 
 
+def test_tts_bench_lists_each_sentences_errors_per_config(tmp_path):
+    import csv
+
+    from rayspec.bench.tts import TTSBenchRow, write_sentences
+
+    rows = [TTSBenchRow("teacher (Piper) audio", "floor", asr_texts=["the new jail fell", "in 1812"]),
+            TTSBenchRow("pcg theta=0.8", "pcg", asr_texts=["the knee jail follows", "in eighteen twelve"])]
+    write_sentences(rows, ["a", "b"], ["The new jail fell.", "in eighteen twelve"], str(tmp_path / "s.csv"))
+    got = list(csv.DictReader(open(tmp_path / "s.csv")))
+    assert [(g["id"], g["config"], g["errors"], g["words"]) for g in got] == [
+        ("a", "teacher (Piper) audio", "0", "4"), ("b", "teacher (Piper) audio", "0", "2"),  # normalized: 1812
+        ("a", "pcg theta=0.8", "2", "4"), ("b", "pcg theta=0.8", "0", "2")]
+    assert got[2]["transcript"] == "the knee jail follows" and got[2]["WER %"] == "50.0"
+
+
 def test_lyra_latents_from_the_codebook_table_equal_the_quantizers_decoder():
     from rayspec.tts.codec import MAX_CODEBOOKS, LyraCodec
     from rayspec.tts.synthesis import default_codec_dir
