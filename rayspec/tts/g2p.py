@@ -11,7 +11,9 @@ letter.
 Before that, :func:`normalize_text` writes out what is read differently from how it is written: ordinals (``14th``
 -> "fourteenth"), currency (``$5.50`` -> "five dollars fifty cents", ``£3 million`` -> "three million pounds"),
 percentages, ``&``, and the abbreviations of LJSpeech's README (``Mr.`` -> "mister", ``No. 5`` -> "number five",
-``St.`` -> "street" after a name, else "saint" before one), whose full stop is then no pause.
+``St.`` -> "street" after a name, else "saint" before one), whose full stop is then no pause. (NeMo's text
+normaliser, Apache-2.0, covers more, but brings OpenFst through ``pynini`` and compiles its grammars at first use;
+``num2words`` is LGPL. ``inflect``, already needed for numbers, spells ordinals.)
 
 A sentence's IPA follows espeak-ng's output form, as Piper's ``phonemize_espeak`` gives it: a word's phonemes
 joined with no space, words separated by one space, punctuation kept where it stands (``həlˈoʊ, wˈɜːld.``).
