@@ -104,10 +104,11 @@ def offline_acceptance(synth, examples, thetas, temperature: float, lookahead: i
 
 def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16), betas=(0.1, 0.3, 0.5),
                   thetas=(0.98, 0.95, 0.9), temperature=SamplingOptions.temperature, lookahead=None, seed=0, asr=None,
-                  groups="codec", teacher_audio: list | None = None, repeats: int = 1):
+                  groups="codec", teacher_audio: list | None = None, repeats: int = 1, speed: float = 1.0):
     """Rows for the floors and every configuration (see the module docstring); ``teacher_audio``: the teacher
     voice's 16 kHz audio of ``texts``, the MCD reference when given (else the real recordings). Each configuration
-    is timed ``repeats`` times per batch size, round-robin over the configurations; the fastest run counts."""
+    is timed ``repeats`` times per batch size, round-robin over the configurations; the fastest run counts.
+    ``speed``: the student's speaking rate (:meth:`~rayspec.tts.synthesis.Synthesizer.synthesize`)."""
     from ..tts.evaluate import PocketsphinxJudge, mcd
 
     judge = PocketsphinxJudge()
@@ -139,7 +140,7 @@ def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16)
             for bs in batch_sizes:
                 for name, opts in cfgs:
                     t0 = time.perf_counter()
-                    outputs[name] = synth.synthesize(texts, opts, seed, batch_size=bs)
+                    outputs[name] = synth.synthesize(texts, opts, seed, batch_size=bs, speed=speed)
                     walls.setdefault((name, bs), []).append(time.perf_counter() - t0)
                     token_walls.setdefault((name, bs), []).append(sum(r.decode_s for r in outputs[name]))
                     bar.update()
@@ -277,7 +278,7 @@ def cmd_bench_tts(args) -> int:
         teacher = [teacher_example(voice, synth.codec, u.id, u.text) for u in utts]
     rows = run_tts_bench(synth, texts, real, tuple(args.batch_sizes), tuple(args.betas), tuple(args.thetas),
                          args.temperature, args.lookahead, args.seed, asr, args.groups, [a for _, a in teacher],
-                         args.repeats)
+                         args.repeats, args.speed)
     examples = [e for e, _ in teacher]
     if not examples and all(a is not None for a in real):
         with tempfile.TemporaryDirectory() as tmp:
@@ -296,6 +297,6 @@ def cmd_bench_tts(args) -> int:
              f"held-out sentences ({audio_s:.0f} s of {source} speech), temperature {args.temperature:g}, lookahead "
              f"{lookahead}, pcg groups from {args.groups} vectors, {threads} torch thread{'s' * (threads != 1)} + "
              f"the vocoder's thread, "
-             f"seed {args.seed}, fastest of {args.repeats} round-robin runs, MCD against {source} audio")
+             f"{f'speaking rate {args.speed:g}, ' if args.speed != 1 else ''}seed {args.seed}, fastest of {args.repeats} round-robin runs, MCD against {source} audio")
     print(write_tts_outputs(rows, offline, args.output, title, tuple(args.batch_sizes), [u.id for u in utts], texts))
     return 0
