@@ -211,6 +211,28 @@ def test_g2p_gives_espeak_style_ipa_for_known_unknown_and_number_words():
     assert sentence_ipa("...") == ""
 
 
+def test_g2p_normalizes_ordinals_currency_and_abbreviations():
+    from rayspec.tts.g2p import normalize_text, sentence_ipa
+    from rayspec.tts.phones import split_sentences
+
+    assert normalize_text("On the 14th June, the 1st, 22nd and 101st") == \
+        "On the fourteenth June, the first, twenty-second and one hundred first"
+    assert normalize_text("$5.50, $1, $0.05, £3 million, €2") == \
+        "5 dollars 50 cents, 1 dollar, 0 dollars 5 cents, 3 million pounds, 2 euros"
+    assert normalize_text("50% & 3.5 %") == "50 percent  and  3.5 percent"
+    assert normalize_text("Mr. Neild, Dr. Smith vs. Mrs. Jones, etc.") == \
+        "mister Neild, doctor Smith versus missus Jones, et cetera."
+    assert normalize_text("No. 5 St. Paul's in Fleet St. I said no.") == \
+        "number 5 saint Paul's in Fleet street I said no."
+    # the abbreviation's full stop is no pause (an ordinal was "fourteen" + a guessed "th" before)
+    assert sentence_ipa("Mr. Neild") == sentence_ipa("mister Neild")
+    assert sentence_ipa("the 14th") == sentence_ipa("the fourteenth")
+    assert sentence_ipa("$1,500") == sentence_ipa("one thousand five hundred dollars")
+    # and no sentence end either
+    assert split_sentences("And Mr. Neild was told. No. 5 is here. I said no. Then St. Paul came.") == \
+        ["And Mr. Neild was told.", "No. 5 is here.", "I said no.", "Then St. Paul came."]
+
+
 def test_read_texts_turns_bad_lines_into_error_items(tmp_path):
     txt = tmp_path / "in.txt"
     txt.write_bytes(b"Hello there.\n\xff\xfe bad bytes\n\nSecond line.\n")
@@ -390,6 +412,21 @@ def test_tts_bench_times_round_robin_and_measures_mcd_against_the_teacher(tiny_s
     for name in ("sd", "ssd beta=0.3", "pcg theta=0.9"):
         row = by_name[name]
         assert set(row.rtfx) == {1, 2} and row.mcd >= 0 and row.tokens_per_pass >= 1  # mcd: not NaN
+
+
+def test_tts_bench_lists_each_sentences_errors_per_config(tmp_path):
+    import csv
+
+    from rayspec.bench.tts import TTSBenchRow, write_sentences
+
+    rows = [TTSBenchRow("teacher (Piper) audio", "floor", asr_texts=["the new jail fell", "in 1812"]),
+            TTSBenchRow("pcg theta=0.8", "pcg", asr_texts=["the knee jail follows", "in eighteen twelve"])]
+    write_sentences(rows, ["a", "b"], ["The new jail fell.", "in eighteen twelve"], str(tmp_path / "s.csv"))
+    got = list(csv.DictReader(open(tmp_path / "s.csv")))
+    assert [(g["id"], g["config"], g["errors"], g["words"]) for g in got] == [
+        ("a", "teacher (Piper) audio", "0", "4"), ("b", "teacher (Piper) audio", "0", "2"),  # normalized: 1812
+        ("a", "pcg theta=0.8", "2", "4"), ("b", "pcg theta=0.8", "0", "2")]
+    assert got[2]["transcript"] == "the knee jail follows" and got[2]["WER %"] == "50.0"
 
 
 def test_lyra_latents_from_the_codebook_table_equal_the_quantizers_decoder():

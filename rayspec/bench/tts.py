@@ -47,6 +47,7 @@ class TTSBenchRow:
     rtfx: dict = field(default_factory=dict)  # batch size -> audio seconds / wall seconds
     speedup: dict = field(default_factory=dict)  # batch size -> target-only wall / this wall
     token_speedup: dict = field(default_factory=dict)  # the same for token generation only (no Lyra decoder)
+    asr_texts: list = field(default_factory=list)  # rayspec ASR's transcript of each sentence (empty without it)
 
 
 def configs(betas=(0.1, 0.3, 0.5), thetas=(0.98, 0.95, 0.9), temperature=SamplingOptions.temperature, lookahead=None,
@@ -61,15 +62,17 @@ def configs(betas=(0.1, 0.3, 0.5), thetas=(0.98, 0.95, 0.9), temperature=Samplin
 
 
 def _judge(judge, asr, audios, texts):
+    """``(WER, CER, rayspec-ASR WER, rayspec ASR's transcripts)`` of ``audios`` against ``texts``."""
     hyps = [judge.transcribe(a) for a in audios]
     rates = error_rates(texts, hyps)
-    asr_wer = float("nan")
+    asr_wer, asr_texts = float("nan"), []
     if asr is not None:
         from ..manifest import Utterance
 
         rows = asr.transcribe([Utterance(f"u{i}", "") for i in range(len(audios))], list(audios))
-        asr_wer = error_rates(texts, [r.text for r in rows]).wer
-    return rates.wer, rates.cer, asr_wer
+        asr_texts = [r.text for r in rows]
+        asr_wer = error_rates(texts, asr_texts).wer
+    return rates.wer, rates.cer, asr_wer, asr_texts
 
 
 def offline_acceptance(synth, examples, thetas, temperature: float, lookahead: int | None = None, groups="codec"
@@ -101,10 +104,11 @@ def offline_acceptance(synth, examples, thetas, temperature: float, lookahead: i
 
 def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16), betas=(0.1, 0.3, 0.5),
                   thetas=(0.98, 0.95, 0.9), temperature=SamplingOptions.temperature, lookahead=None, seed=0, asr=None,
-                  groups="codec", teacher_audio: list | None = None, repeats: int = 1):
+                  groups="codec", teacher_audio: list | None = None, repeats: int = 1, speed: float = 1.0):
     """Rows for the floors and every configuration (see the module docstring); ``teacher_audio``: the teacher
     voice's 16 kHz audio of ``texts``, the MCD reference when given (else the real recordings). Each configuration
-    is timed ``repeats`` times per batch size, round-robin over the configurations; the fastest run counts."""
+    is timed ``repeats`` times per batch size, round-robin over the configurations; the fastest run counts.
+    ``speed``: the student's speaking rate (:meth:`~rayspec.tts.synthesis.Synthesizer.synthesize`)."""
     from ..tts.evaluate import PocketsphinxJudge, mcd
 
     judge = PocketsphinxJudge()
@@ -123,8 +127,9 @@ def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16)
     for name, audios, resynth in floors:
         if resynth:
             audios = [synth.codec.decode(synth.codec.encode(a)) for a in audios]
-        wer, cer, asr_wer = _judge(judge, asr, audios, texts)
-        rows.append(TTSBenchRow(name, "floor", wer=wer, cer=cer, asr_wer=asr_wer, mcd=mean_mcd(audios)))
+        wer, cer, asr_wer, asr_texts = _judge(judge, asr, audios, texts)
+        rows.append(TTSBenchRow(name, "floor", wer=wer, cer=cer, asr_wer=asr_wer, mcd=mean_mcd(audios),
+                                asr_texts=asr_texts))
     synth.synthesize(texts[:2], SamplingOptions("sd"), seed)  # warm-up
     cfgs = configs(betas, thetas, temperature, lookahead, groups)
     walls: dict = {}  # (config, batch size) -> wall seconds of each run
@@ -135,7 +140,7 @@ def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16)
             for bs in batch_sizes:
                 for name, opts in cfgs:
                     t0 = time.perf_counter()
-                    outputs[name] = synth.synthesize(texts, opts, seed, batch_size=bs)
+                    outputs[name] = synth.synthesize(texts, opts, seed, batch_size=bs, speed=speed)
                     walls.setdefault((name, bs), []).append(time.perf_counter() - t0)
                     token_walls.setdefault((name, bs), []).append(sum(r.decode_s for r in outputs[name]))
                     bar.update()
@@ -156,7 +161,7 @@ def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16)
         row.tokens_per_pass = frames / passes
         row.passes_per_audio_s = passes / audio_s
         audios = [r.audio for r in results]
-        row.wer, row.cer, row.asr_wer = _judge(judge, asr, audios, texts)
+        row.wer, row.cer, row.asr_wer, row.asr_texts = _judge(judge, asr, audios, texts)
         row.mcd = mean_mcd(audios)
         rows.append(row)
     return rows
@@ -166,8 +171,26 @@ def _fmt(x, spec="{:.1f}"):
     return "" if x is None or (isinstance(x, float) and np.isnan(x)) else spec.format(x)
 
 
-def write_tts_outputs(rows, offline, out_dir: str, title: str, batch_sizes) -> str:
-    """``bench-tts.md`` / ``.csv`` / ``.png`` (speed-up vs WER) in ``out_dir``; returns the Markdown."""
+def write_sentences(rows, ids: list[str], texts: list[str], path: str) -> None:
+    """``path`` (CSV): per sentence and configuration, rayspec ASR's transcript and its word errors after Whisper's
+    normalizer (``id, config, errors, words, WER %, reference, transcript``), for rows judged by rayspec ASR: where
+    each configuration's errors go (names, numbers, the student's slurs) beside the teacher's on the same sentence."""
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["id", "config", "errors", "words", "WER %", "reference", "transcript"])
+        for r in rows:
+            for key, ref, hyp in zip(ids, texts, r.asr_texts):
+                e = error_rates([ref], [hyp])
+                errors = round(e.wer * e.words)
+                w.writerow([key, r.name, errors, e.words, _fmt(100 * e.wer), ref, hyp])
+
+
+def write_tts_outputs(rows, offline, out_dir: str, title: str, batch_sizes, ids: list[str] | None = None,
+                      texts: list[str] | None = None) -> str:
+    """``bench-tts.md`` / ``.csv`` / ``.png`` (speed-up vs WER) in ``out_dir``, and with ``ids`` and ``texts``
+    ``bench-tts-sentences.csv`` (:func:`write_sentences`); returns the Markdown."""
     os.makedirs(out_dir, exist_ok=True)
     header = (["config", "WER % (pocketsphinx)", "CER %", "WER % (rayspec ASR)", "MCD dB", "acceptance %",
                "tokens / target pass", "target passes / audio s"]
@@ -189,6 +212,8 @@ def write_tts_outputs(rows, offline, out_dir: str, title: str, batch_sizes) -> s
     stem = os.path.join(out_dir, "bench-tts")
     text = write_table(stem, title, header, body, "\n".join(notes) + "\n")
     _plot(rows, stem + ".png", title, batch_sizes)
+    if ids and texts and any(r.asr_texts for r in rows):
+        write_sentences(rows, ids, texts, stem + "-sentences.csv")
     return text
 
 
@@ -253,7 +278,7 @@ def cmd_bench_tts(args) -> int:
         teacher = [teacher_example(voice, synth.codec, u.id, u.text) for u in utts]
     rows = run_tts_bench(synth, texts, real, tuple(args.batch_sizes), tuple(args.betas), tuple(args.thetas),
                          args.temperature, args.lookahead, args.seed, asr, args.groups, [a for _, a in teacher],
-                         args.repeats)
+                         args.repeats, args.speed)
     examples = [e for e, _ in teacher]
     if not examples and all(a is not None for a in real):
         with tempfile.TemporaryDirectory() as tmp:
@@ -272,6 +297,6 @@ def cmd_bench_tts(args) -> int:
              f"held-out sentences ({audio_s:.0f} s of {source} speech), temperature {args.temperature:g}, lookahead "
              f"{lookahead}, pcg groups from {args.groups} vectors, {threads} torch thread{'s' * (threads != 1)} + "
              f"the vocoder's thread, "
-             f"seed {args.seed}, fastest of {args.repeats} round-robin runs, MCD against {source} audio")
-    print(write_tts_outputs(rows, offline, args.output, title, tuple(args.batch_sizes)))
+             f"{f'speaking rate {args.speed:g}, ' if args.speed != 1 else ''}seed {args.seed}, fastest of {args.repeats} round-robin runs, MCD against {source} audio")
+    print(write_tts_outputs(rows, offline, args.output, title, tuple(args.batch_sizes), [u.id for u in utts], texts))
     return 0

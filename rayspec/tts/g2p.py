@@ -8,6 +8,13 @@ joined by ``|`` with ``_`` for a silent letter. Numbers become words with ``infl
 read in pairs); all-capital words of two to five letters outside the lexicon (``GPT``, ``USA``) are spelled letter by
 letter.
 
+Before that, :func:`normalize_text` writes out what is read differently from how it is written: ordinals (``14th``
+-> "fourteenth"), currency (``$5.50`` -> "five dollars fifty cents", ``£3 million`` -> "three million pounds"),
+percentages, ``&``, and the abbreviations of LJSpeech's README (``Mr.`` -> "mister", ``No. 5`` -> "number five",
+``St.`` -> "street" after a name, else "saint" before one), whose full stop is then no pause. (NeMo's text
+normaliser, Apache-2.0, covers more, but brings OpenFst through ``pynini`` and compiles its grammars at first use;
+``num2words`` is LGPL. ``inflect``, already needed for numbers, spells ordinals.)
+
 A sentence's IPA follows espeak-ng's output form, as Piper's ``phonemize_espeak`` gives it: a word's phonemes
 joined with no space, words separated by one space, punctuation kept where it stands (``həlˈoʊ, wˈɜːld.``).
 """
@@ -118,6 +125,61 @@ def word_ipa(word: str) -> str:
     return "".join(guess_phonemes(key))
 
 
+# Abbreviations read as words; their full stop is no sentence end (LJSpeech's README list, a few common ones more).
+# "No." and "St." depend on the words around them (see _ABBREVIATION_RE and _abbreviation).
+ABBREVIATIONS = {
+    "Mr": "mister", "Mrs": "missus", "Ms": "miz", "Dr": "doctor", "Drs": "doctors", "Co": "company", "Jr": "junior",
+    "Sr": "senior", "Maj": "major", "Gen": "general", "Rev": "reverend", "Lt": "lieutenant", "Hon": "honorable",
+    "Sgt": "sergeant", "Capt": "captain", "Esq": "esquire", "Ltd": "limited", "Col": "colonel", "Ft": "fort",
+    "Prof": "professor", "Mt": "mount", "Gov": "governor", "Sen": "senator", "Rep": "representative",
+    "vs": "versus", "etc": "et cetera", "approx": "approximately",
+}
+_ABBREVIATION_RE = re.compile(r"\b(" + "|".join(sorted(ABBREVIATIONS, key=len, reverse=True))
+                              + r")\.(?=\s|$|[,;:])|\b(No|no)\.(?=\s*\d)|\b(St)\.(?=\s|$)(\s*[A-Z])?")
+_ORDINAL = re.compile(r"\b(\d+(?:,\d{3})*)(st|nd|rd|th)\b", re.IGNORECASE)
+_CURRENCY = re.compile(r"([$£€])\s?(\d+(?:,\d{3})*)(?:\.(\d{1,2}))?(?:\s+(thousand|million|billion|trillion)\b)?")
+_CURRENCY_WORDS = {"$": ("dollar", "cent"), "£": ("pound", "penny"), "€": ("euro", "cent")}
+_PLURAL = {"penny": "pence"}
+_PERCENT = re.compile(r"(\d+(?:[.,]\d+)*)\s?%")
+
+
+def _abbreviation(m: re.Match) -> str:
+    if m.group(1):
+        return ABBREVIATIONS[m.group(1)] + ("." if m.group(1) == "etc" else "")  # "etc." ends sentences too
+    if m.group(2):
+        return "number"
+    after_name = re.search(r"\b[A-Z][a-z]+\s+$", m.string[:m.start()])  # "Fleet St.", then "St. Paul"
+    return "street" + (m.group(4) or "") if after_name or not m.group(4) else "saint" + m.group(4)
+
+
+def _currency(m: re.Match) -> str:
+    unit, sub = _CURRENCY_WORDS[m.group(1)]
+    whole, frac, scale = m.group(2), m.group(3), m.group(4)  # "1,500" keeps its comma: no year
+    if scale:  # "$5.5 million": the number as written, then the scale and the unit
+        amount = whole + ("." + frac if frac else "")
+        return f"{amount} {scale} {unit}s"
+    out = f"{whole} {unit}{'' if whole == '1' else 's'}"
+    cents = int(frac.ljust(2, "0")) if frac else 0
+    if cents:
+        out += f" {cents} {sub if cents == 1 else _PLURAL.get(sub, sub + 's')}"
+    return out
+
+
+def normalize_text(text: str) -> str:
+    """Text with what is not read as written spelled out: abbreviations (:data:`ABBREVIATIONS`; ``No.`` before a
+    number, ``St.`` as "street" after a capitalised word, else "saint" before one), ordinals (``21st`` ->
+    "twenty-first"),
+    currency (``$`` ``£`` ``€`` amounts, with cents/pence and thousand..trillion), percentages and ``&``. Cardinal
+    numbers and years stay digits (:func:`sentence_ipa` reads them)."""
+    text = _ABBREVIATION_RE.sub(_abbreviation, text)
+    text = _CURRENCY.sub(_currency, text)
+    text = _PERCENT.sub(r"\1 percent", text)
+    engine = require("inflect", "tts", "numbers in the English G2P").engine()
+    text = _ORDINAL.sub(lambda m: engine.number_to_words(m.group(1).replace(",", "") + m.group(2).lower(),
+                                                                andword=""), text)
+    return text.replace("&", " and ")
+
+
 def _number_words(number: str) -> list[str]:
     """Words of a number token (``"1,500"``, ``"3.14"``, ``"1984"``); digit by digit where ``inflect`` gives up."""
     engine = require("inflect", "tts", "numbers in the English G2P").engine()
@@ -135,10 +197,11 @@ def _number_words(number: str) -> list[str]:
 
 
 def sentence_ipa(text: str) -> str:
-    """espeak-ng-style IPA of a text: words' IPA separated by spaces, punctuation (``, . ; : ! ?``) attached to the
-    word before it, unpronounceable words dropped. '' when nothing is pronounceable."""
+    """espeak-ng-style IPA of a text (:func:`normalize_text` first): words' IPA separated by spaces, punctuation
+    (``, . ; : ! ?``) attached to the word before it, unpronounceable words dropped. '' when nothing is
+    pronounceable."""
     out: list[str] = []
-    for token in _TOKEN.findall(text.replace("-", " ")):
+    for token in _TOKEN.findall(normalize_text(text).replace("-", " ")):
         if token in PUNCTUATION:
             if out:
                 out[-1] += token

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from .g2p import PUNCTUATION, sentence_ipa
+from .g2p import ABBREVIATIONS, PUNCTUATION, sentence_ipa
 
 ARPABET = ("AA AE AH AO AW AY B CH D DH EH ER EY F G HH IH IY JH K L M N NG OW OY P R S SH T TH UH UW V W Y Z "
            "ZH").split()
@@ -41,6 +41,8 @@ _DROP = set("ˈˌː.‿-'̃ ")
 _STRESS = set("ˈˌ")  # belongs to the phone after it
 _BOUNDARY = set("^$") | set(PUNCTUATION)  # Piper's BOS / EOS and punctuation: a pause
 _WORD = re.compile(r"[A-Za-z0-9]+(?:['’][A-Za-z]+)*")
+_ABBREVIATION_END = re.compile(r"\b(?:" + "|".join([a for a in ABBREVIATIONS if a != "etc"] + ["No", "no", "St"])
+                               + r")\.$")
 _PAUSE = re.compile(r"[,;:.!?()\"—–]|--")
 
 
@@ -231,9 +233,16 @@ def text_to_phones(text: str, max_chars: int = MAX_TEXT_CHARS) -> PhoneSequence:
 
 
 def split_sentences(text: str, max_chars: int = 300) -> list[str]:
-    """Sentences of a text (ends at . ! ? followed by space), long ones cut at commas or spaces under
-    ``max_chars`` characters: the unit of synthesis and of streaming."""
-    parts = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s.strip()]
+    """Sentences of a text (ends at . ! ? followed by space, not after an abbreviation such as "Mr." or "No." before
+    a number), long ones cut at commas or spaces under ``max_chars`` characters: the unit of synthesis and of
+    streaming."""
+    parts: list[str] = []
+    for s in (s.strip() for s in re.split(r"(?<=[.!?])\s+", text.strip())):
+        if s and parts and _ABBREVIATION_END.search(parts[-1]) and (not parts[-1].lower().endswith("no.")
+                                                                   or s[0].isdigit()):
+            parts[-1] += " " + s
+        elif s:
+            parts.append(s)
     out = []
     for s in parts:
         while len(s) > max_chars:
