@@ -456,7 +456,8 @@ class Drafter:
             self.draft = WhisperASR.from_pretrained(draft or default_drafter(self.target.name, "draft"), device, dtype,
                                                     encoder_dtype, lean=True).pack_for_inference(chosen.int8)
             check_compatible(self.target, self.draft)
-            prepare_static_steps(self.draft, options.static_steps, options.cuda_graphs, options.max_graph_batch)
+            prepare_static_steps(self.draft, options.static_steps, options.cuda_graphs, options.max_graph_batch,
+                                 head=False)
         self.limits = limits or AudioLimits()
 
     @property

@@ -8,9 +8,11 @@ older version) and numpy, but no weights, no package index and none of jiwer, so
 manylinux), the bundled drafters of whisper-base with their weights stored as float16 (the GPU runs float16; a
 drafter loads them at its compute type), whisper-base's packaged files (its CTranslate2 ``model.bin`` parts, already
 float16, and support files, byte for byte: rayspec checks their SHA-256 at load) and the first ``--clips`` utterances
-of an LJSpeech manifest. It writes them as ONE xz-compressed tar in which the ``model.bin`` parts are byte-shuffled
-(each 2-byte float16 split into a plane of low and a plane of high bytes: exponents compress, mantissas do not;
-~0.84 of the raw size against ~0.89 unshuffled), and cuts that stream into ``.gpu/1 .. .gpu/N``, each small enough to
+of an LJSpeech manifest. It writes them as ONE xz-compressed tar (preset 9: its 64 MiB window finds transformers'
+near-duplicate model files) in which the wheels are unzipped (sources compress better in xz than in a wheel's
+deflate), and the float16 files (the ``model.bin`` parts, the drafters' weights) are byte-shuffled (each 2-byte
+value split into a plane of low and a plane of high bytes: exponents compress, mantissas do not; ~0.84 of the raw
+size against ~0.89 unshuffled), and cuts that stream into ``.gpu/1 .. .gpu/N``, each small enough to
 travel with the tree (``--budget-mib``, default 64, less the tree's bytes without ``rayspec/zoo``, which is moved out
 during the calls). whisper-base, its three drafters, the wheels and 40 clips take three pieces: two unpack calls,
 and the third carries the last piece and runs the benchmark.
@@ -42,6 +44,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import zipfile
 
 import numpy as np
 
@@ -102,7 +105,7 @@ def stream(staging: str, shuffled: tuple[str, ...] = ()) -> bytes:
                 info = tarfile.TarInfo(rel)
                 info.size = len(data)
                 tar.addfile(info, io.BytesIO(data))
-    return lzma.compress(buf.getvalue(), preset=6)
+    return lzma.compress(buf.getvalue(), preset=9)
 
 
 def cut(data: bytes, out: str, limit: int) -> list[str]:
@@ -126,11 +129,33 @@ def cut(data: bytes, out: str, limit: int) -> list[str]:
     return folders
 
 
-def stage_drafters(zoo: str, dst: str) -> None:
-    """Copy the whisper-base drafters of ``zoo`` into ``dst/zoo`` with their ``model.safetensors`` in float16."""
+def stage_wheels(wheels: str, dst: str) -> None:
+    """Each ``.whl`` of the folder ``wheels`` unzipped into ``dst/wheels/<wheel file name>/``: a wheel is a deflated
+    zip, and its Python sources compress several times better in the xz stream (transformers' near-duplicate model
+    files most of all); :func:`rezip` makes the wheel again on the device (pip checks the files against the wheel's
+    RECORD, not the zip)."""
+    for name in sorted(os.listdir(wheels)):
+        if name.endswith(".whl"):
+            with zipfile.ZipFile(os.path.join(wheels, name)) as z:
+                z.extractall(os.path.join(dst, "wheels", name))
+
+
+def rezip(folder: str, wheel: str) -> None:
+    """The wheel file ``wheel`` from a folder :func:`stage_wheels` unzipped (every file, paths relative to it)."""
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as z:
+        for d, _, files in sorted(os.walk(folder)):
+            for f in sorted(files):
+                path = os.path.join(d, f)
+                z.write(path, os.path.relpath(path, folder))
+
+
+def stage_drafters(zoo: str, dst: str) -> tuple[str, ...]:
+    """Copy the whisper-base drafters of ``zoo`` into ``dst/zoo`` with their ``model.safetensors`` in float16;
+    returns the weights files' relative paths (stored shuffled: safetensors aligns its data to 8 bytes)."""
     import torch
     from safetensors.torch import load_file, save_file
 
+    shuffled = []
     for name in DRAFTERS:
         src, out = os.path.join(zoo, name), os.path.join(dst, "zoo", name)
         os.makedirs(out)
@@ -139,8 +164,10 @@ def stage_drafters(zoo: str, dst: str) -> None:
                 weights = load_file(os.path.join(src, f))
                 save_file({k: v.half() if v.dtype == torch.float32 else v for k, v in weights.items()},
                           os.path.join(out, f))
+                shuffled.append(os.path.join("zoo", name, f))
             else:
                 shutil.copy(os.path.join(src, f), out)
+    return tuple(shuffled)
 
 
 def stage_clips(manifest: str, n: int, dst: str) -> None:
@@ -176,20 +203,21 @@ def stage_base(site: str, dst: str) -> tuple[str, ...]:
 def pack(args) -> int:
     tree = tree_bytes(ROOT)
     limit = args.budget_mib * MIB - tree - args.margin_kib * 1024
-    with tempfile.TemporaryDirectory() as staging:
-        if args.wheels:
-            os.makedirs(os.path.join(staging, "whl"))
+    with tempfile.TemporaryDirectory() as staging, tempfile.TemporaryDirectory() as downloads:
+        wheels = args.wheels_dir
+        if args.wheels and wheels is None:
             import transformers
 
+            wheels = downloads
             subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
                             "--python-version", "3.12", "--implementation", "cp", "--platform",
                             "manylinux_2_28_x86_64", "--platform", "manylinux_2_27_x86_64", "--platform",
-                            "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "-d",
-                            os.path.join(staging, "whl"), f"transformers=={transformers.__version__}", *WHEELS],
-                           check=True)
-        if args.zoo:
-            stage_drafters(args.zoo, staging)
-        shuffled = stage_base(args.site, staging) if args.site else ()
+                            "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "-d", wheels,
+                            f"transformers=={transformers.__version__}", *WHEELS], check=True)
+        if args.wheels:
+            stage_wheels(wheels, staging)
+        shuffled = stage_drafters(args.zoo, staging) if args.zoo else ()
+        shuffled += stage_base(args.site, staging) if args.site else ()
         if args.clips_manifest:
             stage_clips(args.clips_manifest, args.clips, staging)
         raw = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(staging) for f in fs)
@@ -242,11 +270,16 @@ def unpack(args) -> int:
                 f.write(raw)
     site = os.path.join(dest, "site")
     os.makedirs(site, exist_ok=True)
-    wheels = os.path.join(dest, "whl")
-    if os.path.isdir(wheels) and os.listdir(wheels):
+    unzipped = os.path.join(dest, "wheels")
+    if os.path.isdir(unzipped) and os.listdir(unzipped):
+        made = os.path.join(dest, "whl")
+        os.makedirs(made, exist_ok=True)
+        for name in sorted(os.listdir(unzipped)):
+            rezip(os.path.join(unzipped, name), os.path.join(made, name))
+        shutil.rmtree(unzipped)
         subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--no-compile",
                         "--no-cache-dir", "--upgrade", "--target", site]
-                       + sorted(os.path.join(wheels, w) for w in os.listdir(wheels)), check=True)
+                       + sorted(os.path.join(made, w) for w in os.listdir(made)), check=True)
     for pkg in BASE:  # stub metadata: rayspec finds the model files through importlib.metadata
         src = os.path.join(dest, "base", pkg)
         if not os.path.isdir(src):
@@ -280,6 +313,7 @@ def main(argv=None) -> int:
     k.add_argument("--site", help="site-packages holding whisper-base's packages (default: this Python's)")
     k.add_argument("--zoo", default=os.path.join(ROOT, "rayspec", "zoo"), help="the bundled drafters' folder")
     k.add_argument("--no-wheels", dest="wheels", action="store_false", help="leave the wheels out")
+    k.add_argument("--wheels-dir", help="take the wheels from this folder instead of pip download")
     u = sub.add_parser("unpack", help="keep one piece; the last one assembles and installs")
     u.add_argument("piece", help="a piece's folder (.gpu/N)")
     u.add_argument("--dest", default="/tmp/gpu")

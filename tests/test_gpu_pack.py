@@ -1,10 +1,12 @@
 """scripts/gpu_pack.py: the pieces a GPU run with real weights travels in, packed and unpacked on the CPU (fake model
-files, drafters and clips; no wheels): byte-for-byte model parts, float16 drafters, a missing piece refused."""
+files, drafters, clips and wheel): byte-for-byte model parts, float16 drafters, the wheel installed, a missing piece
+refused."""
 
 import hashlib
 import importlib.util
 import json
 import os
+import zipfile
 
 import numpy as np
 import pytest
@@ -48,6 +50,15 @@ def _fake_inputs(tmp):
     for i in range(3):
         (tmp / "lj" / "wavs" / f"{i}.wav").write_bytes(bytes([i]) * 100)
     (tmp / "lj" / "clips.jsonl").write_text("".join(json.dumps({"audio": f"wavs/{i}.wav"}) + "\n" for i in range(3)))
+    (tmp / "whl").mkdir()
+    info = "fakepkg-1.0.dist-info"
+    files = {"fakepkg/__init__.py": "X = 1\n",
+             f"{info}/METADATA": "Metadata-Version: 2.1\nName: fakepkg\nVersion: 1.0\n",
+             f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    with zipfile.ZipFile(tmp / "whl" / "fakepkg-1.0-py3-none-any.whl", "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
     return site, zoo, parts, drafters
 
 
@@ -55,7 +66,8 @@ def test_pack_and_unpack_round_trip(tmp_path, capsys):
     site, zoo, parts, drafters = _fake_inputs(tmp_path)
     out, dest = tmp_path / "pieces", tmp_path / "device"
     budget = gpu_pack.tree_bytes() // gpu_pack.MIB + 2  # a piece of ~1-2 MiB: the fake weights take 2 or more
-    assert gpu_pack.main(["pack", "-o", str(out), "--budget-mib", str(budget), "--no-wheels", "--site", str(site),
+    assert gpu_pack.main(["pack", "-o", str(out), "--budget-mib", str(budget), "--wheels-dir", str(tmp_path / "whl"),
+                          "--site", str(site),
                           "--zoo", str(zoo), "--clips-manifest", str(tmp_path / "lj" / "clips.jsonl"),
                           "--clips", "2"]) == 0
     pieces = sorted(os.listdir(out), key=int)
@@ -79,6 +91,7 @@ def test_pack_and_unpack_round_trip(tmp_path, capsys):
     env = (dest / "env.sh").read_text()
     assert f"{dest}/site" in env and "RAYSPEC_CACHE" in env and "rayspec/zoo" in env
     assert not (dest / "pieces").exists()
+    assert (dest / "site" / "fakepkg" / "__init__.py").read_text() == "X = 1\n"  # the wheel, re-zipped, installed
 
 
 def test_a_budget_the_tree_fills_is_refused(tmp_path):

@@ -305,8 +305,8 @@ def _fail_capture(monkeypatch):
     def boom(*args, **kwargs):
         raise RuntimeError("simulated capture failure")
 
-    def attach(model, max_batch=64, max_query=16, graphs=None, warm_up=True):
-        steps = StaticSteps(model, max_batch, max_query).attach()
+    def attach(model, max_batch=64, max_query=16, graphs=None, warm_up=True, head_nodes=256):
+        steps = StaticSteps(model, max_batch, max_query, head_nodes=head_nodes).attach()
         steps.graphs_enabled = True  # as on CUDA
         if warm_up:
             steps.warm_up()

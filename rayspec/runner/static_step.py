@@ -527,20 +527,19 @@ class StaticSteps:
 
 
 def attach_static_steps(model, max_batch: int = DEFAULT_MAX_BATCH, max_query: int = DEFAULT_MAX_QUERY,
-                        graphs: Optional[bool] = None, warm_up: bool = True) -> StaticSteps:
+                        graphs: Optional[bool] = None, warm_up: bool = True, head_nodes: int = HEAD_NODES
+                        ) -> StaticSteps:
     """Attach :class:`StaticSteps` to ``model`` (a :class:`~rayspec.models.whisper.WhisperASR` with a decoder) and,
     with ``warm_up``, allocate its slots, capture its graphs and time its buckets now (at load, before any job).
-    Returns the steps (``.stats`` has the capture time and memory)."""
-    steps = StaticSteps(model, max_batch, max_query, graphs).attach()
+    ``head_nodes`` as :class:`StaticSteps`. Returns the steps (``.stats`` has the capture time and memory)."""
+    steps = StaticSteps(model, max_batch, max_query, graphs, head_nodes).attach()
     if warm_up:
         steps.warm_up()
     return steps
 
 
-
-
 def prepare_static_steps(model, mode: str = "auto", cuda_graphs: bool = True,
-                         max_batch: int = DEFAULT_MAX_BATCH) -> Optional[StaticSteps]:
+                         max_batch: int = DEFAULT_MAX_BATCH, head: bool = True) -> Optional[StaticSteps]:
     """Give a loaded model its static-shape steps as the options ask, warmed up (slots allocated, graphs captured,
     buckets timed) before it takes work; what the engine calls where it loads a decoder (``rayspec.pipeline``).
 
@@ -550,6 +549,8 @@ def prepare_static_steps(model, mode: str = "auto", cuda_graphs: bool = True,
             only, and only with ``cuda_graphs``; on a CPU a test and benchmark option); "off": none.
         cuda_graphs: capture the steps as CUDA graphs (``--no-cuda-graphs``: off).
         max_batch: the largest batch bucket (``--max-graph-batch``).
+        head: also the steps with the verification head (:data:`HEAD_NODES`): for a target; a draft model, which
+            never verifies, skips their capture.
 
     Returns:
         The steps (``.stats`` holds the capture time and memory; after a failed capture they are detached, the model
@@ -565,7 +566,8 @@ def prepare_static_steps(model, mode: str = "auto", cuda_graphs: bool = True,
     wanted = mode == "on" or (mode == "auto" and cuda and cuda_graphs)
     if not wanted or not model.has_decoder or model.static_steps is not None:
         return None
-    steps = attach_static_steps(model, max_batch=max_batch, graphs=cuda and cuda_graphs)
+    steps = attach_static_steps(model, max_batch=max_batch, graphs=cuda and cuda_graphs,
+                                head_nodes=HEAD_NODES if head else 0)
     st = steps.stats
     if st.fallback:
         return steps  # warm_up warned
