@@ -340,7 +340,7 @@ def test_a_failed_capture_detaches_to_the_dynamic_path_loudly(tiny_target, monke
 
 def test_the_head_step_gives_the_dynamic_scores_in_one_copy_each_way(tiny_target):
     """verify_greedy (staged inputs, projection + suppression + argmax in the step, one read back) gives score_tree's
-    verdicts, argmaxes and log-probabilities of the dynamic path, on a padded bucket (3 rows of 3 nodes in 4 x 4)."""
+    verdicts, argmaxes and log-probabilities of the dynamic path, on a padded bucket (3 rows in 4 x 4)."""
     import numpy as np
 
     from rayspec.spec_decode.acceptance import GREEDY, score_tree
@@ -364,11 +364,12 @@ def test_the_head_step_gives_the_dynamic_scores_in_one_copy_each_way(tiny_target
             cache = t.new_cache(enc, 20)
             assert steps.takes_head(cache, 3, trees.sizes.max())
             got, hidden = steps.verify_greedy(cache, trees.layout(t.eos_token_id, first))
-            assert cache.pending == 3 and hidden.shape[:2] == (3, 3)
+            q = int(trees.sizes.max())  # the prompt and a two-token draft
+            assert cache.pending == q and hidden.shape[:2] == (3, q)
             assert steps.stats.head_steps == 1 and (4, 4) in steps._inputs
         finally:
             steps.detach()
-    valid = np.arange(3)[None, :] < trees.sizes[:, None]
+    valid = np.arange(q)[None, :] < trees.sizes[:, None]
     for plane in range(3):
         np.testing.assert_array_equal(got[plane][valid], want[plane][valid])
     if no_speech is not None:
