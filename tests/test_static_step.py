@@ -340,7 +340,8 @@ def test_a_failed_capture_detaches_to_the_dynamic_path_loudly(tiny_target, monke
 
 def test_the_head_step_gives_the_dynamic_scores_in_one_copy_each_way(tiny_target):
     """verify_greedy (staged inputs, projection + suppression + argmax in the step, one read back) gives score_tree's
-    verdicts, argmaxes and log-probabilities of the dynamic path, on a padded bucket (3 rows in 4 x 4)."""
+    verdicts and argmaxes of the dynamic path, and its log-probabilities to float32 rounding, on a padded bucket (3 rows
+    in 4 x 4)."""
     import numpy as np
 
     from rayspec.spec_decode.acceptance import GREEDY, score_tree
@@ -370,8 +371,10 @@ def test_the_head_step_gives_the_dynamic_scores_in_one_copy_each_way(tiny_target
         finally:
             steps.detach()
     valid = np.arange(q)[None, :] < trees.sizes[:, None]
-    for plane in range(3):
+    for plane in range(2):  # verdicts and argmax tokens: exact
         np.testing.assert_array_equal(got[plane][valid], want[plane][valid])
+    # log-probabilities: float32 sums over other shapes round their last bits differently (measured: 2e-9 relative)
+    np.testing.assert_allclose(got[2].view(np.float64)[valid], want[2].view(np.float64)[valid], rtol=1e-6)
     if no_speech is not None:
         np.testing.assert_allclose(got[3, :, 0].view(np.float64), no_speech.double().numpy(), rtol=1e-6)
 
