@@ -159,3 +159,13 @@ def as_compute_type(value, device: str = "cpu") -> ComputeType:
     if isinstance(value, torch.dtype):
         return ComputeType(name_of(value), value, "as asked")
     return resolve(value, device)
+
+
+def synchronize(device) -> None:
+    """Wait for the work queued on ``device`` (``torch.cuda.synchronize`` on a CUDA device; nothing elsewhere): a
+    timing split between two phases that run on an accelerator (encoding, then decoding) must end each phase here,
+    or the first phase's queued kernels are charged to the second."""
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)

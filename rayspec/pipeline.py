@@ -30,7 +30,7 @@ import torch
 
 from .audio import AudioError, AudioLimits, load_audio
 from .batching import BatchBudget
-from .compute import as_compute_type, label as compute_type_label
+from .compute import as_compute_type, label as compute_type_label, synchronize
 from .decoding.common import DecodeStats, Hypothesis, compression_ratio, token_cap
 from .decoding.beam import beam_decode
 from .decoding.beam_speculative import LookupDrafter, speculative_beam_decode
@@ -301,15 +301,19 @@ def decode_batch(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
 
     Args:
         timings: if given, seconds are added to its ``"encode"`` (the drafting side: features, encoders, CTC head)
-            and ``"decode"`` (the target side, draft passes included) entries.
+            and ``"decode"`` (the target side, draft passes included) entries, each phase ended by a device
+            synchronisation on CUDA (:func:`~rayspec.compute.synchronize`).
         keys: ``B`` stable keys that seed sampled rows (e.g. utterance ids; default the row indices).
     """
     t0 = time.perf_counter()
     encoded = encode_audio(target, options, audios, durations, draft, ctc, keys)
+    if timings is not None:  # the encoder's queued GPU work is the encode side's
+        synchronize(target.device)
     t1 = time.perf_counter()
     proposers = local_proposers(draft, encoded, speculation_options(options)) if needs_draft(options) else None
     hyps = decode_encoded(target, options, encoded, proposers)
     if timings is not None:
+        synchronize(target.device)
         timings["encode"] = timings.get("encode", 0.0) + t1 - t0
         timings["decode"] = timings.get("decode", 0.0) + time.perf_counter() - t1
     return hyps
@@ -452,7 +456,8 @@ class Drafter:
             self.draft = WhisperASR.from_pretrained(draft or default_drafter(self.target.name, "draft"), device, dtype,
                                                     encoder_dtype, lean=True).pack_for_inference(chosen.int8)
             check_compatible(self.target, self.draft)
-            prepare_static_steps(self.draft, options.static_steps, options.cuda_graphs, options.max_graph_batch)
+            prepare_static_steps(self.draft, options.static_steps, options.cuda_graphs, options.max_graph_batch,
+                                 head=False)
         self.limits = limits or AudioLimits()
 
     @property
@@ -536,6 +541,7 @@ class Drafter:
             encoded = encode_audio(self.target, self.options, rows, [len(x) / rate for x in rows], self.draft,
                                    self.ctc, keys[s:e], [utterances[i].request for i in owners[s:e]],
                                    [k == 0 for k in segment[s:e]])
+            synchronize(self.target.device)  # encode_s holds the encoder's GPU work, not the decoder's first round
             activity = ([speech_activity(x, rate) for x in rows]
                         if self.options.timestamps == "word" and self.options.refine_words else [])
             for r in range(s, min(e, len(pieces))):

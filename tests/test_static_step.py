@@ -1,6 +1,8 @@
 """Static-shape decoder steps (rayspec.runner.static_step): KV slots, batch/query buckets and masks give the tokens
-and counters of the dynamic path for every method at batch 1 and 4, continuous refill included; the step has no
-host sync (it compiles with fullgraph=True)."""
+and counters of the dynamic path for every method at batch 1 and 4, continuous refill included, with the step's head
+(projection, suppression and greedy argmax inside the step) where a round allows it; the step has no host sync (it
+compiles with fullgraph=True); a failed capture detaches to the dynamic path; the GPU smoke check and bench script run
+end to end on a CPU."""
 
 import pytest
 import torch
@@ -111,6 +113,7 @@ def test_static_steps_give_the_dynamic_tokens_for_every_method(request, fixture,
         assert static[key] == dynamic[key], key
     target_steps = steps[0].stats
     assert target_steps.eager_steps > 100 and target_steps.graph_steps == 0
+    assert target_steps.head_steps > 50  # most rounds ran the step with its head (projection and argmax inside)
     assert target_steps.declined_caches < target_steps.eager_steps / 10  # nearly every cache lived in the slots
 
 
@@ -167,6 +170,29 @@ def test_static_step_compiles_without_graph_breaks(tiny_target):
             compiled = torch.compile(steps.step, fullgraph=True, dynamic=False)
             got = compiled(inputs)
         torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-4)
+    finally:
+        steps.detach()
+
+
+def test_head_step_compiles_without_graph_breaks(tiny_target):
+    """The head step (projection, suppression, argmax and verdicts after the decoder) compiles with fullgraph=True
+    too, staged inputs included, and gives the eager step's scores."""
+    import numpy as np
+
+    from rayspec.spec_decode.tree import DraftTree, TokenTrees
+
+    steps = StaticSteps(tiny_target, max_batch=2, max_query=4).attach()
+    try:
+        with torch.inference_mode():
+            cache = tiny_target.new_cache(_encode(tiny_target, AUDIO[:2]), 20)
+            trees = TokenTrees.build([[1, 2], [4]], [DraftTree([3], [-1]), DraftTree([5, 6], [-1, 0])])
+            inputs = steps.inputs(2, 4)
+            inputs.stage(trees.layout(0, trees.roots.copy()), cache.host_lengths)
+            _, eager = steps.head_step(inputs)
+            eager = eager.clone()
+            torch._dynamo.reset()
+            _, got = torch.compile(steps.head_step, fullgraph=True, dynamic=False)(inputs)
+        np.testing.assert_array_equal(got[:2].numpy(), eager[:2].numpy())  # verdicts, argmax tokens
     finally:
         steps.detach()
 
@@ -244,7 +270,7 @@ def test_gpu_bench_suite_writes_every_table(tmp_path, tiny_fixed, monkeypatch):
     import rayspec.bench.gpu as gpu
     from rayspec.cli import main
 
-    monkeypatch.setattr(gpu, "random_models", lambda device, dtype: (tiny_fixed, None, None))
+    monkeypatch.setattr(gpu, "random_models", lambda device, dtype, **kw: (tiny_fixed, None, None))
     monkeypatch.setattr(gpu, "RANDOM_CLIP_S", 2.0)
     out = tmp_path / "gpu"
     try:
@@ -258,5 +284,129 @@ def test_gpu_bench_suite_writes_every_table(tmp_path, tiny_fixed, monkeypatch):
     assert sum("| ar | static |" in r for r in rows) == 2 and sum("| ar | dynamic |" in r for r in rows) == 2
     assert "| rayspec | rayspec ar (static) | 2 | 3 |" in (out / "bench-gpu-peers.md").read_text()
     assert "3/3" in (out / "bench-gpu-peers.md").read_text()
-    assert json.loads((out / "gpu-env.json").read_text())["random_weights"] is True
+    env = json.loads((out / "gpu-env.json").read_text())
+    assert env["random_weights"] is True and env["capture_error"] == ""
+    assert set(env["steps"]) == {"static", "dynamic"}
+    passes = (out / "bench-gpu-passes.md").read_text()
+    assert "dynamic + projection" in passes and "graph + head (projection, rules, argmax)" in passes
     assert tiny_fixed.static_steps is None  # detached after the suite
+
+
+def _ar_tokens(target, n=3, cap=6):
+    with torch.inference_mode():
+        return [h.tokens for h in greedy_decode(target, _encode(target, AUDIO[:n]), [cap] * n)]
+
+
+def _fail_capture(monkeypatch):
+    """Capture that raises, and static steps that try it as on a CUDA device (graphs on)."""
+    import rayspec.runner.cuda_graphs as cuda_graphs
+    import rayspec.runner.static_step as static_step
+
+    def boom(*args, **kwargs):
+        raise RuntimeError("simulated capture failure")
+
+    def attach(model, max_batch=64, max_query=16, graphs=None, warm_up=True, head_nodes=256):
+        steps = StaticSteps(model, max_batch, max_query, head_nodes=head_nodes).attach()
+        steps.graphs_enabled = True  # as on CUDA
+        if warm_up:
+            steps.warm_up()
+        return steps
+
+    monkeypatch.setattr(cuda_graphs, "capture_steps", boom)
+    monkeypatch.setattr(static_step, "attach_static_steps", attach)
+
+
+def test_a_failed_capture_detaches_to_the_dynamic_path_loudly(tiny_target, monkeypatch, tmp_path):
+    """A capture that fails leaves no eager static steps behind: the model decodes dynamically (same tokens, no static
+    step run), with a RuntimeWarning, the error in the stats, and in the GPU bench a row label, a table note and a
+    field of gpu-env.json's kind."""
+    import rayspec.bench.gpu as gpu
+    from rayspec.runner.static_step import prepare_static_steps
+
+    _fail_capture(monkeypatch)
+    want = _ar_tokens(tiny_target)
+    with pytest.warns(RuntimeWarning, match="dynamic path"):
+        steps = prepare_static_steps(tiny_target, "on", max_batch=2)
+    assert tiny_target.static_steps is None and steps.stats.fallback == "dynamic"
+    assert "simulated capture failure" in steps.stats.capture_error and not steps._storage  # slots freed
+    assert _ar_tokens(tiny_target) == want
+    assert steps.stats.eager_steps == steps.stats.graph_steps == 0
+    with pytest.warns(RuntimeWarning):
+        label, info = gpu._set_steps((tiny_target, None, None), True, 2)
+    assert label == gpu.CAPTURE_FAILED and "simulated capture failure" in info["capture_error"]
+    text = gpu.write_tables(str(tmp_path), "t", [], [], [], [], {label: info})
+    assert "CUDA-graph capture failed" in text and "simulated capture failure" in text
+
+
+def test_the_head_step_gives_the_dynamic_scores_in_one_copy_each_way(tiny_target):
+    """verify_greedy (staged inputs, projection + suppression + argmax in the step, one read back) gives score_tree's
+    verdicts and argmaxes of the dynamic path, and its log-probabilities to float32 rounding, on a padded bucket (3 rows
+    in 4 x 4)."""
+    import numpy as np
+
+    from rayspec.spec_decode.acceptance import GREEDY, score_tree
+    from rayspec.spec_decode.gumbel import token_logprobs
+    from rayspec.spec_decode.tree import DraftTree, TokenTrees
+
+    t = tiny_target
+    trees = TokenTrees.build([t.prompt_ids] * 3, [DraftTree([11, 12], [-1, 0]), DraftTree([13], [-1]), DraftTree()])
+    first = trees.roots.copy()
+    with torch.inference_mode():
+        enc = _encode(t, AUDIO[:3])
+        cache = t.new_cache(enc, 20)
+        dev = trees.to_device(t.eos_token_id, first, cache.device)
+        raw = t.project(t.decode_hidden(cache, dev.tokens, dev.ancestors, dev.depths))
+        logits = t.suppress(raw, dev.host["first"])
+        lp = token_logprobs(logits, logits.argmax(-1)).view(torch.int64)[None]
+        want = score_tree(logits, dev, GREEDY, lp)
+        no_speech = t.no_speech_probability(raw[:, 0])
+        steps = StaticSteps(t, max_batch=4, max_query=4).attach()
+        try:
+            cache = t.new_cache(enc, 20)
+            assert steps.takes_head(cache, 3, trees.sizes.max())
+            got, hidden = steps.verify_greedy(cache, trees.layout(t.eos_token_id, first))
+            q = int(trees.sizes.max())  # the prompt and a two-token draft
+            assert cache.pending == q and hidden.shape[:2] == (3, q)
+            assert steps.stats.head_steps == 1 and (4, 4) in steps._inputs
+        finally:
+            steps.detach()
+    valid = np.arange(q)[None, :] < trees.sizes[:, None]
+    for plane in range(2):  # verdicts and argmax tokens: exact
+        np.testing.assert_array_equal(got[plane][valid], want[plane][valid])
+    # log-probabilities: float32 sums over other shapes round their last bits differently (measured: 2e-9 relative)
+    np.testing.assert_allclose(got[2].view(np.float64)[valid], want[2].view(np.float64)[valid], rtol=1e-6)
+    if no_speech is not None:
+        np.testing.assert_allclose(got[3, :, 0].view(np.float64), no_speech.double().numpy(), rtol=1e-6)
+
+
+def test_gpu_smoke_check_runs_on_a_cpu_and_stops_the_bench_script_when_it_fails(tmp_path):
+    """python -m rayspec.bench.gpu_smoke on a CPU (tiny random model): capture and replay skipped, ar tokens with the
+    static steps (their head included) equal the dynamic path's; scripts/gpu_bench.sh runs it first and then the suite
+    end to end (tiny settings), and stops before the suite with a clear message when it fails."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from rayspec.bench.gpu_smoke import main
+
+    assert main(["--device", "cpu", "--tiny", "--clips", "2", "--tokens", "8", "-o", str(tmp_path / "s")]) == 0
+    report = json.loads((tmp_path / "s" / "smoke.json").read_text())
+    assert report["passed"] and report["capture"].startswith("skipped")
+    assert report["tokens"]["identical_batch1"] == report["tokens"]["identical_batch2"] == 2
+    assert report["tokens"]["head_steps"] > 0
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, DEVICE="cpu", DTYPE="float32", SIZE="tiny", BATCHES="1 2", CLIPS="2", REPEATS="1",
+               TOKENS="16", COLD="", PARTS="random", EXTRA="--no-hf", SMOKE_ARGS="--clips 2 --tokens 8",
+               RANDOM_S="600", SMOKE_S="300", PYTHON=sys.executable, OUT=str(tmp_path / "ok"))
+    run = subprocess.run(["bash", "scripts/gpu_bench.sh"], cwd=root, env=env, capture_output=True, text=True,
+                         check=False)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "== smoke: passed" in run.stdout and "== random: exit 0" in run.stdout
+    assert (tmp_path / "ok" / "gpu" / "random" / "bench-gpu-passes.md").exists()
+    env.update(OUT=str(tmp_path / "bad"), SMOKE_ARGS="--clips 2 --tokens 8 --min-identical 1.5")  # cannot pass
+    run = subprocess.run(["bash", "scripts/gpu_bench.sh"], cwd=root, env=env, capture_output=True, text=True,
+                         check=False)
+    assert run.returncode == 1 and "SMOKE CHECK FAILED" in run.stdout and "no benchmark was run" in run.stdout
+    assert not (tmp_path / "bad" / "gpu" / "random").exists()

@@ -41,7 +41,7 @@ from ..decoding.common import DEFAULT_MAX_TOKENS_PER_SECOND, Hypothesis, token_c
 from ..decoding.medusa_proposer import SPARSE_TREE
 from ..decoding.options import MedusaOptions, SSDOptions, SpeculationOptions
 from ..metrics import error_rates
-from ..compute import resolve
+from ..compute import resolve, synchronize
 from ..pipeline import DecodeOptions, decode_batch, encode_audio, stream_decode
 from .tables import write_table
 
@@ -228,12 +228,14 @@ def _run(name, options, models, audios, durations, batches, timings: dict) -> li
             for k, b in enumerate(order):
                 t0 = time.perf_counter()
                 e = encode_audio(target, options, [audios[i] for i in b], [durations[i] for i in b], draft, ctc)
+                synchronize(target.device)  # the encoder's GPU work is the encode side's
                 spent[0] += time.perf_counter() - t0
                 yield k, e
 
         t0 = time.perf_counter()
         for (k, r), h in stream_decode(target, options, encoded(), max(len(b) for b in batches), draft):
             out[order[k][r]] = h
+        synchronize(target.device)
         timings["encode"] = timings.get("encode", 0.0) + spent[0]
         timings["decode"] = timings.get("decode", 0.0) + time.perf_counter() - t0 - spent[0]
         return [out[i] for i in range(len(audios)) if i in out]
@@ -377,21 +379,25 @@ def write_outputs(rows: list[BenchRow], out_dir: str, title: str, suite: str, no
 
 
 @torch.inference_mode()
-def decoder_pass_ms(model, encoder_output, batch: int, passes: int = 200) -> float:
+def decoder_pass_ms(model, encoder_output, batch: int, passes: int = 200, project: bool = True) -> float:
     """Mean wall time in milliseconds of one decoder pass of ``model`` over one new token per row, ``batch`` rows
-    that all read ``encoder_output``'s first row (the best of 3 runs of ``passes`` passes, after a warm-up run),
-    read out as decoding does: over the model's own vocabulary where it lists one (a draft's), else all tokens."""
+    that all read ``encoder_output``'s first row (the best of 3 runs of ``passes`` passes, after a warm-up run; each
+    run ends with a device synchronisation on CUDA), read out as decoding does with ``project``: over the model's own
+    vocabulary where it lists one (a draft's), else all tokens; without ``project``, the decoder layers alone."""
     enc = encoder_output.select(torch.zeros(batch, dtype=torch.long, device=encoder_output.states.device))
     cache = model.new_cache(enc, passes + 1)
     tokens = torch.full((batch, 1), model.prompt_ids[0], device=model.device)
     kept, times, first = np.zeros((batch, 1), dtype=np.int64), [], np.zeros(batch, dtype=bool)
     for _ in range(4):
         cache.crop([0] * batch)
+        synchronize(model.device)
         t0 = time.perf_counter()
         for _ in range(passes):
             hidden = model.decode_hidden(cache, tokens)[:, 0]
-            model.readout_logits(hidden, first) if model.vocabulary else model.project(hidden)
+            if project:
+                model.readout_logits(hidden, first) if model.vocabulary else model.project(hidden)
             cache.commit(kept, np.ones(batch, dtype=np.int64))
+        synchronize(model.device)
         times.append((time.perf_counter() - t0) / passes)
     return 1e3 * min(times[1:])  # the first run is the warm-up
 

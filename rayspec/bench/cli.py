@@ -178,6 +178,8 @@ def add_bench_parser(sub) -> None:
     g.add_argument("--random-weights", action="store_true",
                    help="whisper-base's architecture with random weights, no drafters: speed only, every utterance "
                         "forced to --tokens tokens (seeded noise clips unless a manifest is given)")
+    g.add_argument("--random-size", choices=("base", "tiny"), default="base",
+                   help="with --random-weights: whisper-base's layers (default) or a tiny decoder (CI on a CPU)")
     g.add_argument("--clips", type=int, default=40, help="the first N clips of the manifests (default 40)")
     g.add_argument("--cold-methods", default="ar,ctc-draft",
                    help="methods timed as the first job of a fresh process, comma-separated (default ar,ctc-draft; "

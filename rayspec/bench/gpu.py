@@ -44,7 +44,7 @@ import torch
 from ..batching import BatchBudget, plan_batches
 from ..compute import name_of
 from ..pipeline import DecodeOptions
-from ..runner.static_step import BATCH_BUCKETS, StaticSteps, bucket, prepare_static_steps
+from ..runner.static_step import BATCH_BUCKETS, HEAD_NODES, StaticSteps, bucket, prepare_static_steps
 from .tables import write_table
 
 BIG_BATCH = 64  # from this batch size on, the clips are decoded COPIES times over (LJSpeech's 40 clips x 4 = 160)
@@ -53,26 +53,42 @@ RANDOM_CLIP_S = 6.9  # synthetic clips of --random-weights: LJSpeech's first 40 
 PASS_QUERIES = (1, 2, 4, 8, 16)
 
 
-def random_models(device: str, dtype: torch.dtype, seed: int = 0):
+RANDOM_SIZES = {  # --random-size: whisper-base's decoder shape, or a small one for CI on a CPU
+    "base": dict(d_model=512, encoder_layers=6, decoder_layers=6, encoder_attention_heads=8,
+                 decoder_attention_heads=8, encoder_ffn_dim=2048, decoder_ffn_dim=2048),
+    "tiny": dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
+                 decoder_attention_heads=4, encoder_ffn_dim=128, decoder_ffn_dim=128),
+}
+
+
+def random_models(device: str, dtype: torch.dtype, seed: int = 0, size: str = "base"):
     """whisper-base's architecture with random weights as ``(target, None, None)`` (no drafters), the English-only
-    prompt ``<|startoftranscript|><|notimestamps|>`` and no suppress lists; built in memory (nothing is written)."""
+    prompt ``<|startoftranscript|><|notimestamps|>`` and no suppress lists; built in memory (nothing is written).
+    ``size`` "tiny" keeps the vocabulary, prompt and encoder window but shrinks the layers (:data:`RANDOM_SIZES`):
+    the suite and its smoke check end to end on a CPU in seconds.
+
+    Raises:
+        ValueError: an unknown ``size``.
+    """
     from transformers import GenerationConfig, WhisperConfig, WhisperFeatureExtractor, WhisperForConditionalGeneration
 
     from ..models.stock_whisper import EOT, NO_TIMESTAMPS, SOT
     from ..models.whisper import WhisperASR
 
+    if size not in RANDOM_SIZES:
+        raise ValueError(f"random model size {size!r} is not one of {', '.join(RANDOM_SIZES)}")
     torch.manual_seed(seed)
-    cfg = WhisperConfig(vocab_size=51865, num_mel_bins=80, d_model=512, encoder_layers=6, decoder_layers=6,
-                        encoder_attention_heads=8, decoder_attention_heads=8, encoder_ffn_dim=2048,
-                        decoder_ffn_dim=2048, max_source_positions=1500, max_target_positions=448, pad_token_id=EOT,
-                        bos_token_id=EOT, eos_token_id=EOT, decoder_start_token_id=SOT, tie_word_embeddings=True)
+    cfg = WhisperConfig(vocab_size=51865, num_mel_bins=80, max_source_positions=1500, max_target_positions=448,
+                        pad_token_id=EOT, bos_token_id=EOT, eos_token_id=EOT, decoder_start_token_id=SOT,
+                        tie_word_embeddings=True, **RANDOM_SIZES[size])
     cfg._attn_implementation = "sdpa"
     model = WhisperForConditionalGeneration(cfg).to(device=device, dtype=dtype).eval()
     gen = GenerationConfig(decoder_start_token_id=SOT, eos_token_id=EOT, pad_token_id=EOT, bos_token_id=EOT,
                            no_timestamps_token_id=NO_TIMESTAMPS, max_length=448, suppress_tokens=[],
                            begin_suppress_tokens=[], is_multilingual=False)
     model.generation_config = gen
-    target = WhisperASR(model, WhisperFeatureExtractor(feature_size=80), None, gen, name="whisper-base (random)")
+    name = "whisper-base (random)" if size == "base" else f"whisper {size} (random)"
+    target = WhisperASR(model, WhisperFeatureExtractor(feature_size=80), None, gen, name=name)
     return target, None, None
 
 
@@ -115,24 +131,35 @@ def configs(args, random: bool) -> list[tuple[str, DecodeOptions]]:
     return [(name, replace(o, speculate_max_rows=0)) for name, o in method_defaults(args.medusa)]
 
 
-def _set_steps(models, on: bool, max_batch: int) -> tuple[str, float, int]:
-    """Attach (``on``) or detach the static steps of the target and the draft model; returns the steps' label, the
-    capture (warm-up) seconds and the bytes they hold."""
-    seconds, held = 0.0, 0
-    for m in models[:2]:
+CAPTURE_FAILED = "dynamic (capture failed)"
+
+
+def _set_steps(models, on: bool, max_batch: int) -> tuple[str, dict]:
+    """Attach (``on``) or detach the static steps of the target and the draft model; returns the steps' label
+    (``graphs``, ``static`` on a CPU, ``dynamic``, or :data:`CAPTURE_FAILED` where capture failed and the steps fell
+    back to the dynamic path) and ``{"seconds": warm-up s, "allocated": bytes, "reserved": bytes, "capture_error":
+    str}`` summed over both models."""
+    info = dict(seconds=0.0, allocated=0, reserved=0, capture_error="")
+    label = "dynamic"
+    for k, m in enumerate(models[:2]):
         if m is None:
             continue
         if m.static_steps is not None:
             m.static_steps.detach()
-        if on:
-            steps = prepare_static_steps(m, "on", True, max_batch)
-            seconds, held = seconds + steps.stats.warm_up_seconds, held + steps.stats.memory_bytes
-    if not on:
-        return "dynamic", 0.0, 0
-    steps = models[0].static_steps
-    if steps.stats.capture_error:
-        print(f"capture failed: {steps.stats.capture_error}", file=sys.stderr)
-    return ("graphs" if steps.graphs_enabled else "static"), seconds, held
+        if not on:
+            continue
+        steps = prepare_static_steps(m, "on", True, max_batch, head=k == 0)  # the draft model never verifies
+        st = steps.stats
+        info["seconds"] += st.warm_up_seconds
+        info["allocated"] += st.memory_bytes
+        info["reserved"] += st.reserved_bytes
+        if st.capture_error:
+            info["capture_error"] = info["capture_error"] or f"{m.name or 'model'}: {st.capture_error}"
+            print(f"WARNING: CUDA-graph capture failed, {m.name or 'model'} runs the dynamic path: "
+                  f"{st.capture_error}", file=sys.stderr)
+        if k == 0:
+            label = CAPTURE_FAILED if st.fallback else ("graphs" if steps.graphs_enabled else "static")
+    return label, info
 
 
 def _rounds(hyps, batches) -> int:
@@ -142,10 +169,10 @@ def _rounds(hyps, batches) -> int:
 
 def rayspec_rows(models, audios, refs, cfgs, batch_sizes, repeats: int, steps_on: bool, max_batch: int):
     """Warm rows of every configuration at every batch size with the static steps on or off (see the module
-    docstring). Returns a list of dicts (one per row) and the steps' (label, capture s, bytes)."""
+    docstring). Returns a list of dicts (one per row) and the steps' ``(label, info)`` (:func:`_set_steps`)."""
     from .asr import run_bench
 
-    label, capture_s, held = _set_steps(models, steps_on, max_batch)
+    label, info = _set_steps(models, steps_on, max_batch)
     out = []
     for bs in batch_sizes:
         copies = COPIES if bs >= BIG_BATCH else 1
@@ -163,7 +190,7 @@ def rayspec_rows(models, audios, refs, cfgs, batch_sizes, repeats: int, steps_on
                             encode_s=row.encode_s, decode_s=row.decode_s,
                             wer=None if row.wer is None else 100 * row.wer,
                             tokens=[h.tokens for h in hyps_of[row.config]]))
-    return out, (label, capture_s, held)
+    return out, (label, info)
 
 
 # ---------------------------------------------------------------------------------------------- transformers peers
@@ -247,7 +274,10 @@ def _sync(device) -> None:
 
 # ---------------------------------------------------------------------------------------------- pass costs
 def pass_rows(target, audio, batch_sizes, max_batch: int) -> list[dict]:
-    """Wall ms of one decoder step per (batch bucket, query): dynamic, static (eager) and as a graph (CUDA)."""
+    """Wall ms of one decoder step per (batch bucket, query), every column synchronised on CUDA and named by what it
+    includes: the dynamic step without and with the output projection (one token per row), the static step run
+    eagerly and as a CUDA graph without the projection, and the static step with its head (projection, suppress
+    lists, greedy argmax and verdicts) as a graph (eagerly on a CPU), in buckets of at most ``HEAD_NODES`` nodes."""
     from .asr import decoder_pass_ms
 
     if target.static_steps is not None:
@@ -255,20 +285,28 @@ def pass_rows(target, audio, batch_sizes, max_batch: int) -> list[dict]:
     sizes = sorted({bucket(min(b, max_batch), BATCH_BUCKETS) for b in batch_sizes})
     with torch.inference_mode():
         enc = target.encode(*target.features([audio]))
-    dynamic = {b: decoder_pass_ms(target, enc, b, passes=50) for b in sizes}  # one token per row, ragged cache
-    costs = {}
+    dynamic = {b: decoder_pass_ms(target, enc, b, passes=50, project=False) for b in sizes}
+    dynamic_head = {b: decoder_pass_ms(target, enc, b, passes=50) for b in sizes}
+    costs, heads, failed = {}, {}, ""
     for graphs in ((False, True) if target.device.type == "cuda" else (False,)):
         steps = StaticSteps(target, max_batch=max(sizes), max_query=max(PASS_QUERIES), graphs=graphs).attach()
         try:
             steps.warm_up(repeats=10)
-            costs["graph" if graphs else "static"] = dict(steps.stats.cost_ms)
+            if steps.stats.fallback:  # capture failed: no graph columns (warm_up warned)
+                failed = steps.stats.capture_error
+                continue
+            name = "graph" if graphs else "static"
+            costs[name], heads[name] = dict(steps.stats.cost_ms), dict(steps.stats.head_cost_ms)
         finally:
             steps.detach()
     rows = []
     for b in sizes:
         for q in PASS_QUERIES:
             rows.append(dict(batch=b, query=q, dynamic_ms=dynamic[b] if q == 1 else None,
-                             static_ms=costs["static"].get((b, q)), graph_ms=costs.get("graph", {}).get((b, q))))
+                             dynamic_head_ms=dynamic_head[b] if q == 1 else None,
+                             static_ms=costs["static"].get((b, q)), graph_ms=costs.get("graph", {}).get((b, q)),
+                             head_ms=heads.get("graph", heads.get("static", {})).get((b, q)),
+                             capture_error=failed))
     return rows
 
 
@@ -279,12 +317,13 @@ def cold_child(args) -> int:
     method, bs, steps = args.cold_run.split(":")
     t0 = time.perf_counter()
     random = args.random_weights
-    models = random_models(args.device, _dtype(args)) if random else real_models(args)
+    models = random_models(args.device, _dtype(args), size=args.random_size) if random else real_models(args)
     if random:
         models[0].set_ignore_eos(True)
     audios, _ = clips(args, models[0].sample_rate)
     cfg = dict(configs(args, random))[method]
-    _, capture_s, _ = _set_steps(models, steps == "on", int(bs))
+    _, info = _set_steps(models, steps == "on", int(bs))
+    capture_s = info["seconds"]
     if models[0].device.type == "cuda":  # the engine's load-time warm-up (rayspec.pipeline.Transcriber.warm_up)
         from ..pipeline import decode_batch
 
@@ -336,8 +375,12 @@ def write_tables(out_dir: str, title: str, rows: list[dict], peers: list[dict], 
     cells = [[r["config"], r["steps"], r["batch"], r["utts"], _f(r["wall_s"], "{:.3f}"), _f(r["rtfx"], "{:.1f}"),
               _f(r["nfe"]), _f(r["round_ms"]), f"{r['speedup']:.2f}x", f"{r['identical']}/{r['utts']}",
               _f(r["wer"])] for r in rows]
-    notes = "\n" + "".join(f"- steps {k}: warm-up (slots, capture, bucket timing) {v[0]:.2f} s, holds "
-                           f"{v[1] / 2**20:.0f} MiB\n" for k, v in capture.items() if k != "dynamic")
+    notes = "\n" + "".join(f"- steps {k}: warm-up (slots, capture, bucket timing) {v['seconds']:.2f} s, holds "
+                           f"{v['allocated'] / 2**20:.0f} MiB allocated, {v['reserved'] / 2**20:.0f} MiB reserved "
+                           f"by the allocator (the graph pool included)\n"
+                           for k, v in capture.items() if k != "dynamic")
+    notes += "".join(f"- **CUDA-graph capture failed**, rows `{CAPTURE_FAILED}` ran the dynamic path: "
+                     f"{v['capture_error']}\n" for v in capture.values() if v.get("capture_error"))
     notes += ("- wall: best of the round-robin repeats after a warm-up batch (warm); decode ms/round: the decode "
               "side's wall over the rounds of target passes; identical: utterances whose tokens equal ar's with "
               "the same steps.\n")
@@ -356,12 +399,19 @@ def write_tables(out_dir: str, title: str, rows: list[dict], peers: list[dict], 
     write_table(os.path.join(out_dir, "bench-gpu-peers"), title + ": transformers on the same device",
                 ["engine", "variant", "batch", "utts", "wall s", "RTFx", "identical to rayspec ar (dynamic)",
                  "error"], peer_cells)
+    failed = next((p["capture_error"] for p in passes if p.get("capture_error")), "")
     write_table(os.path.join(out_dir, "bench-gpu-passes"), title + ": one decoder step, wall ms",
-                ["batch", "query", "dynamic ms", "static ms", "graph ms"],
-                [[p["batch"], p["query"], _f(p["dynamic_ms"]), _f(p["static_ms"]), _f(p["graph_ms"])]
-                 for p in passes],
-                "\n- dynamic: today's ragged step, one token per row (encoder states of one clip); static: the "
-                "bucketed step run eagerly; graph: replayed as a CUDA graph (median of 10 after capture).\n")
+                ["batch", "query", "dynamic, no projection", "dynamic + projection", "static eager, no projection",
+                 "graph, no projection", "graph + head (projection, rules, argmax)"],
+                [[p["batch"], p["query"], _f(p["dynamic_ms"]), _f(p.get("dynamic_head_ms")), _f(p["static_ms"]),
+                  _f(p["graph_ms"]), _f(p.get("head_ms"))] for p in passes],
+                "\n- every column: wall ms of one step, synchronised on CUDA before and after. dynamic: the ragged "
+                "step, one token per row (encoder states of one clip; mean of 50 passes, best of 3 runs), without and "
+                "with the output projection to the vocabulary; static eager: the bucketed step run eagerly; graph: "
+                "replayed as a CUDA graph; graph + head: the step with the output projection, suppress lists, greedy "
+                "argmax and verdicts inside the graph (eager on a CPU; buckets of at most "
+                f"{HEAD_NODES} nodes); static and graph columns: median of 10 after capture.\n"
+                + (f"- **CUDA-graph capture failed** ({failed}): no graph columns.\n" if failed else ""))
     write_table(os.path.join(out_dir, "bench-gpu-cold"), title + ": first job in a fresh process",
                 ["config", "steps", "batch", "load + warm-up s", "of it static steps s", "first job s", "second job s",
                  "first / second", "error"],
@@ -387,7 +437,7 @@ def cmd_bench_gpu(args) -> int:
     random = args.random_weights
     if not random and not args.manifests:
         raise ValueError("--suite gpu needs a manifest (the real model's clips) or --random-weights")
-    models = random_models(args.device, _dtype(args)) if random else real_models(args)
+    models = random_models(args.device, _dtype(args), size=args.random_size) if random else real_models(args)
     target = models[0]
     if random:
         target.set_ignore_eos(True)
@@ -408,14 +458,21 @@ def cmd_bench_gpu(args) -> int:
     title = (f"gpu: {target.name}, {name_of(_dtype(args))}, {device}, {len(audios)} clips ({audio_s:.0f} s; batches >= "
              f"{BIG_BATCH} x{COPIES}), wall = best of {args.repeats}")
     rows, capture, peers, passes, cold = [], {}, [], [], []
-    write = lambda: write_tables(args.output, title, rows, peers, passes, cold, capture)  # noqa: E731
+
+    def write() -> str:
+        env["capture_error"] = next((v["capture_error"] for v in capture.values() if v.get("capture_error")), "")
+        env["fallback"] = "dynamic" if env["capture_error"] else ""
+        env["steps"] = {k: {n: v[n] for n in ("seconds", "allocated", "reserved")} for k, v in capture.items()}
+        with open(os.path.join(args.output, "gpu-env.json"), "w") as f:
+            json.dump(env, f, indent=1)
+        return write_tables(args.output, title, rows, peers, passes, cold, capture)
+
     # Stages by importance, the tables rewritten after each, so a run cut short (a device call's time limit) keeps
     # what it measured: warm rows, cold rows, transformers, pass costs, transformers + torch.compile last.
     for on in (True, False):  # graphs (or static) first, then dynamic: the same models, round-robin inside each
-        got, (label, seconds, held) = rayspec_rows(models, audios, refs, cfgs, batch_sizes, args.repeats, on,
-                                                   max_batch)
+        got, (label, info) = rayspec_rows(models, audios, refs, cfgs, batch_sizes, args.repeats, on, max_batch)
         rows += got
-        capture[label] = (seconds, held)
+        capture[label] = info
         write()
     _set_steps(models, False, max_batch)
     methods = [m for m in args.cold_methods.split(",") if m and m in dict(cfgs)]

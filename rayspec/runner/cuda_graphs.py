@@ -17,18 +17,19 @@ from .attention import decode_attention
 
 class CapturedStep:
     """One captured step: :meth:`replay` reruns it on whatever its input buffers hold now and returns its output
-    buffer (float ``[Bb, Qb, D]``; overwritten by the next replay)."""
+    buffers (what the captured function returned, e.g. float ``[Bb, Qb, D]``; overwritten by the next replay)."""
 
-    def __init__(self, graph: "torch.cuda.CUDAGraph", output: torch.Tensor) -> None:
+    def __init__(self, graph: "torch.cuda.CUDAGraph", output) -> None:
         self.graph, self.output = graph, output
 
-    def replay(self) -> torch.Tensor:
+    def replay(self):
         self.graph.replay()
         return self.output
 
 
-def capture_steps(steps, keys: list[tuple[int, int]], warmup: int = 2) -> dict:
-    """Capture ``steps.step`` for every ``(batch bucket, query bucket)`` in ``keys`` (largest first).
+def capture_steps(steps, keys: list[tuple[int, int]], warmup: int = 2, step=None) -> dict:
+    """Capture ``step`` (default ``steps.step``; e.g. ``steps.head_step``) for every ``(batch bucket, query bucket)``
+    in ``keys`` (largest first).
 
     The warm-up and captured steps write keys/values into the slots at rows whose committed lengths are 0: call
     this while no cache holds the slots (:meth:`StaticSteps.warm_up` checks).
@@ -42,7 +43,8 @@ def capture_steps(steps, keys: list[tuple[int, int]], warmup: int = 2) -> dict:
     dev = steps.device
     if dev.type != "cuda":
         raise RuntimeError("CUDA graphs need a CUDA device")
-    pool = torch.cuda.graph_pool_handle()
+    step = step or steps.step
+    pool = steps.graph_pool()
     graphs = {}
     side = torch.cuda.Stream(dev)
     with decode_attention(dev):
@@ -51,11 +53,11 @@ def capture_steps(steps, keys: list[tuple[int, int]], warmup: int = 2) -> dict:
             side.wait_stream(torch.cuda.current_stream(dev))
             with torch.cuda.stream(side):
                 for _ in range(warmup):
-                    steps.step(inputs)
+                    step(inputs)
             torch.cuda.current_stream(dev).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                out = steps.step(inputs)
+                out = step(inputs)
             graphs[(bb, qb)] = CapturedStep(graph, out)
     torch.cuda.synchronize(dev)
     return graphs

@@ -22,6 +22,13 @@ vLLM's model runner and CTranslate2 do for small decoders:
   data-dependent shape and no branch on a tensor's value, so the step compiles under
   ``torch.compile(fullgraph=True)`` and is captured as a CUDA graph (:mod:`rayspec.runner.cuda_graphs`).
 
+* **One copy in, one read out**: a step's inputs are views of one device buffer, filled from a pinned host buffer in
+  one copy (:meth:`StepInputs.stage`); in buckets of at most :data:`HEAD_NODES` nodes a greedy verification runs the
+  step with its head (output projection, suppress lists, argmax and verdicts, :meth:`StaticSteps.head_step`; one
+  CUDA graph) and reads back one small ``[4, B, Q]`` array (:meth:`StaticSteps.verify_greedy`).
+* **Fallback**: a capture that fails detaches the steps (the dynamic path runs, never eager static steps), with a
+  warning and ``stats.capture_error``.
+
 In float32 a static step gives the tokens of the dynamic one (masked keys add exact zeros to the softmax; the tests
 check every method at batch 1 and 4, continuous refill included). On a CPU it is slower (it attends over all ``C``
 slots) and stays off unless asked for (``force``): the CPU's default path is the dynamic step.
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import logging
 import time
+import warnings
 import weakref
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
@@ -48,6 +56,10 @@ QUERY_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 """New tokens per row a static step runs at (1: a plain decoding step; more: a verification pass)."""
 LOG = logging.getLogger("rayspec.runner")
 DEFAULT_MAX_QUERY = 64
+HEAD_NODES = 256
+"""Buckets of at most this many nodes (``Bb x Qb``) run the output projection, the suppress lists and the greedy
+argmax inside the step (:meth:`StaticSteps.head_step`, one graph on CUDA, as gpt-fast keeps the argmax in its
+compiled step): whisper-base's float16 logits of 256 nodes hold 27 MB."""
 
 
 def bucket(n: int, buckets: Sequence[int]) -> int:
@@ -69,30 +81,50 @@ def buckets_upto(limit: int, buckets: Sequence[int]) -> tuple[int, ...]:
 
 @dataclass
 class StepInputs:
-    """The inputs of one ``(batch bucket, query bucket)`` step: int64 tokens ``[Bb, Qb]``, bool ancestors
-    ``[Bb, Qb, Qb]``, int64 depths ``[Bb, Qb]`` and int64 committed lengths ``[Bb]``, on the model's device. A captured
-    graph reads these very tensors, so a step copies its inputs into them."""
+    """The inputs of one ``(batch bucket, query bucket)`` step, all int64 views of ONE device buffer (``buffer``) so
+    that one host-to-device copy from ``staging`` (its host twin, pinned on CUDA) fills them (:meth:`stage`):
+    tokens ``[Bb, Qb]``, depths ``[Bb, Qb]``, parents ``[Bb, Qb]`` (row-local, clamped to 0), first ``[Bb, Qb]`` (1
+    where Whisper's begin-suppress list applies), committed lengths ``[Bb]`` and ancestors ``[Bb, Qb, Qb]`` (0/1). A
+    captured graph reads these very tensors. ``scores`` is the host buffer (pinned on CUDA) the head step's
+    ``[4, Bb, Qb]`` result is read back into."""
 
+    buffer: torch.Tensor
+    staging: torch.Tensor
+    scores: torch.Tensor
     tokens: torch.Tensor
-    ancestors: torch.Tensor
     depths: torch.Tensor
+    parents: torch.Tensor
+    first: torch.Tensor
     lengths: torch.Tensor
+    ancestors: torch.Tensor
     eye: torch.Tensor  # bool [Qb, Qb]: the padding's ancestors (each token itself)
     causal: torch.Tensor  # bool [Qb, Qb]: a chain's ancestors (lower-triangular)
     positions: torch.Tensor  # int64 [Qb]: the padding's depths
 
     @staticmethod
     def empty(bb: int, qb: int, device) -> "StepInputs":
+        device = torch.device(device)
+        n = bb * qb
+        sizes = (n, n, n, n, bb, n * qb)
+        buffer = torch.zeros(sum(sizes), dtype=torch.long, device=device)
+        pin = device.type == "cuda"
+        staging = torch.zeros(sum(sizes), dtype=torch.long, pin_memory=pin)
+        scores = torch.zeros((4, bb, qb), dtype=torch.long, pin_memory=pin)
+        tokens, depths, parents, first, lengths, ancestors = buffer.split(sizes)
         eye = torch.eye(qb, dtype=torch.bool, device=device)
         arange = torch.arange(qb, device=device)
-        return StepInputs(torch.zeros((bb, qb), dtype=torch.long, device=device), eye.expand(bb, qb, qb).clone(),
-                          arange.expand(bb, qb).clone(), torch.zeros(bb, dtype=torch.long, device=device),
-                          eye, torch.ones(qb, qb, dtype=torch.bool, device=device).tril(), arange)
+        inputs = StepInputs(buffer, staging, scores, tokens.view(bb, qb), depths.view(bb, qb), parents.view(bb, qb),
+                            first.view(bb, qb), lengths, ancestors.view(bb, qb, qb), eye,
+                            torch.ones(qb, qb, dtype=torch.bool, device=device).tril(), arange)
+        inputs.ancestors.copy_(eye)
+        inputs.depths.copy_(arange)
+        return inputs
 
     def fill(self, tokens: torch.Tensor, ancestors: Optional[torch.Tensor], depths: Optional[torch.Tensor],
              lengths: torch.Tensor) -> None:
-        """Copy a step's ``[B, Q]`` inputs into the first rows/columns; the rest is padding (token 0, identity
-        ancestors, depths ``arange(Qb)``, no committed positions). Allocates nothing on the device."""
+        """Copy a step's ``[B, Q]`` inputs (device tensors) into the first rows/columns; the rest is padding (token 0,
+        identity ancestors, depths ``arange(Qb)``, no committed positions); no parents, no first-token positions.
+        Allocates nothing on the device."""
         b, q = tokens.shape
         self.tokens.zero_()
         self.tokens[:b, :q] = tokens
@@ -101,8 +133,32 @@ class StepInputs:
         self.depths.copy_(self.positions)
         if depths is not None:
             self.depths[:b, :q] = depths
+        self.parents.zero_()
+        self.first.zero_()
         self.lengths.zero_()
         self.lengths[:b] = lengths
+
+    def stage(self, layout: dict, lengths: np.ndarray) -> None:
+        """Write a round's padded tree layout (:meth:`~rayspec.spec_decode.tree.TokenTrees.layout`: ``tokens``,
+        ``depths``, ``parents``, ``ancestors``, ``first`` of ``[B, Q]`` / ``[B, Q, Q]``) and the rows' committed
+        lengths (int64 ``[B]``, host) into ``staging`` with the padding of :meth:`fill`, then copy it to the device in
+        one (non-blocking, from pinned memory on CUDA) transfer."""
+        bb, qb = self.tokens.shape
+        n = bb * qb
+        host = self.staging.numpy()
+        tokens, depths, parents, first = (host[i * n:(i + 1) * n].reshape(bb, qb) for i in range(4))
+        lens, anc = host[4 * n:4 * n + bb], host[4 * n + bb:].reshape(bb, qb, qb)
+        b, q = layout["tokens"].shape
+        host[:] = 0
+        tokens[:b, :q] = layout["tokens"]
+        depths[:] = np.arange(qb)
+        depths[:b, :q] = layout["depths"]
+        parents[:b, :q] = np.maximum(layout["parents"], 0)
+        first[:b, :q] = layout["first"]
+        lens[:b] = lengths
+        anc[:] = np.eye(qb, dtype=np.int64)
+        anc[:b, :q, :q] = layout["ancestors"]
+        self.buffer.copy_(self.staging, non_blocking=True)
 
 
 @dataclass
@@ -112,13 +168,17 @@ class StepStats:
 
     graph_steps: int = 0
     eager_steps: int = 0
+    head_steps: int = 0  # of those, steps that also ran the head (projection, suppression, greedy argmax)
     declined_caches: int = 0  # caches made outside the slots (slots held, or too large): their steps run dynamically
     capture_seconds: float = 0.0  # CUDA-graph capture (warm_up)
     warm_up_seconds: float = 0.0  # all of warm_up: slots, capture, timing the buckets
-    capture_error: str = ""  # why capture failed (the steps then run eagerly), if it did
+    capture_error: str = ""  # why capture failed, if it did: the steps were then detached (the dynamic path runs)
+    fallback: str = ""  # "dynamic" after a failed capture detached the steps
     graphs: int = 0
     memory_bytes: int = 0  # KV slots + captured graphs' pool (CUDA: memory allocated by warm_up)
-    cost_ms: dict = field(default_factory=dict)  # (batch bucket, query bucket) -> wall ms of one step
+    reserved_bytes: int = 0  # CUDA: memory the caching allocator reserved during warm_up (the graph pool's blocks)
+    cost_ms: dict = field(default_factory=dict)  # (batch bucket, query bucket) -> wall ms of one step, no projection
+    head_cost_ms: dict = field(default_factory=dict)  # the same with the head (small buckets): projection included
 
 
 class StaticSteps:
@@ -134,13 +194,15 @@ class StaticSteps:
         max_query: the largest query bucket (at most the last of :data:`QUERY_BUCKETS`); longer verification passes
             run dynamically.
         graphs: capture CUDA graphs in :meth:`warm_up` (default: on a CUDA device); ignored elsewhere.
+        head_nodes: buckets of at most this many nodes (``Bb x Qb``) also get a step with the head (output projection,
+            suppress lists, greedy argmax and verdicts: :meth:`head_step`), captured as its own graph; 0: none.
 
     Raises:
         ValueError: ``max_batch`` or ``max_query`` below 1.
     """
 
     def __init__(self, model, max_batch: int = DEFAULT_MAX_BATCH, max_query: int = DEFAULT_MAX_QUERY,
-                 graphs: Optional[bool] = None) -> None:
+                 graphs: Optional[bool] = None, head_nodes: int = HEAD_NODES) -> None:
         self.model = model
         self.batch_buckets = buckets_upto(min(max_batch, BATCH_BUCKETS[-1]), BATCH_BUCKETS)
         self.query_buckets = buckets_upto(min(max_query, QUERY_BUCKETS[-1]), QUERY_BUCKETS)
@@ -153,11 +215,15 @@ class StaticSteps:
         self.device = model.device
         self.graphs_enabled = self.device.type == "cuda" if graphs is None else bool(graphs and
                                                                                        self.device.type == "cuda")
+        self.head_nodes = int(head_nodes)
         self.stats = StepStats()
         self._storage: Optional[dict] = None  # DecoderCache._buffers layout: name -> per-layer tensors
         self._owner = None  # weakref to the cache that holds the slots
         self._inputs: dict = {}  # (bb, qb) -> StepInputs
         self._graphs: dict = {}  # (bb, qb) -> rayspec.runner.cuda_graphs.CapturedStep
+        self._head_graphs: dict = {}  # (bb, qb) -> CapturedStep of head_step
+        self._head_rules = None  # the model's suppress biases the head graphs were captured with
+        self._pool = None  # the graphs' shared memory pool
 
     # ------------------------------------------------------------------ attaching
     def attach(self) -> "StaticSteps":
@@ -169,7 +235,14 @@ class StaticSteps:
         """Back to dynamic steps only; frees the slots and graphs."""
         if self.model.static_steps is self:
             self.model.static_steps = None
-        self._storage, self._graphs, self._inputs = None, {}, {}
+        self._storage, self._graphs, self._head_graphs, self._inputs = None, {}, {}, {}
+        self._head_rules = self._pool = None
+
+    def graph_pool(self):
+        """The memory pool all of these steps' CUDA graphs share (created at the first call)."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        return self._pool
 
     # ------------------------------------------------------------------ slots
     def _slots(self) -> dict:
@@ -242,7 +315,7 @@ class StaticSteps:
         ``torch.compile(fullgraph=True)``)."""
         slots, m = self._slots(), self.model
         bb, qb = inputs.tokens.shape
-        positions, write, visible = attention_layout(inputs.lengths, qb, self.capacity, inputs.ancestors,
+        positions, write, visible = attention_layout(inputs.lengths, qb, self.capacity, inputs.ancestors != 0,
                                                      inputs.depths, m.max_target_positions, self.capacity - 1)
         mask = None
         if self.cross_masked:
@@ -259,6 +332,85 @@ class StaticSteps:
         if key not in self._inputs:
             self._inputs[key] = StepInputs.empty(bb, qb, self.device)
         return self._inputs[key]
+
+    def head_step(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`step`, then the head of greedy verification on the device: the output projection, Whisper's
+        suppress lists (begin-suppression where ``inputs.first``), the argmax, its log-probability and each node's
+        verdict (its token is the argmax at its parent), as the dynamic path computes them
+        (:func:`~rayspec.spec_decode.acceptance.score_tree` with the greedy rule,
+        :func:`~rayspec.spec_decode.gumbel.token_logprobs`). No host read (it is captured as one CUDA graph).
+
+        Returns:
+            ``(hidden, scores)``: float ``[Bb, Qb, D]`` and int64 ``[4, Bb, Qb]``: verdicts (1/0), argmax tokens, the
+            bits of their float64 log-probabilities, and (column 0) the bits of the float64 ``<|nospeech|>``
+            probability at the row's first node (0 for a vocabulary without it).
+        """
+        from ..spec_decode.gumbel import token_logprobs
+
+        m = self.model
+        hidden = self.step(inputs)
+        logits = m.project(hidden)
+        masked = logits if m._suppress is None else logits + m._suppress
+        if m._begin_suppress is not None:
+            masked = torch.where(inputs.first[..., None] != 0, masked + m._begin_suppress, masked)
+        best = masked.argmax(-1)
+        ok = (inputs.tokens == best.gather(1, inputs.parents)).long()
+        logprob = token_logprobs(masked, best).view(torch.int64)
+        no_speech = m.no_speech_probability(logits[:, 0])
+        extra = torch.zeros_like(best)
+        if no_speech is not None:
+            extra[:, 0] = no_speech.double().view(torch.int64)
+        return hidden, torch.stack([ok, best, logprob, extra])
+
+    def takes_head(self, cache: DecoderCache, rows: int, q: int) -> bool:
+        """Whether a greedy verification over ``rows`` rows and ``q`` nodes per row runs :meth:`verify_greedy`: the
+        step runs here (:meth:`accepts`), its bucket has at most :attr:`head_nodes` nodes, and the model's suppress
+        lists are those the head graphs were captured with (``set_ignore_eos`` after capture changes them)."""
+        if not self.accepts(cache, (rows, q)) or bucket(rows, self.batch_buckets) * bucket(q, self.query_buckets) > \
+                self.head_nodes:
+            return False
+        return self._head_rules is None or self._rules() == self._head_rules
+
+    def _rules(self) -> tuple:
+        return (id(self.model._suppress), id(self.model._begin_suppress))
+
+    def verify_greedy(self, cache: DecoderCache, layout: dict) -> tuple[np.ndarray, torch.Tensor]:
+        """A greedy verification pass in one host-to-device copy, one step (a graph replay on CUDA) and one
+        device-to-host read: the round's padded tree layout (:meth:`~rayspec.spec_decode.tree.TokenTrees.layout`, with
+        ``first``) and the rows' committed lengths are staged and copied at once (:meth:`StepInputs.stage`), the
+        :meth:`head_step` scores the nodes and its ``[4, Bb, Qb]`` scores are read back. The new keys/values are
+        pending in ``cache``, as after :meth:`decode_hidden`.
+
+        Returns:
+            ``(scores, hidden)``: int64 ``[4, B, Q]`` on the host (:meth:`head_step`'s planes, cut to the real
+            rows and nodes) and float ``[B, Q, D]`` (a view of the step's output buffer: valid until the next step).
+
+        Raises:
+            ValueError: the cache has pending positions, or positions beyond the slots.
+        """
+        if cache.pending:
+            raise ValueError("decoder called with pending cache positions: commit() them first")
+        b, q = layout["tokens"].shape
+        top = int(cache.host_lengths.max()) + q
+        if top > self.capacity:
+            raise ValueError(f"decoder positions up to {top} exceed the cache capacity {self.capacity}")
+        key = (bucket(b, self.batch_buckets), bucket(q, self.query_buckets))
+        inputs = self.inputs(*key)
+        inputs.stage(layout, cache.host_lengths)
+        graph = self._head_graphs.get(key)
+        if graph is not None:
+            hidden, scores = graph.replay()
+            self.stats.graph_steps += 1
+        else:
+            with decode_attention(self.device):
+                hidden, scores = self.head_step(inputs)
+            self.stats.eager_steps += 1
+        self.stats.head_steps += 1
+        inputs.scores.copy_(scores, non_blocking=True)
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        cache.pending = q
+        return inputs.scores.numpy()[:, :b, :q].copy(), hidden[:b, :q]
 
     def decode_hidden(self, cache: DecoderCache, tokens: torch.Tensor, ancestors: Optional[torch.Tensor] = None,
                       depths: Optional[torch.Tensor] = None, hidden_from: int = 0) -> torch.Tensor:
@@ -288,10 +440,15 @@ class StaticSteps:
     # ------------------------------------------------------------------ warm-up
     @torch.inference_mode()
     def warm_up(self, repeats: int = 3) -> StepStats:
-        """Allocate the slots, capture one CUDA graph per ``(batch bucket, query bucket)`` (when graphs are on;
-        largest first, sharing one memory pool, as vLLM captures) and time one step of each bucket (``cost_ms``,
-        the median wall ms of ``repeats`` steps, for :meth:`pass_cost`). Records capture seconds and the memory
-        the slots and graphs hold in :attr:`stats`.
+        """Allocate the slots, capture one CUDA graph per ``(batch bucket, query bucket)`` and one of :meth:`head_step`
+        per bucket of at most :attr:`head_nodes` nodes (when graphs are on; largest first, sharing one memory pool,
+        as vLLM captures) and time one step of each bucket (``cost_ms``, the median wall ms of ``repeats`` steps,
+        synchronised, for :meth:`pass_cost`; ``head_cost_ms`` with the head). Records capture seconds, the memory the
+        slots and graphs hold (allocated) and the memory the allocator reserved for them in :attr:`stats`.
+
+        A capture that fails detaches the steps (:meth:`detach`: the model runs the dynamic path, never eager static
+        steps, which launch more kernels), warns (``RuntimeWarning`` and the ``rayspec.runner`` log) and records
+        the error in ``stats.capture_error`` and ``stats.fallback = "dynamic"``.
 
         Raises:
             RuntimeError: the slots are held by a live cache (warm up before decoding).
@@ -300,22 +457,39 @@ class StaticSteps:
             raise RuntimeError("warm_up needs the KV slots free: call it before decoding")
         cuda = self.device.type == "cuda"
         before = torch.cuda.memory_allocated(self.device) if cuda else 0
+        reserved = torch.cuda.memory_reserved(self.device) if cuda else 0
         self._slots()
         start = time.perf_counter()
         if self.graphs_enabled:
-            from .cuda_graphs import capture_steps
+            from . import cuda_graphs
 
             try:
-                self._graphs = capture_steps(self, sorted(self._keys(), reverse=True))
-            except Exception as exc:  # noqa: BLE001 - a capture that fails leaves the static steps, run eagerly
-                self._graphs, self.graphs_enabled = {}, False
+                keys = sorted(self._keys(), reverse=True)
+                self._graphs = cuda_graphs.capture_steps(self, keys)
+                self._head_graphs = cuda_graphs.capture_steps(self, [k for k in keys if k in self._head_keys()],
+                                                              step=self.head_step)
+                self._head_rules = self._rules()
+            except Exception as exc:  # noqa: BLE001 - any failure: back to the dynamic path, loudly
                 self.stats.capture_error = f"{type(exc).__name__}: {exc}"[:300]
-                LOG.warning("CUDA-graph capture failed, static steps run eagerly: %s", self.stats.capture_error)
+                self.stats.fallback = "dynamic"
+                self.stats.capture_seconds = self.stats.warm_up_seconds = time.perf_counter() - start
+                message = (f"CUDA-graph capture failed, decoder steps run on the dynamic path (static steps detached): "
+                           f"{self.stats.capture_error}")
+                LOG.warning(message)
+                warnings.warn(message, RuntimeWarning, stacklevel=2)
+                self.detach()
+                return self.stats
         self.stats.capture_seconds = time.perf_counter() - start
-        self.stats.graphs = len(self._graphs)
-        self.stats.memory_bytes = (torch.cuda.memory_allocated(self.device) - before) if cuda else self.slot_bytes()
+        self.stats.graphs = len(self._graphs) + len(self._head_graphs)
+        if cuda:
+            self.stats.memory_bytes = torch.cuda.memory_allocated(self.device) - before
+            self.stats.reserved_bytes = torch.cuda.memory_reserved(self.device) - reserved
+        else:
+            self.stats.memory_bytes = self.slot_bytes()
         for key in self._keys():
             self.stats.cost_ms[key] = self._time(key, repeats)
+        for key in self._head_keys():
+            self.stats.head_cost_ms[key] = self._time(key, repeats, head=True)
         self._slots()["cross_mask"][0].zero_()
         self.stats.warm_up_seconds = time.perf_counter() - start
         return self.stats
@@ -323,8 +497,12 @@ class StaticSteps:
     def _keys(self) -> list[tuple[int, int]]:
         return [(bb, qb) for bb in self.batch_buckets for qb in self.query_buckets]
 
-    def _time(self, key: tuple[int, int], repeats: int) -> float:
-        inputs, graph = self.inputs(*key), self._graphs.get(key)
+    def _head_keys(self) -> list[tuple[int, int]]:
+        return [(bb, qb) for bb, qb in self._keys() if bb * qb <= self.head_nodes]
+
+    def _time(self, key: tuple[int, int], repeats: int, head: bool = False) -> float:
+        inputs, graph = self.inputs(*key), (self._head_graphs if head else self._graphs).get(key)
+        fn = self.head_step if head else self.step
         times = []
         for _ in range(max(1, repeats)):
             if self.device.type == "cuda":
@@ -334,7 +512,7 @@ class StaticSteps:
                 graph.replay()
             else:
                 with decode_attention(self.device):
-                    self.step(inputs)
+                    fn(inputs)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
             times.append(time.perf_counter() - t0)
@@ -349,20 +527,19 @@ class StaticSteps:
 
 
 def attach_static_steps(model, max_batch: int = DEFAULT_MAX_BATCH, max_query: int = DEFAULT_MAX_QUERY,
-                        graphs: Optional[bool] = None, warm_up: bool = True) -> StaticSteps:
+                        graphs: Optional[bool] = None, warm_up: bool = True, head_nodes: int = HEAD_NODES
+                        ) -> StaticSteps:
     """Attach :class:`StaticSteps` to ``model`` (a :class:`~rayspec.models.whisper.WhisperASR` with a decoder) and,
     with ``warm_up``, allocate its slots, capture its graphs and time its buckets now (at load, before any job).
-    Returns the steps (``.stats`` has the capture time and memory)."""
-    steps = StaticSteps(model, max_batch, max_query, graphs).attach()
+    ``head_nodes`` as :class:`StaticSteps`. Returns the steps (``.stats`` has the capture time and memory)."""
+    steps = StaticSteps(model, max_batch, max_query, graphs, head_nodes).attach()
     if warm_up:
         steps.warm_up()
     return steps
 
 
-
-
 def prepare_static_steps(model, mode: str = "auto", cuda_graphs: bool = True,
-                         max_batch: int = DEFAULT_MAX_BATCH) -> Optional[StaticSteps]:
+                         max_batch: int = DEFAULT_MAX_BATCH, head: bool = True) -> Optional[StaticSteps]:
     """Give a loaded model its static-shape steps as the options ask, warmed up (slots allocated, graphs captured,
     buckets timed) before it takes work; what the engine calls where it loads a decoder (``rayspec.pipeline``).
 
@@ -372,10 +549,13 @@ def prepare_static_steps(model, mode: str = "auto", cuda_graphs: bool = True,
             only, and only with ``cuda_graphs``; on a CPU a test and benchmark option); "off": none.
         cuda_graphs: capture the steps as CUDA graphs (``--no-cuda-graphs``: off).
         max_batch: the largest batch bucket (``--max-graph-batch``).
+        head: also the steps with the verification head (:data:`HEAD_NODES`): for a target; a draft model, which
+            never verifies, skips their capture.
 
     Returns:
-        The attached steps (``.stats`` holds the capture time and memory), or None (none wanted, a model whose
-        decoder was released, or steps attached already).
+        The steps (``.stats`` holds the capture time and memory; after a failed capture they are detached, the model
+        decodes dynamically, and ``.stats.capture_error`` / ``.stats.fallback`` say so), or None (none wanted, a
+        model whose decoder was released, or steps attached already).
 
     Raises:
         ValueError: an unknown ``mode``.
@@ -386,9 +566,12 @@ def prepare_static_steps(model, mode: str = "auto", cuda_graphs: bool = True,
     wanted = mode == "on" or (mode == "auto" and cuda and cuda_graphs)
     if not wanted or not model.has_decoder or model.static_steps is not None:
         return None
-    steps = attach_static_steps(model, max_batch=max_batch, graphs=cuda and cuda_graphs)
+    steps = attach_static_steps(model, max_batch=max_batch, graphs=cuda and cuda_graphs,
+                                head_nodes=HEAD_NODES if head else 0)
     st = steps.stats
+    if st.fallback:
+        return steps  # warm_up warned
     LOG.info("%s: static decoder steps up to batch %d, %d CUDA graphs captured in %.2f s (warm-up %.2f s), "
-             "%.0f MiB held", model.name or "model", steps.max_batch, st.graphs, st.capture_seconds,
-             st.warm_up_seconds, st.memory_bytes / 2**20)
+             "%.0f MiB allocated, %.0f MiB reserved", model.name or "model", steps.max_batch, st.graphs,
+             st.capture_seconds, st.warm_up_seconds, st.memory_bytes / 2**20, st.reserved_bytes / 2**20)
     return steps

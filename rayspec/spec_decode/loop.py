@@ -19,7 +19,11 @@ One round, for every live row (rows keep different lengths in the ragged KV cach
    were kept (:meth:`Proposer.update`), so it can roll back or recycle its own state.
 
 Host/device traffic per round: two host-to-device copies (the tree layout, the commit indices when a branch was
-taken) and one device-to-host read (the verdicts); the cache never reads lengths back from the device.
+taken) and one device-to-host read (the verdicts); the cache never reads lengths back from the device. With the
+target's static steps (:mod:`rayspec.runner.static_step`) a greedy round without timestamps or sampling, in a bucket
+of at most ``HEAD_NODES`` nodes, stages the layout and the committed lengths in one pinned buffer (one copy) and runs
+the projection, the suppress lists and the argmax inside the step (:meth:`StaticSteps.verify_greedy`): the scores
+come back in the round's one read, as the dynamic path's do.
 """
 
 from __future__ import annotations
@@ -87,7 +91,11 @@ def _lazy_projection(hidden: torch.Tensor, target) -> bool:
     """Whether a pass's greedy verification should use :func:`score_greedy_lazily`: hidden ``[B, Q, D]``; not for an
     int8 target (its token logits and shortlist bound would be float32 products beside an int8 projection)."""
     b, q, _ = hidden.shape
-    return (hidden.device.type == "cpu" and hidden.dtype == torch.float32 and b * (q - 1) >= LAZY_MIN_NODES
+    return _lazy(b, q, hidden.device, hidden.dtype, target)
+
+
+def _lazy(b: int, q: int, device: torch.device, dtype: torch.dtype, target) -> bool:
+    return (device.type == "cpu" and dtype == torch.float32 and b * (q - 1) >= LAZY_MIN_NODES
             and not getattr(target, "int8", False))
 
 
@@ -456,43 +464,56 @@ class VerifyLoop:
         trees = TokenTrees.build([r.seq[r.target_len :] for r in live], [p.tree for p in proposals])
         # the root's output is a row's first generated token (a root's depth is its index: contexts are chains)
         first = np.where([len(r.hyp.tokens) == r.begin for r in live], trees.roots, -1)
-        dev = trees.to_device(self.eos, first, cache.device)
-        hidden = t.decode_hidden(cache, dev.tokens, dev.ancestors, dev.depths)  # [B, Q, D]
+        lay = trees.layout(self.eos, first)
         fresh = [k for k, r in enumerate(live) if r.target_len == 0]  # first pass: node 0 is <|startoftranscript|>
         logits = None  # [B, Q, V] unless the lazy projection skips most of it
         stamped = [r.timestamps for r in live]
-        bounds = rule_bounds(dev.host, [r.hyp.tokens for r in live], stamped, self.tt) if any(stamped) else None
+        bounds = rule_bounds(lay, [r.hyp.tokens for r in live], stamped, self.tt) if any(stamped) else None
         guess = bounds is not None and self.proposer is not None  # each node's likeliest timestamp, for proposals
         sampling = [k for k, r in enumerate(live) if r.temperature > 0]
         if sampling and self.rule.kind != "greedy":
             raise ValueError(f"sampling (temperature > 0) verifies with the exact greedy rule, not {self.rule.kind!r}")
-        if self.rule.kind == "greedy" and not sampling and _lazy_projection(hidden, t):
-            scores = score_greedy_lazily(hidden, dev, t, None if bounds is None else (bounds, self.tt))
-            if guess:  # (the lazy path runs on a CPU: reading back costs nothing)
-                stamps = t.timestamp_logits(hidden).argmax(-1) + self.tt.begin
-                scores = np.concatenate([scores, stamps.cpu().numpy()[None]])
-        else:
-            logits = t.project(hidden)
-            masked = t.suppress(logits, first=dev.host["first"])
-            extra = None
-            if bounds is not None:  # (in place: a copy where suppress left the logits as they were)
-                if guess:  # read back with the verdicts
-                    extra = (logits[..., self.tt.begin:].argmax(-1) + self.tt.begin)[None]
-                masked = apply_rules(masked if masked is not logits else logits.clone(), bounds, self.tt)
-            scored = masked
-            if sampling:  # the perturbed argmax is the seeded sample: verified as greedy tokens are
-                made = np.asarray([len(r.hyp.tokens) for r in live], dtype=np.int64) - trees.roots
-                positions = dev.depths + torch.from_numpy(made).to(cache.device)[:, None]  # [B, Q] generated index
-                scored = perturb(masked, sampling, [live[k].temperature for k in sampling],
-                                 [live[k].seed for k in sampling], positions)
-            logprob = token_logprobs(masked, scored.argmax(-1)).view(torch.int64)[None]  # read back as float64 bits
-            scores = score_tree(scored, dev, self.rule, logprob if extra is None else torch.cat([logprob, extra]))
+        b, q = lay["tokens"].shape
+        steps = getattr(t, "static_steps", None)
         no_speech = None
-        if fresh and t.no_speech_token_id is not None:  # one more read, in a row's first round only
+        if (self.rule.kind == "greedy" and not sampling and bounds is None and steps is not None
+                and not _lazy(b, q, cache.device, t.dtype, t) and steps.takes_head(cache, b, q)):
+            # the static step's head: one copy in, projection + suppression + argmax on the device, one read back
+            scores, hidden = steps.verify_greedy(cache, lay)
+            if fresh and t.no_speech_token_id is not None:
+                no_speech = scores[3, fresh, 0].view(np.float64).tolist()
+            scores = scores[:3]
+            dev = None
+        else:
+            dev = trees.to_device(self.eos, first, cache.device, lay)
+            hidden = t.decode_hidden(cache, dev.tokens, dev.ancestors, dev.depths)  # [B, Q, D]
+        if dev is not None:  # the dynamic path, or a static step without its head
+            if self.rule.kind == "greedy" and not sampling and _lazy_projection(hidden, t):
+                scores = score_greedy_lazily(hidden, dev, t, None if bounds is None else (bounds, self.tt))
+                if guess:  # (the lazy path runs on a CPU: reading back costs nothing)
+                    stamps = t.timestamp_logits(hidden).argmax(-1) + self.tt.begin
+                    scores = np.concatenate([scores, stamps.cpu().numpy()[None]])
+            else:
+                logits = t.project(hidden)
+                masked = t.suppress(logits, first=dev.host["first"])
+                extra = None
+                if bounds is not None:  # (in place: a copy where suppress left the logits as they were)
+                    if guess:  # read back with the verdicts
+                        extra = (logits[..., self.tt.begin:].argmax(-1) + self.tt.begin)[None]
+                    masked = apply_rules(masked if masked is not logits else logits.clone(), bounds, self.tt)
+                scored = masked
+                if sampling:  # the perturbed argmax is the seeded sample: verified as greedy tokens are
+                    made = np.asarray([len(r.hyp.tokens) for r in live], dtype=np.int64) - trees.roots
+                    positions = dev.depths + torch.from_numpy(made).to(cache.device)[:, None]  # [B, Q] generated index
+                    scored = perturb(masked, sampling, [live[k].temperature for k in sampling],
+                                     [live[k].seed for k in sampling], positions)
+                logprob = token_logprobs(masked, scored.argmax(-1)).view(torch.int64)[None]  # read back as float64 bits
+                scores = score_tree(scored, dev, self.rule, logprob if extra is None else torch.cat([logprob, extra]))
+        if fresh and dev is not None and t.no_speech_token_id is not None:  # one more read, in a first round only
             at = torch.tensor(fresh, device=cache.device)
             sot = t.project(hidden[at, 0]) if logits is None else logits[at, 0]
             no_speech = t.no_speech_probability(sot).tolist()
-        result = accept_tree(dev.host, scores)
+        result = accept_tree(lay, scores)
         logprobs = scores[2].view(np.float64)  # [B, Q] the log-probability of each node's (sampled) argmax
         for k, p in zip(fresh, no_speech or []):
             live[k].hyp.stats.no_speech_prob = p

@@ -132,7 +132,16 @@ class TokenTrees:
         return {"tokens": tokens, "depths": depths, "parents": parents, "ancestors": anc, "roots": self.roots,
                 "sizes": sizes}
 
-    def to_device(self, pad_token: int, first_generated: np.ndarray, device) -> "DeviceTrees":
+    def layout(self, pad_token: int, first_generated: np.ndarray) -> dict[str, np.ndarray]:
+        """:meth:`padded` plus ``first``, bool ``[B, Q]``: the nodes whose output is a row's first generated token
+        (``first_generated`` as in :meth:`to_device`). The host layout a round copies to the device."""
+        lay = self.padded(pad_token)
+        lay["first"] = (lay["depths"] == first_generated[:, None]) & (first_generated[:, None] >= 0)
+        lay["first"] &= np.arange(lay["tokens"].shape[1])[None, :] < lay["sizes"][:, None]
+        return lay
+
+    def to_device(self, pad_token: int, first_generated: np.ndarray, device,
+                  layout: dict | None = None) -> "DeviceTrees":
         """The padded layout on ``device`` in two host-to-device copies (the host copy stays in ``host``, with
         ``host["first"]``, bool ``[B, Q]``: the nodes whose output is a row's first generated token).
 
@@ -140,10 +149,9 @@ class TokenTrees:
             first_generated: int64 ``[B]``, per row the row-local depth of the node whose output is the row's first
                 generated token (Whisper's begin-suppress list applies there); ``-1`` if the row has generated
                 tokens already.
+            layout: :meth:`layout`'s result when the caller has it already.
         """
-        lay = self.padded(pad_token)
-        lay["first"] = (lay["depths"] == first_generated[:, None]) & (first_generated[:, None] >= 0)
-        lay["first"] &= np.arange(lay["tokens"].shape[1])[None, :] < lay["sizes"][:, None]
+        lay = self.layout(pad_token, first_generated) if layout is None else layout
         ints = torch.from_numpy(np.stack([lay["tokens"], lay["depths"], np.maximum(lay["parents"], 0)]))  # [3, B, Q]
         ints = ints.to(device, non_blocking=True)
         anc = torch.from_numpy(lay["ancestors"]).to(device, non_blocking=True)
