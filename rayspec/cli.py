@@ -560,9 +560,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    from transformers.utils import logging
-
-    logging.disable_progress_bar()  # "Loading weights" bars on every model load; rayspec shows its own progress
+    # no "Loading weights" bars where transformers loads a model (rayspec shows its own progress); set before any
+    # import of transformers, whose import alone costs 1-2 s that a default run does not pay
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     args = build_parser().parse_args(argv)
     return run_command(args.func, args)
 

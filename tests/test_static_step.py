@@ -226,16 +226,16 @@ def test_device_front_end_matches_the_feature_extractor(tiny_fixed):
     import numpy as np
     from transformers import WhisperFeatureExtractor
 
-    from rayspec.models.features import _window_and_filters, log_mel
+    from rayspec.models.features import log_mel, window_and_filters
 
     audios = AUDIO[:3] + [np.zeros(1600, dtype=np.float32)]
     stock = WhisperFeatureExtractor(feature_size=80)  # openai/whisper-base's front end
     want = np.stack([stock(a, sampling_rate=16000, return_tensors="np", padding="max_length")["input_features"][0]
                      for a in audios])
     np.testing.assert_allclose(log_mel(stock, audios, "cpu").numpy(), want, atol=2e-5)
-    window, filters = _window_and_filters(stock, "cpu")  # built at the first batch, reused by the next
+    window, filters = window_and_filters(stock, "cpu")  # built at the first batch, reused by the next
     assert window.shape == (400,) and filters.shape == (201, 80) and filters.dtype == torch.float32
-    assert all(a is b for a, b in zip(_window_and_filters(stock, torch.device("cpu")), (window, filters)))
+    assert all(a is b for a, b in zip(window_and_filters(stock, torch.device("cpu")), (window, filters)))
     np.testing.assert_allclose(log_mel(stock, audios[1:], "cpu").numpy(), want[1:], atol=2e-5)
     feats, lengths = tiny_fixed.features(audios)
     got, got_lengths = tiny_fixed.features_on_device(audios)

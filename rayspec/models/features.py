@@ -48,16 +48,26 @@ def log_mel(feature_extractor, audios: Sequence[np.ndarray], device) -> torch.Te
         n = min(len(a), fe.n_samples)
         batch[i, :n] = a[:n]
     wave = torch.from_numpy(batch).to(device, non_blocking=True)
-    window, filters = _window_and_filters(fe, device)
-    spec = torch.stft(wave, fe.n_fft, fe.hop_length, window=window, return_complex=True)
-    power = spec[..., :-1].abs() ** 2  # [B, F, T]: the last frame dropped, as the extractor does
-    mel = torch.matmul(filters.T, power)  # [B, M, T]
-    logs = mel.clamp(min=1e-10).log10()
-    logs = torch.maximum(logs, logs.amax(dim=(1, 2), keepdim=True) - 8.0)
+    window, filters = window_and_filters(fe, device)
+    return log_mel_power(wave, fe.n_fft, fe.hop_length, window, filters)
+
+
+def log_mel_power(wave: torch.Tensor, n_fft: int, hop_length: int, window: torch.Tensor,
+                  filters: torch.Tensor) -> torch.Tensor:
+    """Whisper's log-mel features of float32 waveforms ``wave`` ``[B, N]`` (already padded or cut): float32
+    ``[B, n_mels, N // hop_length]``. The operations of transformers' ``WhisperFeatureExtractor`` with PyTorch, in
+    its order, so a CPU gives its result bitwise: a centred STFT under ``window`` (float32 ``[n_fft]``), power
+    spectrum with the last frame dropped, mel ``filters`` (float32 ``[n_fft // 2 + 1, n_mels]``), log10 clamped at
+    1e-10, floored 8 below each row's maximum, then ``(x + 4) / 4``."""
+    spec = torch.stft(wave, n_fft, hop_length, window=window, return_complex=True)
+    power = (spec[..., :-1].abs() ** 2).contiguous()  # [B, F, T]: the last frame dropped, as the extractor does
+    mel = filters.T @ power  # [B, M, T]
+    logs = torch.clamp(mel, min=1e-10).log10()
+    logs = torch.maximum(logs, logs.max(dim=2, keepdim=True)[0].max(dim=1, keepdim=True)[0] - 8.0)
     return (logs + 4.0) / 4.0
 
 
-def _window_and_filters(feature_extractor, device) -> tuple[torch.Tensor, torch.Tensor]:
+def window_and_filters(feature_extractor, device) -> tuple[torch.Tensor, torch.Tensor]:
     """The extractor's float32 Hann window ``[n_fft]`` and mel filter bank ``[n_fft // 2 + 1, n_mels]`` on
     ``device``: built once per extractor and device (cached in ``_CONSTANTS``), not at every batch."""
     per_device = _CONSTANTS.setdefault(feature_extractor, {})

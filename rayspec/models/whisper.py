@@ -35,6 +35,7 @@ import torch.nn.functional as F
 from ..runner.attention import decode_attention
 from .cache import DecoderCache
 from .errors import ModelLoadError
+from . import lean_files
 from .features import log_mel, supports
 from .linear import Float16RowLinear, Int8Linear, PackedLinear, linear, linear_layer, pack_linears, quantize_linears
 from .registry import resolve_model
@@ -129,6 +130,13 @@ def _with_target_embedding(path: str, config, dtype: torch.dtype, embedding: tor
         raise ModelLoadError(f"{path}: weights do not match its config (missing {missing}, unexpected {unexpected})")
     model.tie_weights()
     return model.to(dtype)
+
+
+def _auto_config(path: str):
+    """transformers' ``AutoConfig`` of the model directory ``path``."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(path)
 
 
 def _require_files(path: str) -> None:
@@ -247,21 +255,20 @@ class WhisperASR:
                 every method stays exact against AR at the same setting, while the transcript may differ from
                 ``dtype``'s (a lossy compute type: measure its WER).
             lean: hold the weights in :mod:`rayspec.models.whisper_modules`' plain module tree (inference only: no
-                ``generate()``, no training; seconds less start-up, as transformers' modelling code is not imported)
-                where the checkpoint allows; else transformers' classes.
+                ``generate()``, no training) and read the config, generation config, tokenizer and feature extractor
+                with :mod:`rayspec.models.lean_files`, each where the checkpoint allows, else through transformers:
+                seconds less start-up, as a checkpoint with the usual files loads without importing transformers.
         """
-        from transformers import AutoConfig, AutoTokenizer, GenerationConfig, WhisperFeatureExtractor
-
         name = os.path.basename(os.fspath(path).rstrip("/"))
         path = resolve_model(os.fspath(path))
         _require_files(path)
-        config = AutoConfig.from_pretrained(path)
+        config = (lean_files.read_model_config(path) if lean else None) or _auto_config(path)
         decoder_only = "WhisperForCausalLM" in (getattr(config, "architectures", None) or [])
         shared = getattr(config, "rayspec_embedding_from", None) if decoder_only else None
         if shared:  # a draft decoder shipped without the embedding it shares with its target
             embedding = _target_embedding(path, config)
             model = load_lean(path, config, dtype, device, embedding) if lean else None
-            model = model or _with_target_embedding(path, config, dtype, embedding)
+            model = model or _with_target_embedding(path, _auto_config(path), dtype, embedding)
             path = resolve_model(shared)
         else:
             model = load_lean(path, config, dtype, device) if lean else None
@@ -273,14 +280,28 @@ class WhisperASR:
         model.to(device).eval()
         if encoder_dtype is not None and not decoder_only:
             model.model.encoder.to(encoder_dtype)
-        feature_extractor = None if decoder_only else WhisperFeatureExtractor.from_pretrained(path)
-        tokenizer = AutoTokenizer.from_pretrained(path)
+        feature_extractor = None
+        if not decoder_only:
+            feature_extractor = lean_files.load_feature_extractor(path) if lean else None
+            if feature_extractor is None:
+                from transformers import WhisperFeatureExtractor
+
+                feature_extractor = WhisperFeatureExtractor.from_pretrained(path)
+        tokenizer = lean_files.load_tokenizer(path) if lean else None
+        if tokenizer is None:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(path)
         if len(tokenizer) == 0:
             raise ModelLoadError(f"the tokenizer in {path} loaded empty: tokenizer files are missing")
-        try:
-            generation_config = GenerationConfig.from_pretrained(path)
-        except OSError:
-            generation_config = GenerationConfig.from_model_config(model.config)
+        generation_config = lean_files.read_generation_config(path) if lean else None
+        if generation_config is None:
+            from transformers import GenerationConfig
+
+            try:
+                generation_config = GenerationConfig.from_pretrained(path)
+            except OSError:
+                generation_config = GenerationConfig.from_model_config(model.config)
         return cls(model, feature_extractor, tokenizer, generation_config, name=name)
 
     @property
