@@ -373,8 +373,9 @@ def test_the_head_step_gives_the_dynamic_scores_in_one_copy_each_way(tiny_target
     valid = np.arange(q)[None, :] < trees.sizes[:, None]
     for plane in range(2):  # verdicts and argmax tokens: exact
         np.testing.assert_array_equal(got[plane][valid], want[plane][valid])
-    # log-probabilities: float32 sums over other shapes round their last bits differently (measured: 2e-9 relative)
-    np.testing.assert_allclose(got[2].view(np.float64)[valid], want[2].view(np.float64)[valid], rtol=1e-6)
+    # log-probabilities: a float32 log-sum-exp over the vocabulary in another shape rounds its last bits differently
+    # (measured: 2e-9 to 1.7e-6 relative, depending on the host's load-time kernel choice)
+    np.testing.assert_allclose(got[2].view(np.float64)[valid], want[2].view(np.float64)[valid], rtol=1e-5)
     if no_speech is not None:
         np.testing.assert_allclose(got[3, :, 0].view(np.float64), no_speech.double().numpy(), rtol=1e-6)
 
