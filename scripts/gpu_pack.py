@@ -76,14 +76,6 @@ def unshuffle16(data: bytes) -> bytes:
     return out.tobytes()
 
 
-def sha256_of(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(MIB), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def tree_bytes(root: str = ROOT) -> int:
     """Bytes of the project's tracked files outside ``rayspec/zoo`` (what travels with every device call)."""
     files = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout.split(b"\0")

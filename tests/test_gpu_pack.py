@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from rayspec.models.registry import sha256
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 spec = importlib.util.spec_from_file_location("gpu_pack", os.path.join(ROOT, "scripts", "gpu_pack.py"))
@@ -79,7 +80,7 @@ def test_pack_and_unpack_round_trip(tmp_path, capsys):
     for p in pieces:
         assert gpu_pack.main(["unpack", str(out / p), "--dest", str(dest)]) == 0
     for rel, digest in parts.items():  # byte for byte: rayspec's SHA-256 check at load passes
-        assert gpu_pack.sha256_of(str(dest / "site" / rel)) == digest
+        assert sha256(str(dest / "site" / rel)) == digest
     for pkg in gpu_pack.BASE:
         assert (dest / "site" / f"{pkg}-1.0.0.dist-info" / "METADATA").read_text().splitlines()[2] == "Version: 1.0.0"
     for name, want in drafters.items():

@@ -10,7 +10,7 @@ letter.
 
 Before that, :func:`normalize_text` writes out what is read differently from how it is written: ordinals (``14th``
 -> "fourteenth"), currency (``$5.50`` -> "five dollars fifty cents", ``£3 million`` -> "three million pounds"),
-percentages, ``&``, and the abbreviations of LJSpeech's README (``Mr.`` -> "mister", ``No. 5`` -> "number five",
+percentages, ``&``, and the abbreviations LJSpeech's transcripts use (``Mr.`` -> "mister", ``No. 5`` -> "number five",
 ``St.`` -> "street" after a name, else "saint" before one), whose full stop is then no pause. (NeMo's text
 normaliser, Apache-2.0, covers more, but brings OpenFst through ``pynini`` and compiles its grammars at first use;
 ``num2words`` is LGPL. ``inflect``, already needed for numbers, spells ordinals.)
@@ -125,7 +125,7 @@ def word_ipa(word: str) -> str:
     return "".join(guess_phonemes(key))
 
 
-# Abbreviations read as words; their full stop is no sentence end (LJSpeech's README list, a few common ones more).
+# Abbreviations read as words; their full stop is no sentence end (those LJSpeech's transcripts use, a few common ones more).
 # "No." and "St." depend on the words around them (see _ABBREVIATION_RE and _abbreviation).
 ABBREVIATIONS = {
     "Mr": "mister", "Mrs": "missus", "Ms": "miz", "Dr": "doctor", "Drs": "doctors", "Co": "company", "Jr": "junior",
