@@ -37,6 +37,9 @@ from torch.utils.weak import WeakTensorKeyDictionary
 MIN_ELEMENTS = 1 << 17  # float32 weights below this many elements always use F.linear
 MIN_WORK = 1 << 19  # ... and products below this many weight elements x rows
 MIN_ELEMENTS_BF16 = 1 << 16  # bfloat16 weights from this many elements use oneDNN at any row count
+# Int8Linear's activation quantization of rows scaled to [-1, 1]: what PyTorch's dynamic linear picks for that range
+# with reduce_range (7 bits: 0 .. 127, scale (1 - -1) / 127, zero point round(63.5) = 64)
+ACT_SCALE, ACT_ZERO_POINT = 2 / 127, 64
 
 _AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
 # oneDNN's bfloat16 reorder needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT: elsewhere bfloat16 weights stay unpacked
@@ -113,18 +116,21 @@ def pack_linears(module: torch.nn.Module) -> int:
 class Int8Linear(torch.nn.Module):
     """An inference-only ``nn.Linear`` in int8 (compute type ``int8``): weights quantized per output channel
     (symmetric, scale = the row's largest magnitude / 127), activations quantized per row (per token) as they come,
-    products in integers through PyTorch's dynamic int8 linear (fbgemm on x86), the result scaled back to float32.
+    products in integers through fbgemm's int8 linear (x86), the result scaled back to float32.
 
     Per-row activation scales make a row's result independent of the other rows in the product (the integer sums are
     exact), so a one-token decoder step and a multi-token verification pass give a token bitwise the same logits:
-    every exact method stays exact at int8. PyTorch's dynamic linear takes one scale for the whole input (its minimum
-    and maximum), which would tie a row to its batch-mates; here each row is divided by its largest magnitude first
-    and an anchor row of +1 and -1 is appended, so that input's range is always exactly [-1, 1] and its scale fixed;
-    the row's magnitude multiplies the result afterwards (the bias added last). Activations then take 7 bits
-    (``reduce_range``, which keeps fbgemm's AVX2 kernels from saturating their 16-bit pair sums), as PyTorch's x86
-    dynamic quantization does. PyTorch 2.13 marks quantized tensors (which fbgemm's prepacking takes) deprecated,
-    to be removed in a later release: the warning is silenced here, and this class will need another int8 kernel
-    when the pinned PyTorch moves on.
+    every exact method stays exact at int8. Each row is divided by its largest magnitude, so that its values lie in
+    [-1, 1], and quantized with one fixed scale and zero point, those PyTorch's dynamic int8 linear chooses for an input
+    of range [-1, 1] (scale 2/127, zero point 64: activations take 7 bits, ``reduce_range``, which keeps fbgemm's AVX2
+    kernels from saturating their 16-bit pair sums, as PyTorch's x86 dynamic quantization does); the row's magnitude
+    multiplies the result afterwards (the bias added last). The fixed parameters go to fbgemm's
+    ``quantized::linear_with_input_q_dq_qweight_dq_output_fp32``, the dynamic linear's kernel without its pass
+    over the input for the range: the same results bit for bit as the dynamic linear over the scaled rows with a row
+    of +1 and -1 appended to pin the range (this class's first form), without that pass, the copy and the extra row
+    (whisper-base's encoder, 1,500 rows, AVX2, 2 threads: see ``docs/benchmarks/peers.md``). PyTorch 2.13 marks
+    quantized tensors (which fbgemm's prepacking takes) deprecated, to be removed in a later release: the warning is
+    silenced here, and this class will need another int8 kernel when the pinned PyTorch moves on.
 
     Args:
         layer: the ``nn.Linear`` to replace (CPU, float32); its weight is quantized (the float weight is not kept),
@@ -141,13 +147,14 @@ class Int8Linear(torch.nn.Module):
             qw = torch.quantize_per_channel(w, scale.double(), torch.zeros(len(w), dtype=torch.long), 0, torch.qint8)
         self.packed = torch.ops.quantized.linear_prepack(qw, None)
         self.bias = layer.bias
-        self.anchor = torch.tensor([1.0, -1.0]).repeat(self.in_features // 2 + 1)[None, : self.in_features]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """float32 ``[..., in_features]`` -> float32 ``[..., out_features]`` (see the class docstring)."""
         rows = x.reshape(-1, self.in_features)
-        mag = rows.abs().amax(-1, keepdim=True).clamp_min_(1e-30)
-        y = torch.ops.quantized.linear_dynamic(torch.cat([rows / mag, self.anchor]), self.packed, True)[:-1]
+        low, high = torch.aminmax(rows, dim=-1, keepdim=True)
+        mag = torch.maximum(high, low.neg()).clamp_min_(1e-30)
+        y = torch.ops.quantized.linear_with_input_q_dq_qweight_dq_output_fp32(rows / mag, ACT_SCALE, ACT_ZERO_POINT,
+                                                                             self.packed)
         y = y.mul_(mag) if self.bias is None else torch.addcmul(self.bias, y, mag)
         return y.view(*x.shape[:-1], self.out_features)
 
