@@ -28,10 +28,9 @@ come back in the round's one read, as the dynamic path's do.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional, Protocol, Sequence
-
-import time
 
 import numpy as np
 import torch
@@ -265,8 +264,8 @@ class VerifyLoop:
         if max_rows is None and COST_RULE and self.proposer is not None:
             seed = seed_costs(target.device.type, route, getattr(target, "static_steps", None), self.max_nodes)
             self.costs = costs_for(target, route, seed)
-        # draft tokens accepted, speculating row-rounds (a prior of one token per round); shared with the method's
-        # later loops on this target through its costs
+        # draft tokens accepted, speculating row-rounds (a prior of one round: the method's seed, or one token with
+        # a fixed cap); shared with the method's later loops on this target through its costs
         self._accepted = self.costs.accepted if self.costs is not None else [1.0, 1]
         self.eos = target.eos_token_id
         self.sot = target.prompt_ids[0]
