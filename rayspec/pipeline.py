@@ -33,7 +33,7 @@ from .batching import BatchBudget
 from .compute import as_compute_type, label as compute_type_label, synchronize
 from .decoding.common import DecodeStats, Hypothesis, compression_ratio, token_cap
 from .decoding.beam import beam_decode
-from .decoding.beam_speculative import LookupDrafter, speculative_beam_decode
+from .decoding.beam_speculative import DEFAULT_MAX_DRAFT as BEAM_MAX_DRAFT, LookupDrafter, speculative_beam_decode
 from .decoding.fallback import decode_with_fallback
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
 from .decoding.ssd import ctc_drafts
@@ -50,7 +50,9 @@ from .results import ResultRow
 from .runs import budget_rows, internal_error_row
 from .runner.static_step import prepare_static_steps
 from .spec_decode.gumbel import row_seed
+from .spec_decode import loop as verify_loop
 from .spec_decode.loop import Proposer, speculate_max_rows
+from .spec_decode.rule import round_pays, seed_costs
 from .activity import speech_activity
 from .timing import clip_times, parse_segments, word_timestamps
 from .vad import SegmentOptions, has_speech, segments
@@ -60,13 +62,26 @@ def needs_draft(options: DecodeOptions) -> bool:
     return METHODS[options.method].needs_draft(options)
 
 
+BEAM_ACCEPTED = 0.12
+"""Beam-search steps beyond the first that a speculating round of ``ctc-draft`` takes (whisper-base, 12 LJSpeech
+clips, beam 5, batch 1: 11% fewer target passes than plain beam search, and 0.81x its speed on a CPU)."""
+
+
 def beam_speculates(target: WhisperASR, options: DecodeOptions, rows: int) -> bool:
     """Whether a beam search over ``rows`` rows speculates (:mod:`rayspec.decoding.beam_speculative`): method
-    ``ctc-draft`` where the device's row rule allows every beam as a live row (on a CPU, 2 rows: never with 5 beams;
-    whisper-base, 12 LJSpeech clips, beam 5, batch 1: 0.81x plain beam search, 11% fewer passes). Any other beam
-    search reads no drafts, so its batch skips the drafter (:func:`encode_audio`)."""
-    limit = speculate_max_rows(target.device, options.speculate_max_rows)
-    return options.method == "ctc-draft" and (not limit or limit >= rows * options.beam_size)
+    ``ctc-draft`` where a round over all the beams pays by the speculation rule's seeded costs
+    (:func:`~rayspec.spec_decode.rule.round_pays` with :data:`BEAM_ACCEPTED` steps gained a round; the target's
+    warm-up pass costs where static steps measured them: never on a CPU, where a pass over every beam's draft costs
+    far more than 1.12 one-token steps), or, with ``speculate_max_rows`` given, where that cap allows every beam as
+    a live row. Any other beam search reads no drafts, so its batch skips the drafter (:func:`encode_audio`)."""
+    if options.method != "ctc-draft":
+        return False
+    beams = rows * options.beam_size
+    if options.speculate_max_rows is not None or not verify_loop.COST_RULE:
+        limit = speculate_max_rows(target.device, options.speculate_max_rows)
+        return not limit or limit >= beams
+    cost = seed_costs(target.device.type, "ctc-draft", getattr(target, "static_steps", None), BEAM_MAX_DRAFT)
+    return round_pays(cost(beams, False), cost(beams, True), beams, beams, BEAM_ACCEPTED)
 
 
 @torch.inference_mode()

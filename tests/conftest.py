@@ -19,10 +19,12 @@ from tiny import make_noisy_copy, make_tiny  # noqa: E402
 
 @pytest.fixture(autouse=True)
 def speculate_at_any_batch_size(monkeypatch):
-    """In-process decoding speculates at every batch size, as on an accelerator, so the tests exercise batched
-    verification (the CPU default turns speculation off above a few rows; test_continuous tests that cap)."""
+    """In-process decoding speculates in every round and at every batch size, so the tests exercise batched
+    verification (by default the cost rule decides, rayspec.spec_decode.rule: test_rule tests it; the CPU's row cap,
+    still the SSD gate's and the beam search's, is lifted too; test_continuous tests a fixed cap)."""
     import rayspec.spec_decode.loop
 
+    monkeypatch.setattr(rayspec.spec_decode.loop, "COST_RULE", False)
     monkeypatch.setattr(rayspec.spec_decode.loop, "CPU_SPECULATE_MAX_ROWS", 0)
 
 

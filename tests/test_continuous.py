@@ -121,8 +121,8 @@ def test_speculation_only_in_rounds_of_few_rows(tiny_target, tiny_draft, monkeyp
 
 
 def test_draft_proposer_skips_rows_that_do_not_speculate(tiny_target, tiny_draft):
-    """Rows told not to speculate in a round where others do get no draft (their draft cache is still caught up in
-    the shared pass), and every row still equals its static decode."""
+    """Rows told not to speculate in a round where others do get no draft (nor a catch-up or cross-attention keys
+    and values: padding in the shared passes), and every row still equals its static decode."""
     from dataclasses import replace
 
     opt = SpeculationOptions(tree=True)

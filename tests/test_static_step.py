@@ -243,24 +243,6 @@ def test_device_front_end_matches_the_feature_extractor(tiny_fixed):
     assert got_lengths.tolist() == lengths.tolist()
 
 
-def test_speculation_pays_where_the_measured_verify_pass_is_cheap_enough():
-    """The measured rule: verify when a (1 + nodes)-token pass costs at most (1 + accepted) one-token steps; no
-    rule on a CPU or without measurements (the fixed row cap decides there)."""
-    from types import SimpleNamespace
-
-    from rayspec.spec_decode.loop import speculation_pays
-
-    cost = {(1, 1): 1.0, (1, 8): 1.2, (64, 1): 2.0, (64, 8): 9.0}
-    gpu = SimpleNamespace(device=torch.device("cuda"), max_query=16,
-                          pass_cost=lambda rows, q: cost.get((bucket(rows, BATCH_BUCKETS), 8 if q > 1 else 1)))
-    assert speculation_pays(gpu, 1, 7, accepted=1.0) is True  # 1.2 <= 2 x 1.0
-    assert speculation_pays(gpu, 40, 7, accepted=1.0) is False  # 9.0 > 2 x 2.0
-    assert speculation_pays(gpu, 40, 7, accepted=4.0) is True  # 9.0 <= 5 x 2.0
-    assert speculation_pays(gpu, 3, 7, accepted=1.0) is None  # bucket 4 not measured
-    assert speculation_pays(SimpleNamespace(device=torch.device("cpu")), 1, 7, 1.0) is None
-    assert speculation_pays(None, 1, 7, 1.0) is None
-
-
 def test_gpu_bench_suite_writes_every_table(tmp_path, tiny_fixed, monkeypatch):
     """rayspec bench --suite gpu --random-weights end to end on the CPU, a tiny fixed-window model standing in for
     whisper-base's architecture (scripts/gpu_bench.sh runs the real size): every table is written, the static and

@@ -16,9 +16,8 @@ Suites:
   target side, and how much of the most a free decoder could gain each method reaches (the encoder bound).
 
 Speculative configurations speculate at every batch size (``--speculate-max-rows all``), so a table shows what
-batched verification costs and saves; the configurations marked ``+row cap`` run at the default instead (speculation
-only in decoder rounds of few live rows, :func:`~rayspec.spec_decode.loop.speculate_max_rows`), as ``rayspec transcribe``
-does.
+batched verification costs and saves; the configurations marked ``+row cap`` run at the default instead (the speculation rule,
+:mod:`rayspec.spec_decode.rule`: speculation only in rounds where it pays), as ``rayspec transcribe`` does.
 
 Every configuration decodes the same preloaded audio with the same models through
 :func:`rayspec.pipeline.decode_batch` (features, encoders and decoding timed; audio decoding excluded), after one
@@ -48,7 +47,7 @@ from .tables import write_table
 CONTINUOUS = " +continuous"
 """In a configuration's name: run with continuous batching (rows refilled from the next batch; batch sizes > 1)."""
 ROW_CAP = " +row cap"
-"""Suffix of a configuration run at the default ``--speculate-max-rows`` (batch sizes > 1; at batch 1 the same)."""
+"""Suffix of a configuration run at the default ``--speculate-max-rows`` (the speculation rule; batch sizes > 1)."""
 SSD_CTC = "ssd c=0.7 l=0.05 + ctc fallback"
 """The ssd suite's row of SSD with the CTC fallback (``--fallback ctc --tau-slm 0.05``)."""
 

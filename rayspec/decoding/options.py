@@ -237,8 +237,9 @@ class DecodeOptions:
             ``repetitive`` (openai/whisper's hallucination statistic; the text is kept).
         speculate_max_rows: speculative methods verify drafts only in rounds with at most this many live rows; in
             larger rounds they take plain target steps (vLLM's ``disable_by_batch_size``; the tokens are the same
-            either way). 0: no limit; None: the device's default (:func:`~rayspec.spec_decode.loop.speculate_max_rows`:
-            2 on a CPU, where a wide verification pass over many rows costs more than the steps it saves).
+            either way). 0: no limit; None: the speculation rule decides per round and row from the whole round's
+            measured costs (:mod:`rayspec.spec_decode.rule`); SSD's gate keeps the device's fixed cap
+            (:func:`~rayspec.spec_decode.loop.speculate_max_rows`: 2 on a CPU).
         short_window_s: 0 (the default) runs a stock Whisper's encoder over its whole 30 s window, the exact
             reference; ``S > 0`` cuts each batch's window to its longest row + 2 s, at least ``S`` seconds
             (:meth:`~rayspec.models.whisper.WhisperASR.short_window`): lossy (``mode`` "lossy"), and the
@@ -263,8 +264,9 @@ class DecodeOptions:
         beam_size: above 1, rows at temperature 0 decode with beam search (:mod:`rayspec.decoding.beam`,
             openai/whisper's ``BeamSearchDecoder``) instead of greedily; every method then returns the beam search's
             hypotheses: ``ctc-draft`` speculates under it exactly (each beam drafts from the CTC hypothesis,
-            :mod:`rayspec.decoding.beam_speculative`) where ``speculate_max_rows`` allows all the beams (on a CPU
-            it does not: measured slower), the others decode plain beam search.
+            :mod:`rayspec.decoding.beam_speculative`) where the speculation rule says it pays
+            (:func:`~rayspec.pipeline.beam_speculates`: not with its measured 1.12 steps a round) or a given
+            ``speculate_max_rows`` allows all the beams, the others decode plain beam search.
         patience, length_penalty: beam search's (openai/whisper's ``patience`` and ``length_penalty``; the length
             penalty also ranks fallback samples).
         prefix: text each file's transcript starts with (faster-whisper's ``prefix``: its first segment's tokens

@@ -144,8 +144,9 @@ class DraftProposer:
         self.valid: dict[int, int] = {}  # leading sequence tokens with correct draft keys/values, per row
         self.old_suffix: dict[int, list[int]] = {}  # rejected draft continuation per row (recycling)
         # encoder states [1, S, D] of rows whose cross-attention keys/values are not computed yet: a row's are
-        # computed the first round it is decoded (with --speculate-max-rows most rows of a batch never are)
+        # computed the first round it speculates (rows the speculation rule never starts never are)
         self.uncrossed: dict[int, torch.Tensor] = {}
+        self.blanked: set = set()  # rows of uncrossed whose cross-attention keys/values were zeroed
         if draft_enc is not None:
             self.admit(list(range(len(caps))), list(range(len(caps))), draft_enc)
 
@@ -189,14 +190,20 @@ class DraftProposer:
             self.valid = {k: v for k, v in self.valid.items() if k in live}
             self.old_suffix = {k: v for k, v in self.old_suffix.items() if k in live}
             self.uncrossed = {k: v for k, v in self.uncrossed.items() if k in live}
+            self.blanked &= live
         if not any(r.speculate for r in requests):  # a round without drafts: no draft pass; the cache stays valid
             self.sent = {r.index: _Sent(self.valid.get(r.index, 0), [], 0, []) for r in requests}
             return [Proposal() for _ in requests]
-        self._cross()  # every row is fed below
+        self._cross({r.index for r in requests if r.speculate})  # the rows that draft are fed below, the others padding
         # at least the newest token is fed (a row's sequence may not have grown past the kept draft tokens: with
-        # timestamps the drafter sees the text alone, rayspec.spec_decode.timestamps.TimestampProposer)
-        work = [_Work(r, _Sent(len(r.seq), [], 0, []), min(self.valid.get(r.index, 0), len(r.seq) - 1),
-                      self.old_suffix.get(r.index, []), drafting=r.speculate) for r in requests]
+        # timestamps the drafter sees the text alone, rayspec.spec_decode.timestamps.TimestampProposer); a row that
+        # does not speculate is fed padding in the shared passes (no catch-up, no cross-attention keys/values) and
+        # keeps its valid draft keys/values where they were
+        work = []
+        for r in requests:
+            valid = min(self.valid.get(r.index, 0), len(r.seq) - 1)
+            work.append(_Work(r, _Sent(len(r.seq) if r.speculate else valid, [], 0, []), valid,
+                              self.old_suffix.get(r.index, []), drafting=r.speculate))
         self.cache.crop([w.valid for w in work])
         self._trunk(work)
         if self.opt.tree and self.opt.tree_branches:
@@ -218,13 +225,23 @@ class DraftProposer:
                 common += 1
             self.valid[f.index] = sent.seq_len + common
 
-    def _cross(self) -> None:
-        """Compute the cross-attention keys/values of the held rows that lack them (one pass per encoder length)."""
+    def _cross(self, keys: set) -> None:
+        """Compute the cross-attention keys/values of the held rows ``keys`` that lack them (one pass per encoder
+        length); zero those of the other rows that lack them (uninitialised memory, which the padding they are fed
+        would read), once per row."""
         groups: dict[int, list[tuple[int, torch.Tensor]]] = {}
+        blank = []
         for slot, key in enumerate(self.rows):
-            if key in self.uncrossed:
+            if key in keys and key in self.uncrossed:
                 states = self.uncrossed.pop(key)
                 groups.setdefault(states.shape[1], []).append((slot, states))
+            elif key in self.uncrossed and key not in self.blanked:
+                blank.append(slot)
+                self.blanked.add(key)
+        if blank:
+            index = torch.tensor(blank, dtype=torch.long, device=self.cache.device)
+            for t in self.cache.cross_k + self.cache.cross_v:
+                t.index_fill_(0, index, 0)
         for group in groups.values():
             self.draft.fill_cross(self.cache, [slot for slot, _ in group], torch.cat([st for _, st in group]))
 
@@ -255,9 +272,9 @@ class DraftProposer:
 
     def _trunk(self, work: list[_Work]) -> None:
         opt = self.opt
-        hidden = self._feed(self.cache, [w.req.seq[w.valid :] for w in work])
+        hidden = self._feed(self.cache, [w.req.seq[w.valid :] if w.req.speculate else [self.eos] for w in work])
         for w in work:
-            w.passes += 1
+            w.passes += w.req.speculate
         while True:
             first = [len(w.req.seq) - self.prompt_len + len(w.out.trunk) == 0 for w in work]
             p, tok = self._top2(hidden, first)

@@ -5,10 +5,10 @@ next token); draft-model speculation, the SSD fallback and Medusa differ only in
 
 One round, for every live row (rows keep different lengths in the ragged KV cache):
 
-1. Propose: the proposer returns a :class:`~rayspec.spec_decode.tree.DraftTree` per row (nothing without a proposer, or
-   in a round with more live rows than ``speculate_max_rows``, or, on a device whose static steps measured their
-   pass costs at warm-up, where a verification pass would cost more than the steps it saves,
-   :func:`speculation_pays`: there the round is a plain target step).
+1. Propose: the proposer returns a :class:`~rayspec.spec_decode.tree.DraftTree` per row that speculates this round
+   (nothing without a proposer; with ``speculate_max_rows`` given, every row in rounds of at most that many live
+   rows; by default the rows :func:`~rayspec.spec_decode.rule.plan_round` picks from the whole round's measured
+   costs, :mod:`rayspec.spec_decode.rule`: a round that would not pay is a plain target step).
 2. Verify: the row's context (tokens the target has not seen; the last is the root) and its draft tree are flattened
    into :class:`~rayspec.spec_decode.tree.TokenTrees`, copied to the device once, and scored in ONE target pass under tree
    attention; the acceptance rule's per-node verdicts, argmaxes (a sampling row's: of its Gumbel-perturbed
@@ -28,6 +28,7 @@ come back in the round's one read, as the dynamic path's do.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator, Optional, Protocol, Sequence
 
@@ -41,6 +42,7 @@ from ..models.encoded import EncoderOutput
 from ..models.whisper import WhisperASR
 from .acceptance import GREEDY, AcceptanceRule, accept_tree, score_greedy_lazily, score_tree
 from .gumbel import perturb, token_logprobs
+from .rule import RoundCosts, RowState, costs_for, plan_round, seed_costs
 from .timestamps import EXTRA_NODES, apply_rules, rule_bounds, wrap_proposer
 from .tree import DraftTree, TokenTrees
 
@@ -62,29 +64,9 @@ def speculate_max_rows(device: torch.device, rows: Optional[int] = None) -> int:
     return CPU_SPECULATE_MAX_ROWS if torch.device(device).type == "cpu" else 0
 
 
-def speculation_pays(steps, rows: int, max_nodes: int, accepted: float) -> Optional[bool]:
-    """Whether a round of ``rows`` live rows should verify drafts, from the target's measured pass costs (the
-    generalisation of :data:`CPU_SPECULATE_MAX_ROWS`'s fixed cap to any device): a verification pass over up to
-    ``1 + max_nodes`` new tokens per row must cost at most what the ``1 + accepted`` one-token steps it replaces
-    would (``accepted``: draft tokens accepted per speculating row and round so far). The drafter's own passes are
-    not counted (a CTC head or Medusa heads cost little beside a target pass on a GPU; a draft decoder is the
-    exception, so ``--speculate-max-rows`` still caps it when given).
-
-    Args:
-        steps: the target's :class:`~rayspec.runner.static_step.StaticSteps` with bucket costs measured at warm-up
-            (``pass_cost``), or None.
-
-    Returns:
-        True / False, or None where nothing was measured (no steps, a CPU, or shapes past the buckets): the caller's
-        fixed rule decides.
-    """
-    if steps is None or steps.device.type == "cpu" or max_nodes < 1:
-        return None
-    verify = steps.pass_cost(rows, 1 + max_nodes)  # None past the buckets: that pass runs dynamically
-    step = steps.pass_cost(rows, 1)
-    if verify is None or step is None:
-        return None
-    return verify <= step * (1.0 + accepted)
+COST_RULE = True
+"""Whether a loop without a fixed ``max_rows`` decides per round from measured costs (:mod:`rayspec.spec_decode.rule`);
+False: it speculates in every round (the tests set it, so that they exercise batched verification)."""
 
 
 def _lazy_projection(hidden: torch.Tensor, target) -> bool:
@@ -221,6 +203,7 @@ class _Row:
     seed: int = 0
     sot: int = 0  # index of <|startoftranscript|> in seq (> 0 after <|startofprev|> text): drafters see seq[sot:]
     begin: int = 0  # generated tokens before the first sampled one (a --prefix): first-token suppression applies there
+    started: bool = False  # the row has speculated (its drafter's per-row set-up is paid)
 
     @property
     def room(self) -> int:
@@ -262,8 +245,8 @@ class VerifyLoop:
     (:class:`~rayspec.spec_decode.timestamps.TimestampProposer`).
 
     Args:
-        max_rows: speculate only in rounds with at most this many live rows (0: always); None: the device's
-            default (:func:`speculate_max_rows`). Either way the tokens are the same.
+        max_rows: speculate only in rounds with at most this many live rows (0: always); None: the rows and rounds
+            the cost model picks (:func:`~rayspec.spec_decode.rule.plan_round`). Either way the tokens are the same.
 
     Raises:
         ValueError: a negative ``max_rows``.
@@ -276,9 +259,14 @@ class VerifyLoop:
         self.proposer = wrap_proposer(proposer, self.tt, target.prompt_ids, target.eos_token_id)
         self.max_nodes = max_nodes + (EXTRA_NODES if self.proposer is not proposer else 0)
         self.route = route
-        self.max_rows = speculate_max_rows(target.device, max_rows)
-        self.measured = max_rows is None  # auto: measured pass costs decide where there are some (speculation_pays)
-        self._accepted = [1.0, 1]  # draft tokens accepted, speculating row-rounds (a prior of one token per round)
+        self.max_rows = 0 if max_rows is None else speculate_max_rows(target.device, max_rows)
+        self.costs: Optional[RoundCosts] = None
+        if max_rows is None and COST_RULE and self.proposer is not None:
+            seed = seed_costs(target.device.type, route, getattr(target, "static_steps", None), self.max_nodes)
+            self.costs = costs_for(target, route, seed)
+        # draft tokens accepted, speculating row-rounds (a prior of one round: the method's seed, or one token with
+        # a fixed cap); shared with the method's later loops on this target through its costs
+        self._accepted = self.costs.accepted if self.costs is not None else [1.0, 1]
         self.eos = target.eos_token_id
         self.sot = target.prompt_ids[0]
 
@@ -440,16 +428,18 @@ class VerifyLoop:
     def _step(self, live: list[_Row], cache) -> list[int]:
         """One round over the live rows (propose -> verify -> commit); the proposer hears what was kept of the rows
         that go on. Returns the indices (into ``live``) of the rows that finished."""
+        t0 = time.perf_counter()
+        flags = [False] * len(live)
         if self.proposer is None:
             proposals = [Proposal() for _ in live]
         else:
-            speculate = not self.max_rows or len(live) <= self.max_rows
-            if speculate and self.measured:
-                pays = speculation_pays(getattr(self.target, "static_steps", None), len(live), self.max_nodes,
-                                        self._accepted[0] / self._accepted[1])
-                speculate = speculate if pays is None else pays
+            if self.costs is not None:
+                flags = plan_round(self.costs, [RowState(r.started, len(r.hyp.tokens), r.room) for r in live],
+                                   self._accepted[0] / self._accepted[1], self.costs.lengths)
+            else:
+                flags = [not self.max_rows or len(live) <= self.max_rows] * len(live)
             # drafters see a row from <|startoftranscript|> on (previous text or an initial prompt left out)
-            requests = [DraftRequest(r.index, r.seq[r.sot:], r.room, speculate) for r in live]
+            requests = [DraftRequest(r.index, r.seq[r.sot:], r.room, f) for r, f in zip(live, flags)]
             proposals = (self.proposer.propose(requests, cache.cross()) if getattr(self.proposer, "needs_cross", False)
                          else self.proposer.propose(requests))
         feedback = self._round(live, proposals, cache)
@@ -457,6 +447,12 @@ class VerifyLoop:
         if self.proposer is not None:
             gone = set(done)
             self.proposer.update([f for k, f in enumerate(feedback) if k not in gone])
+            starters = sum(f and not r.started for r, f in zip(live, flags))
+            for r, f in zip(live, flags):
+                r.started |= f
+            if self.costs is not None:  # the whole round: drafting, verification, scoring, host work
+                self.costs.record(len(live), any(flags), time.perf_counter() - t0, starters)
+                self.costs.add_lengths([len(live[k].hyp.tokens) for k in done])
         return done
 
     def _round(self, live: list[_Row], proposals: list[Proposal], cache) -> list[Feedback]:

@@ -1,0 +1,207 @@
+"""The speculation rule's cost model (rayspec.spec_decode.rule) on recorded costs, and the verify loop under it: the
+rule picks rounds and rows, never tokens. No timing is asserted: recorded round costs are fed in."""
+
+import weakref
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from rayspec.decoding.ar import greedy_decode
+from rayspec.decoding.proposer import DraftProposer
+from rayspec.decoding.speculative import SpeculationOptions
+from rayspec.spec_decode import loop as loop_module
+from rayspec.spec_decode import rule
+from rayspec.spec_decode.loop import VerifyLoop
+from rayspec.spec_decode.rule import (CPU_SEEDS, EXPLORE_PLAIN, PRIOR_REMAINING, TAIL_REMAINING, LinearSeed, RoundCosts, RowState,
+                                      bucket, costs_for, expected_remaining, plan_round, round_pays, seed_costs,
+                                      start_pays, token_saving)
+from test_continuous import CAPS, _admissions, _encode, _Recorder, _static
+
+# Recorded on the CPU (whisper-base float32, 2 threads, AN4 test, batch 16; bench of 2026-11-29): a plain round 16 ms
+# at 1 row and 88 ms at 16; a draft round at 1 row whose row starts (cross-attention + catch-up) 73 ms; AN4
+# utterances ~7 tokens.
+AN4 = dict(plain1=0.016, plain16=0.088, spec1=0.030, start=0.045)
+
+
+def test_bucket():
+    assert [bucket(n) for n in (1, 2, 3, 4, 5, 16, 17)] == [1, 2, 4, 4, 8, 16, 32]
+    with pytest.raises(ValueError, match="rows must be >= 1"):
+        bucket(0)
+
+
+def test_round_pays_per_emitted_token():
+    # 1 row: 30 ms for 1 + 2 tokens beats 16 ms for 1
+    assert round_pays(0.016, 0.030, 1, 1, accepted=2.0)
+    assert not round_pays(0.016, 0.030, 1, 1, accepted=0.5)  # 30 / 1.5 > 16
+    # 16 rows, 220 ms speculating vs 88 ms plain: pays only above 1.5 accepted tokens per row
+    assert not round_pays(0.088, 0.220, 16, 16, accepted=1.4)
+    assert round_pays(0.088, 0.220, 16, 16, accepted=1.6)
+    assert not round_pays(0.088, 0.220, 16, 4, accepted=1.6)  # only 4 rows would draft
+    assert not round_pays(0.016, 0.001, 1, 0, accepted=5.0)  # nothing to verify
+
+
+def test_late_start_needs_enough_tokens_left():
+    saving = token_saving(AN4["plain1"], AN4["spec1"], 1, accepted=2.7)  # 16 - 30 / 3.7 = 7.9 ms per token
+    assert saving == pytest.approx(0.016 - 0.030 / 3.7)
+    assert not start_pays(3, saving, AN4["start"])  # the AN4 tail: 3 tokens left x 7.9 ms < 45 ms
+    assert start_pays(20, saving, AN4["start"])  # an LJSpeech clip at its start
+    assert token_saving(0.016, 0.080, 1, accepted=1.0) < 0
+
+
+def test_expected_remaining_is_the_mean_residual_length():
+    assert expected_remaining([], 0, 100) == PRIOR_REMAINING
+    assert expected_remaining([5, 7, 9, 11], 6, 100) == pytest.approx((1 + 3 + 5) / 3)
+    assert expected_remaining([5, 7], 8, 100) == TAIL_REMAINING  # longer than every finished row
+    assert expected_remaining([50], 0, 4) == 4  # the cap
+
+
+def test_round_costs_blend_seed_and_measurements():
+    seed = LinearSeed(0.010, 0.005, 0.030, 0.010, start=0.040)
+    costs = RoundCosts(seed)
+    assert costs.estimate(1, False) == pytest.approx(0.015)
+    assert costs.estimate(3, True) == pytest.approx(0.030 + 0.010 * 3)
+    for _ in range(9):
+        costs.record(1, False, 0.030)  # the bucket runs 2x its seed
+    assert costs.estimate(1, False) == pytest.approx(0.030)  # the seed scaled by measured / seed, then blended
+    # a bucket not measured yet: its seed times the measured / seed ratio of the others
+    assert costs.estimate(16, False) == pytest.approx(2 * (0.010 + 0.005 * 16))
+    assert costs.start() == pytest.approx(0.040)
+    costs.record(1, True, 0.040)  # a steady speculating round at 1 row
+    spec1 = costs.estimate(1, True)
+    costs.record(1, True, spec1 + 0.100, starters=1)  # one row started: the excess is its start cost
+    assert costs.start() == pytest.approx((0.040 + 0.100) / 2)
+    assert costs.estimate(1, True) == pytest.approx(spec1)  # a start round is not a steady one
+    medusa = RoundCosts(LinearSeed(0.01, 0.0, 0.02, 0.0))
+    medusa.record(1, True, 0.05, starters=1)  # no start cost: an ordinary speculating round
+    assert medusa.start() == 0.0 and medusa.estimate(1, True) == pytest.approx(0.05)
+
+
+def _recorded(plain=((1, AN4["plain1"]), (2, 0.021), (16, AN4["plain16"])), spec=((1, AN4["spec1"]), (16, 0.300)),
+              start=AN4["start"], lengths=(6, 7, 7, 8, 9)) -> RoundCosts:
+    costs = RoundCosts(LinearSeed(0.012, 0.0048, 0.050, 0.016, start=start))
+    for _ in range(20):
+        for rows, s in plain:
+            costs.record(rows, False, s)
+        for rows, s in spec:
+            costs.record(rows, True, s)
+    costs.add_lengths(list(lengths))
+    return costs
+
+
+def test_plan_round_on_recorded_costs():
+    costs = _recorded()
+    # 16 rows: a speculating round (300 ms) would need 2.4 accepted tokens per row; with 1.5 it stays plain
+    assert plan_round(costs, [RowState(True, 2, 50)] * 16, 1.5, costs.lengths) == [False] * 16
+    # the AN4 tail: one row, 7 tokens in, that never speculated: starting would not pay back
+    assert plan_round(costs, [RowState(False, 7, 50)], 2.7, costs.lengths) == [False]
+    # the same row at its start (batch 1 on long clips) starts; a row that already speculates goes on
+    long = RowState(False, 0, 200)
+    assert plan_round(costs, [long], 2.7, [20, 25, 30]) == [True]
+    assert plan_round(costs, [RowState(True, 7, 50)], 2.7, costs.lengths) == [True]
+    # two rows: the started one speculates, the late one
+    # rides along without starting; with fewer accepted tokens one speculating row of two does not pay the round
+    rows = [RowState(True, 3, 50), RowState(False, 8, 50)]
+    assert plan_round(costs, rows, 4.0, costs.lengths) == [True, False]
+    assert plan_round(costs, rows, 2.7, costs.lengths) == [False, False]
+    # poor acceptance: speculation costs more per token than it saves
+    assert plan_round(costs, [RowState(True, 0, 50)], 0.5, costs.lengths) == [False]
+    assert plan_round(costs, [], 1.0, []) == []
+
+
+def test_plan_round_measures_plain_rounds_first():
+    """A bucket's first speculating round waits for EXPLORE_PLAIN plain ones there (the cost it is weighed
+    against); the seeds speculate at 1 row and not at 16 on a CPU."""
+    costs = RoundCosts(CPU_SEEDS["draft"])
+    assert costs.accepted == [2.7, 1]
+    row = RowState(True, 0, 100)
+    for _ in range(EXPLORE_PLAIN):
+        assert plan_round(costs, [row], 2.7, []) == [False]
+        costs.record(1, False, 0.016)
+    assert plan_round(costs, [row], 2.7, []) == [True]
+    for _ in range(EXPLORE_PLAIN):
+        costs.record(16, False, 0.088)
+    assert plan_round(costs, [row] * 16, 2.7, []) == [False] * 16
+
+
+def test_seed_costs_read_the_static_steps_warm_up_costs():
+    cost = {(1, 1): 1.0, (1, 8): 1.2, (64, 1): 2.0, (64, 8): 9.0}  # ms, as StaticSteps.pass_cost
+    steps = SimpleNamespace(pass_cost=lambda rows, q: cost.get((1 if rows == 1 else 64, 8 if q > 1 else 1)))
+    seed = seed_costs("cuda", "ctc-draft", steps, max_nodes=7)
+    base = seed_costs("cuda", "ctc-draft")
+    assert seed(1, False) == pytest.approx(0.001)
+    assert seed(64, True) == pytest.approx(0.009 + base(64, True) - base(64, False))
+    assert seed.start == base.start == 0.0
+    assert seed_costs("cpu", "draft", steps, 7) is CPU_SEEDS["draft"]  # a CPU's steps measure no graphs
+    assert seed_costs("cpu", "some-new-method") is CPU_SEEDS["draft"]
+
+
+def test_costs_persist_per_target_and_method():
+    class Target:  # any object a weak reference can key
+        pass
+
+    target = Target()
+    a = costs_for(target, "draft", CPU_SEEDS["draft"])
+    assert costs_for(target, "draft", CPU_SEEDS["draft"]) is a
+    m = costs_for(target, "medusa", CPU_SEEDS["medusa"])
+    assert m is not a and m.plain is a.plain  # plain rounds are the target's, whatever the method
+
+
+@pytest.mark.parametrize("scenario", ["cheap", "dear"])
+def test_verify_loop_under_the_rule_keeps_the_tokens(tiny_target, tiny_draft, monkeypatch, scenario):
+    """The rule on, with recorded costs: every row equals greedy decoding whichever rounds and rows speculate, and
+    every round is costed; where speculation was recorded too dear no draft pass (and no draft cross-attention)
+    runs at all."""
+    monkeypatch.setattr(loop_module, "COST_RULE", True)
+    monkeypatch.setattr(rule, "_COSTS", weakref.WeakKeyDictionary())  # no costs recorded by other tests
+    opt = SpeculationOptions(tree=True)
+    crossed = []
+    fill = tiny_draft.fill_cross
+    monkeypatch.setattr(tiny_draft, "fill_cross", lambda cache, rows, states: (crossed.extend(rows),
+                                                                              fill(cache, rows, states)))
+    with torch.inference_mode():
+        expected = _static(lambda a, c: greedy_decode(tiny_target, _encode(tiny_target, a), c))
+        proposer = _Recorder(DraftProposer(tiny_draft, None, [max(CAPS)], opt))
+        loop = VerifyLoop(tiny_target, proposer, max_nodes=opt.nodes_per_round, route=f"draft-test-{scenario}")
+        assert loop.costs is not None
+        spec = 1000.0 if scenario == "dear" else 1e-6  # beyond what a stalled round measured here could move
+        for rows in (1, 2, 4, 8):
+            for _ in range(50):
+                loop.costs.record(rows, False, 0.002)
+                loop.costs.record(rows, True, spec)
+        recorded = 8 * 50
+        got = dict(loop.decode_stream(_admissions(tiny_target, tiny_draft), 5, max_cap=max(CAPS)))
+    assert {k: h.tokens for k, h in got.items()} == {k: h.tokens for k, h in expected.items()}
+    speculated = [any(flags) for _, flags, _ in proposer.rounds]
+    costed = sum(loop.costs.plain.counts.values()) + sum(loop.costs.spec.counts.values()) + loop.costs.start_n
+    assert costed == recorded + len(proposer.rounds)
+    assert sorted(loop.costs.lengths) == sorted(len(h.tokens) for h in got.values() if len(h.tokens))
+    if scenario == "dear":
+        assert not any(speculated) and not crossed
+        assert all(h.stats.draft_forward_passes == 0 for h in got.values())
+    else:
+        assert any(speculated)
+
+
+def test_beam_search_speculates_only_where_the_rule_says_it_pays(monkeypatch):
+    """ctc-draft under beam 5: not by the seeded costs, with 1.12 beam steps a round (on a CPU a pass over every
+    beam's draft costs far more; on an accelerator the drafting and scoring alone cost more than 0.12 steps); with
+    drafts the beams follow it would where warm-up measured a draft pass as cheap as a one-token step; a fixed
+    ``speculate_max_rows`` still decides when given; other methods never draft under beam search."""
+    import rayspec.pipeline as pipeline
+    from rayspec.decoding.options import DecodeOptions
+
+    monkeypatch.setattr(loop_module, "COST_RULE", True)
+    monkeypatch.setattr(loop_module, "CPU_SPECULATE_MAX_ROWS", 2)
+    beam = DecodeOptions("ctc-draft", beam_size=5)
+    cpu = SimpleNamespace(device=torch.device("cpu"))
+    assert not pipeline.beam_speculates(cpu, beam, 1)
+    flat = SimpleNamespace(pass_cost=lambda rows, q: 1.0)  # ms at any width: a launch-bound device
+    cheap = SimpleNamespace(device=torch.device("cuda"), static_steps=flat)
+    gpu = SimpleNamespace(device=torch.device("cuda"))
+    assert not pipeline.beam_speculates(cheap, beam, 1) and not pipeline.beam_speculates(gpu, beam, 1)
+    monkeypatch.setattr(pipeline, "BEAM_ACCEPTED", 3.0)  # drafts that beams followed would pay there
+    assert pipeline.beam_speculates(cheap, beam, 1)
+    assert pipeline.beam_speculates(cpu, DecodeOptions("ctc-draft", beam_size=5, speculate_max_rows=0), 1)
+    assert not pipeline.beam_speculates(cpu, DecodeOptions("ctc-draft", beam_size=5, speculate_max_rows=4), 1)
+    assert not pipeline.beam_speculates(cheap, DecodeOptions("draft", beam_size=5), 1)
