@@ -205,3 +205,19 @@ def test_beam_search_speculates_only_where_the_rule_says_it_pays(monkeypatch):
     assert pipeline.beam_speculates(cpu, DecodeOptions("ctc-draft", beam_size=5, speculate_max_rows=0), 1)
     assert not pipeline.beam_speculates(cpu, DecodeOptions("ctc-draft", beam_size=5, speculate_max_rows=4), 1)
     assert not pipeline.beam_speculates(cheap, DecodeOptions("draft", beam_size=5), 1)
+
+
+def test_a_lossy_rule_keeps_the_fixed_row_cap(tiny_target, monkeypatch):
+    """A lossy acceptance rule's tokens depend on which rounds verify drafts, so its loop never consults measured
+    times: it takes the device's fixed cap; a lossless rule (greedy, exact threshold) gets the cost model."""
+    from rayspec.spec_decode.acceptance import GREEDY, AcceptanceRule
+
+    monkeypatch.setattr(loop_module, "COST_RULE", True)
+    monkeypatch.setattr(loop_module, "CPU_SPECULATE_MAX_ROWS", 2)
+    proposer = SimpleNamespace(propose=lambda requests, *cross: [], update=lambda *args: None)
+    for acceptance, lossless in ((GREEDY, True), (AcceptanceRule("threshold", tau=0.2, exact=True), True),
+                                 (AcceptanceRule("threshold", tau=0.2, exact=False), False),
+                                 (AcceptanceRule("topk", top_k=3), False)):
+        loop = VerifyLoop(tiny_target, proposer, acceptance, max_nodes=4, route="lossy-test")
+        assert acceptance.lossless is lossless
+        assert (loop.costs is None, loop.max_rows) == ((False, 0) if lossless else (True, 2))

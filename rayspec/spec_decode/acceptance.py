@@ -65,6 +65,12 @@ class AcceptanceRule:
         if self.kind not in RULES:
             raise ValueError(f"unknown acceptance rule {self.kind!r}; choose from {', '.join(RULES)}")
 
+    @property
+    def lossless(self) -> bool:
+        """Whether the rule keeps only the target's own argmax tokens (greedy, or threshold with ``exact``): then
+        the output does not depend on which rounds verify drafts."""
+        return self.kind == "greedy" or (self.kind == "threshold" and self.exact)
+
 
 GREEDY = AcceptanceRule()
 

@@ -246,7 +246,9 @@ class VerifyLoop:
 
     Args:
         max_rows: speculate only in rounds with at most this many live rows (0: always); None: the rows and rounds
-            the cost model picks (:func:`~rayspec.spec_decode.rule.plan_round`). Either way the tokens are the same.
+            the cost model picks (:func:`~rayspec.spec_decode.rule.plan_round`), for a lossless ``rule``; a lossy
+            one (SSD's relaxed threshold, top-k) takes the device's fixed cap (:func:`speculate_max_rows`), so that
+            its output never depends on measured times. With a lossless rule the tokens are the same either way.
 
     Raises:
         ValueError: a negative ``max_rows``.
@@ -259,6 +261,8 @@ class VerifyLoop:
         self.proposer = wrap_proposer(proposer, self.tt, target.prompt_ids, target.eos_token_id)
         self.max_nodes = max_nodes + (EXTRA_NODES if self.proposer is not proposer else 0)
         self.route = route
+        if max_rows is None and not rule.lossless:  # a lossy rule's tokens depend on the rounds that verify drafts:
+            max_rows = speculate_max_rows(target.device)  # the device's fixed cap keeps its output reproducible
         self.max_rows = 0 if max_rows is None else speculate_max_rows(target.device, max_rows)
         self.costs: Optional[RoundCosts] = None
         if max_rows is None and COST_RULE and self.proposer is not None:
