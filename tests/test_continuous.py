@@ -64,6 +64,16 @@ def test_stream_draft_equals_static(tiny_target, tiny_draft, slots):
             {k: getattr(h.stats, key) for k, h in expected.items()}, key
 
 
+def _record_cross(draft, monkeypatch) -> list:
+    """The rows whose cross-attention keys/values ``draft.fill_cross`` computes, in call order (a list filled as the
+    test runs)."""
+    crossed: list = []
+    fill = draft.fill_cross
+    monkeypatch.setattr(draft, "fill_cross", lambda cache, rows, states: (crossed.extend(rows),
+                                                                         fill(cache, rows, states)))
+    return crossed
+
+
 class _Recorder:
     """A proposer wrapper that records each round: live rows, their ``speculate`` flags, and per row the proposed
     nodes + draft passes."""
@@ -88,10 +98,7 @@ def test_speculation_only_in_rounds_of_few_rows(tiny_target, tiny_draft, monkeyp
     from rayspec.methods import _ctc_draft_loop
 
     opt = SpeculationOptions(tree=True)
-    crossed = []
-    fill = tiny_draft.fill_cross
-    monkeypatch.setattr(tiny_draft, "fill_cross", lambda cache, rows, states: (crossed.extend(rows),
-                                                                              fill(cache, rows, states)))
+    crossed = _record_cross(tiny_draft, monkeypatch)
     with torch.inference_mode():
         if method == "draft":
             expected = _static(lambda a, c: speculative_decode(tiny_target, _encode(tiny_target, a), tiny_draft,

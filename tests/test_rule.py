@@ -13,10 +13,10 @@ from rayspec.decoding.speculative import SpeculationOptions
 from rayspec.spec_decode import loop as loop_module
 from rayspec.spec_decode import rule
 from rayspec.spec_decode.loop import VerifyLoop
-from rayspec.spec_decode.rule import (CPU_SEEDS, EXPLORE_PLAIN, PRIOR_REMAINING, TAIL_REMAINING, LinearSeed, RoundCosts, RowState,
-                                      bucket, costs_for, expected_remaining, plan_round, round_pays, seed_costs,
-                                      start_pays, token_saving)
-from test_continuous import CAPS, _admissions, _encode, _Recorder, _static
+from rayspec.spec_decode.rule import (CPU_SEEDS, EXPLORE_PLAIN, PRIOR_REMAINING, TAIL_REMAINING, LinearSeed,
+                                      RoundCosts, RowState, bucket, costs_for, expected_remaining, plan_round,
+                                      round_pays, seed_costs, start_pays, token_saving)
+from test_continuous import CAPS, _admissions, _encode, _record_cross, _Recorder, _static
 
 # Recorded on the CPU (whisper-base float32, 2 threads, AN4 test, batch 16; bench of 2026-11-29): a plain round 16 ms
 # at 1 row and 88 ms at 16; a draft round at 1 row whose row starts (cross-attention + catch-up) 73 ms; AN4
@@ -155,10 +155,7 @@ def test_verify_loop_under_the_rule_keeps_the_tokens(tiny_target, tiny_draft, mo
     monkeypatch.setattr(loop_module, "COST_RULE", True)
     monkeypatch.setattr(rule, "_COSTS", weakref.WeakKeyDictionary())  # no costs recorded by other tests
     opt = SpeculationOptions(tree=True)
-    crossed = []
-    fill = tiny_draft.fill_cross
-    monkeypatch.setattr(tiny_draft, "fill_cross", lambda cache, rows, states: (crossed.extend(rows),
-                                                                              fill(cache, rows, states)))
+    crossed = _record_cross(tiny_draft, monkeypatch)
     with torch.inference_mode():
         expected = _static(lambda a, c: greedy_decode(tiny_target, _encode(tiny_target, a), c))
         proposer = _Recorder(DraftProposer(tiny_draft, None, [max(CAPS)], opt))
