@@ -202,13 +202,13 @@ def write_process_outputs(best: dict, refs: dict, audio_s: float, out_dir: str, 
         fw = peer("faster-whisper@int8", mask, batched)
         ref = peer("rayspec@float32", mask, False)
         rates = error_rates([refs[i] for i in ids], [run.texts.get(i, "") for i in ids])
-        same = sum(run.texts.get(i) == ref.texts.get(i) for i in ids) if ref else 0
+        same = f"{sum(run.texts.get(i) == ref.texts.get(i) for i in ids)}/{len(ids)}" if ref else "-"
         ctype = run.compute_type + (f" (ISA held to {mask})" if mask else "")
         cells.append([config, f"{engine} {run.version}", ctype, f"default ({FW_BATCH})" if batched else 1,
                       f"{run.whole_s:.1f}", f"{run.startup_s:.1f}", f"{run.transcribe_s:.1f}",
                       f"{audio_s / run.whole_s:.1f}", f"{fw.whole_s / run.whole_s:.2f}x" if fw else "-",
                       f"{run.whole_s / ref.whole_s:.2f}x" if ref else "-", f"{100 * rates.wer:.2f}",
-                      f"{same}/{len(ids)}"])
+                      same])
     os.makedirs(out_dir, exist_ok=True)
     stem = os.path.join(out_dir, "bench-peers-process")
     text = write_table(stem, title, header, cells, notes)
