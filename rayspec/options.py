@@ -61,11 +61,11 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    help=" ".join(f"{name}: {summary}." for name, summary in METHOD_SUMMARIES.items()) + " default: ar")
     g.add_argument("--speculate-max-rows", type=_max_rows, default="auto", metavar="ROWS",
                    help="speculative methods verify drafts only in decoder rounds with at most ROWS live rows; larger "
-                        "rounds are plain target steps (as vLLM's disable_by_batch_size; the transcripts are the same "
-                        "either way). 'all': speculate at any batch size. Default auto: each round speculates where "
+                        "rounds are plain target steps (as vLLM's disable_by_batch_size; exact methods' transcripts are "
+                        "the same either way). 'all': speculate at any batch size. Default auto: each round speculates where "
                         "its measured cost per emitted token (drafting, verification, scoring, host time) is lower "
                         "than a plain step's, and a row that has not speculated yet starts only where its expected "
-                        "remaining tokens pay back the start (the SSD gate: "
+                        "remaining tokens pay back the start (lossy acceptance and SSD's verification pass: "
                         f"{CPU_SPECULATE_MAX_ROWS} rows on a CPU)")
     g.add_argument("--max-tokens-per-second", type=float, default=30.0,
                    help="cap on generated tokens per second of audio, against runaway repetition (default 30)")

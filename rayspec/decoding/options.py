@@ -236,9 +236,10 @@ class DecodeOptions:
         compression_ratio_threshold: rows whose text's zlib compression ratio exceeds this are flagged
             ``repetitive`` (openai/whisper's hallucination statistic; the text is kept).
         speculate_max_rows: speculative methods verify drafts only in rounds with at most this many live rows; in
-            larger rounds they take plain target steps (vLLM's ``disable_by_batch_size``; the tokens are the same
-            either way). 0: no limit; None: the speculation rule decides per round and row from the whole round's
-            measured costs (:mod:`rayspec.spec_decode.rule`); SSD's gate keeps the device's fixed cap
+            larger rounds they take plain target steps (vLLM's ``disable_by_batch_size``; exact methods' tokens are
+            the same either way). 0: no limit; None: the speculation rule decides per round and row from the whole round's
+            measured costs (:mod:`rayspec.spec_decode.rule`), for lossless acceptance; lossy acceptance (SSD's relaxed
+            threshold) and SSD's verification pass keep the device's fixed cap
             (:func:`~rayspec.spec_decode.loop.speculate_max_rows`: 2 on a CPU).
         short_window_s: 0 (the default) runs a stock Whisper's encoder over its whole 30 s window, the exact
             reference; ``S > 0`` cuts each batch's window to its longest row + 2 s, at least ``S`` seconds
