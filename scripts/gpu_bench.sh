@@ -13,7 +13,8 @@
 # seconds; 60 + 200 + 330 fit one 10-minute call). The suite rewrites its tables after each stage (warm rows, cold
 # rows, transformers, pass costs, transformers + compile), so a part cut short keeps what it measured. Knobs
 # (environment): DEVICE (cuda), DTYPE (float16), BATCHES ("1 16 64"), REPEATS (2), CLIPS (40), TOKENS (24),
-# SMOKE_S (60), RANDOM_S (200), REAL_S (330), COLD ("ar,ctc-draft"), SIZE (base; tiny: a small random model, for CI
+# SMOKE_S (60), RANDOM_S (200), REAL_S (330), COLD ("ar,ctc-draft"), RULE ("draft,ctc-draft": methods also run at
+# the default row cap, the speculation rule, beside forced on and ar: bench-gpu-rule.md), SIZE (base; tiny: a small random model, for CI
 # on a CPU), SMOKE_ARGS (more flags for the smoke check), EXTRA (more flags for both parts), PARTS ("random real").
 # Tested on a CPU (tests/test_static_step.py) with: DEVICE=cpu DTYPE=float32 SIZE=tiny BATCHES="1 2" CLIPS=2 \
 #   REPEATS=1 TOKENS=16 COLD= PARTS=random EXTRA=--no-hf PYTHON=python bash scripts/gpu_bench.sh
@@ -21,6 +22,7 @@ set -u
 DEST=${OUT:-bench}/gpu
 DEVICE=${DEVICE:-cuda} DTYPE=${DTYPE:-float16} BATCHES=${BATCHES:-"1 16 64"} REPEATS=${REPEATS:-2}
 CLIPS=${CLIPS:-40} TOKENS=${TOKENS:-24} RANDOM_S=${RANDOM_S:-200} REAL_S=${REAL_S:-330} COLD=${COLD-ar,ctc-draft}
+RULE=${RULE-draft,ctc-draft}
 SMOKE_S=${SMOKE_S:-60} SIZE=${SIZE:-base} SMOKE_ARGS=${SMOKE_ARGS:-}
 EXTRA=${EXTRA:-}
 PARTS=${PARTS:-"random real"}
@@ -60,7 +62,8 @@ for part in $PARTS; do
   case $part in
     random) run random "$RANDOM_S" --random-weights --random-size "$SIZE" --tokens "$TOKENS" \
               --cold-methods "${COLD:+ar}" ;;
-    real) if [ -f /tmp/gpu/lj/clips.jsonl ]; then run real "$REAL_S" /tmp/gpu/lj/clips.jsonl --cold-methods "$COLD"
+    real) if [ -f /tmp/gpu/lj/clips.jsonl ]; then run real "$REAL_S" /tmp/gpu/lj/clips.jsonl --cold-methods "$COLD" \
+            --rule-methods "$RULE"
           else echo "== real: skipped (no /tmp/gpu/lj/clips.jsonl: unpack scripts/gpu_pack.py's pieces first)"
           fi ;;
   esac

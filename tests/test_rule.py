@@ -218,3 +218,25 @@ def test_a_lossy_rule_keeps_the_fixed_row_cap(tiny_target, monkeypatch):
         loop = VerifyLoop(tiny_target, proposer, acceptance, max_nodes=4, route="lossy-test")
         assert acceptance.lossless is lossless
         assert (loop.costs is None, loop.max_rows) == ((False, 0) if lossless else (True, 2))
+
+
+def test_the_gpu_bench_prices_the_rule_against_forcing_on_and_off():
+    """The GPU bench's rule rows: each method of --rule-methods again at the default row cap, and the rule's wall
+    over the faster of forced on (the method's row) and forced off (``ar``) at the same steps and batch size."""
+    from rayspec.bench.gpu import RULE, configs, rule_rows
+
+    rows = [dict(config=c, steps="graphs", batch=b, wall_s=w) for c, b, w in (
+        ("ar", 16, 2.0), ("draft", 16, 2.5), ("draft" + RULE, 16, 2.04),
+        ("ar", 1, 4.0), ("draft", 1, 2.0), ("draft" + RULE, 1, 2.5), ("ctc-draft" + RULE, 1, 3.0))]
+    got = {(r["config"], r["batch"]): r for r in rule_rows(rows)}
+    assert set(got) == {("draft", 16), ("draft", 1)}  # no forced row of ctc-draft: nothing to compare
+    assert got["draft", 16]["best"] == "ar" and got["draft", 16]["ok"]
+    assert got["draft", 16]["ratio"] == pytest.approx(1.02)
+    assert got["draft", 1]["best"] == "forced" and not got["draft", 1]["ok"]
+    args = SimpleNamespace(medusa=None, rule_methods="draft,ssd exact")
+    cfg = dict(configs(args, False, rule=True))
+    assert list(cfg)[-2:] == ["draft" + RULE, "ssd exact" + RULE]
+    assert cfg["draft"].speculate_max_rows == 0 and cfg["draft" + RULE].speculate_max_rows is None
+    assert not any(n.endswith(RULE) for n in dict(configs(args, False)))
+    with pytest.raises(ValueError, match="lossy"):
+        configs(SimpleNamespace(medusa=None, rule_methods="ssd (lossy)"), False, rule=True)

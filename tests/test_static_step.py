@@ -323,7 +323,7 @@ def test_a_failed_capture_detaches_to_the_dynamic_path_loudly(tiny_target, monke
 def test_the_head_step_gives_the_dynamic_scores_in_one_copy_each_way(tiny_target):
     """verify_greedy (staged inputs, projection + suppression + argmax in the step, one read back) gives score_tree's
     verdicts and argmaxes of the dynamic path, and its log-probabilities to float32 rounding, on a padded bucket (3 rows
-    in 4 x 4)."""
+    in 4 x 4); the cache's device lengths are never copied for it."""
     import numpy as np
 
     from rayspec.spec_decode.acceptance import GREEDY, score_tree
@@ -349,6 +349,7 @@ def test_the_head_step_gives_the_dynamic_scores_in_one_copy_each_way(tiny_target
             got, hidden = steps.verify_greedy(cache, trees.layout(t.eos_token_id, first))
             q = int(trees.sizes.max())  # the prompt and a two-token draft
             assert cache.pending == q and hidden.shape[:2] == (3, q)
+            assert cache._lengths is None  # the committed lengths travelled in the staged copy: none of their own
             assert steps.stats.head_steps == 1 and (4, 4) in steps._inputs
         finally:
             steps.detach()

@@ -184,6 +184,10 @@ def add_bench_parser(sub) -> None:
     g.add_argument("--cold-methods", default="ar,ctc-draft",
                    help="methods timed as the first job of a fresh process, comma-separated (default ar,ctc-draft; "
                         "'' skips; --random-weights: ar only)")
+    g.add_argument("--rule-methods", default="draft,ctc-draft",
+                   help="exact methods also run at the default --speculate-max-rows (the speculation rule) beside "
+                        "forced on (every round speculates) and ar, with the static steps on: bench-gpu-rule.md "
+                        "(comma-separated; default draft,ctc-draft; '' skips; real weights only)")
     g.add_argument("--cold-run", default="", help=argparse.SUPPRESS)  # METHOD:BATCH:on|off, the suite's subprocess
     ts = p.add_argument_group("timestamps suite (manifest: LJSpeech's clips.jsonl; --limit: speed clips, default 40; "
                               "--threads: default 2; --models-dir: faster-whisper's CTranslate2 copy)")

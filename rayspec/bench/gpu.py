@@ -9,6 +9,9 @@ Tables written to ``--output`` (each ``.md`` + ``.csv``):
   ``--repeats`` round-robin runs after a warm-up batch), each with wall s, RTFx, target passes (NFE) per utterance,
   decode ms per target round (the decode side's wall over the rounds of target passes), speed-up against ``ar``
   with the same steps, and utterances identical to that ``ar``.
+* ``bench-gpu-rule.md``: for each method of ``--rule-methods`` (default ``draft,ctc-draft``), with the static steps
+  on, its row at the default row cap (the speculation rule, :mod:`rayspec.spec_decode.rule`) against the same method
+  forced to speculate in every round and ``ar`` (forced off): the rule's wall over the faster of the two.
 * ``bench-gpu-peers.md``: transformers on the same device, dtype, weights and features: ``generate``,
   ``generate`` with its static cache, and static cache + ``torch.compile(mode="reduce-overhead")``; a variant that
   fails is a row with its error. Beside them rayspec's ``ar`` rows; identical counts against rayspec's ``ar``.
@@ -122,13 +125,57 @@ def clips(args, sample_rate: int) -> tuple[list[np.ndarray], list[Optional[str]]
     return [load_audio(u.audio, sample_rate) for u in utts], [u.text for u in utts]
 
 
-def configs(args, random: bool) -> list[tuple[str, DecodeOptions]]:
-    """The rows' configurations: ``ar`` (forced to ``--tokens`` with random weights) or every method's defaults."""
+RULE = " +rule"
+"""Suffix of a method's row run at the default ``--speculate-max-rows`` (the speculation rule decides per round);
+the method's plain row speculates in every round (forced on), ``ar`` never does (forced off)."""
+
+
+def configs(args, random: bool, rule: bool = False) -> list[tuple[str, DecodeOptions]]:
+    """The rows' configurations: ``ar`` (forced to ``--tokens`` with random weights) or every method's defaults,
+    speculating in every round; with ``rule``, also each method of ``--rule-methods`` at the default row cap (suffix
+    :data:`RULE`; real weights only).
+
+    Raises:
+        ValueError: a ``--rule-methods`` name that is no exact speculative method's row.
+    """
     from .asr import method_defaults
 
     if random:  # cap = ceil(6.9 s x rate) = --tokens for every clip
         return [("ar", DecodeOptions("ar", vad=False, max_tokens_per_second=(args.tokens - 0.5) / RANDOM_CLIP_S))]
-    return [(name, replace(o, speculate_max_rows=0)) for name, o in method_defaults(args.medusa)]
+    rows = method_defaults(args.medusa)
+    out = [(name, replace(o, speculate_max_rows=0)) for name, o in rows]
+    names = [m for m in (getattr(args, "rule_methods", "") or "").split(",") if m] if rule else []
+    exact = [name for name, o in rows if name != "ar" and (o.method != "ssd" or o.ssd.exact)]
+    unknown = sorted(set(names) - set(exact))
+    if unknown:
+        raise ValueError(f"--rule-methods: {', '.join(unknown)} is no exact speculative method (choose from "
+                         f"{', '.join(exact)}; a lossy rule keeps its fixed row cap)")
+    return out + [(name + RULE, o) for name, o in rows if name in names]
+
+
+def rule_rows(rows: list[dict], goal: float = 1.03) -> list[dict]:
+    """The speculation rule against forcing: for every row ``<method> +rule`` (:data:`RULE`) of ``rows``
+    (:func:`rayspec_rows`' dicts), the same method forced on and ``ar`` (forced off) at the same steps and batch size.
+
+    Returns:
+        one dict per rule row: ``config`` (the method), ``steps``, ``batch``, ``ar_s``, ``forced_s``, ``rule_s`` (wall
+        s), ``best`` ("ar" or "forced"), ``ratio`` (rule wall / the faster of the two) and ``ok`` (ratio <= ``goal``:
+        #65's "never a slower path than ``ar`` or forcing by more than 3%").
+    """
+    wall = {(r["config"], r["steps"], r["batch"]): r["wall_s"] for r in rows}
+    out = []
+    for (config, steps, batch), rule_s in wall.items():
+        if not config.endswith(RULE):
+            continue
+        method = config[: -len(RULE)]
+        ar_s, forced_s = wall.get(("ar", steps, batch)), wall.get((method, steps, batch))
+        if ar_s is None or forced_s is None:
+            continue
+        best = "ar" if ar_s <= forced_s else "forced"
+        ratio = rule_s / min(ar_s, forced_s)
+        out.append(dict(config=method, steps=steps, batch=batch, ar_s=ar_s, forced_s=forced_s, rule_s=rule_s,
+                        best=best, ratio=ratio, ok=ratio <= goal))
+    return out
 
 
 CAPTURE_FAILED = "dynamic (capture failed)"
@@ -387,6 +434,16 @@ def write_tables(out_dir: str, title: str, rows: list[dict], peers: list[dict], 
     main = write_table(os.path.join(out_dir, "bench-gpu"), title,
                        ["config", "steps", "batch", "utts", "wall s", "RTFx", "NFE/utt", "decode ms/round",
                         "speed-up vs ar", "identical to ar", "WER %"], cells, notes)
+    write_table(os.path.join(out_dir, "bench-gpu-rule"), title + ": the speculation rule against forcing",
+                ["method", "steps", "batch", "ar (forced off) s", "forced on s", "rule s", "faster forced",
+                 "rule / faster", "within 3%"],
+                [[r["config"], r["steps"], r["batch"], _f(r["ar_s"], "{:.3f}"), _f(r["forced_s"], "{:.3f}"),
+                  _f(r["rule_s"], "{:.3f}"), r["best"], f"{r['ratio']:.2f}x", "yes" if r["ok"] else "NO"]
+                 for r in rule_rows(rows)],
+                "\n- rule: the method at the default `--speculate-max-rows` (the speculation rule prices each round "
+                "from warm-up and measured costs and speculates where it pays); forced on: every round speculates "
+                "(`--speculate-max-rows all`); forced off: `ar`. Same steps, batch and run; wall = best of the "
+                "repeats.\n")
     ar = {(r["steps"], r["batch"]): r["tokens"] for r in rows if r["config"] == "ar"}
     peer_cells = []
     for r in peers + [r for r in rows if r["config"] == "ar"]:
@@ -470,7 +527,8 @@ def cmd_bench_gpu(args) -> int:
     # Stages by importance, the tables rewritten after each, so a run cut short (a device call's time limit) keeps
     # what it measured: warm rows, cold rows, transformers, pass costs, transformers + torch.compile last.
     for on in (True, False):  # graphs (or static) first, then dynamic: the same models, round-robin inside each
-        got, (label, info) = rayspec_rows(models, audios, refs, cfgs, batch_sizes, args.repeats, on, max_batch)
+        stage = configs(args, random, rule=True) if on else cfgs  # the rule's rows with the steps on only (time)
+        got, (label, info) = rayspec_rows(models, audios, refs, stage, batch_sizes, args.repeats, on, max_batch)
         rows += got
         capture[label] = info
         write()

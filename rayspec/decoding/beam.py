@@ -478,7 +478,7 @@ def _self_rows(cache: DecoderCache, rows: Sequence[int]) -> DecoderCache:
     pick = lambda ts: [t.index_select(0, index) for t in ts]  # noqa: E731
     rows = np.asarray(rows, dtype=np.int64)
     return DecoderCache(pick(cache.self_k), pick(cache.self_v), [], [], None, np.zeros(len(rows), dtype=np.int64),
-                        cache.host_lengths[rows], cache.lengths.index_select(0, index), cache.pending)
+                        cache.host_lengths[rows], cache.device, cache.pending)
 
 
 def beam_decode(target: WhisperASR, enc: EncoderOutput, caps: Sequence[int], options: BeamOptions = BeamOptions(),

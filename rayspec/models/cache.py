@@ -22,7 +22,9 @@ class DecoderCache:
     """Per-layer decoder caches for a batch of ``B`` rows.
 
     Committed lengths live on the host (``host_lengths``, the source of truth for shapes and checks) and on the
-    device (``lengths``, for position arithmetic), so no method here reads the device back.
+    device (``lengths``, for position arithmetic), so no method here reads the device back. The device copy is made
+    when ``lengths`` is first read after a change, so a round whose step stages its lengths from host memory with its
+    other inputs (the static steps' head step) makes no second host-to-device copy for them.
 
     Attributes:
         self_k, self_v: one tensor per decoder layer, ``[B, H, capacity, Dh]``, the model's dtype.
@@ -32,7 +34,8 @@ class DecoderCache:
         cross_lengths: int64 numpy ``[B]``, real encoder positions per row (``S`` for an unpadded row; zeros for a
             decoder-only model); :meth:`cross` cuts attention to the longest live row's.
         host_lengths: int64 numpy ``[B]``, committed positions per row (prompt + accepted tokens).
-        lengths: int64 ``[B]`` on the cache's device, the same numbers.
+        device: the device of every tensor here.
+        lengths (property): int64 ``[B]`` on ``device``, the same numbers as ``host_lengths``.
         pending: number of positions the last decoder call wrote past ``lengths`` (0 after a commit).
 
     After :meth:`reserve` the per-row tensors above are views of the first ``B`` rows of larger buffers, so that
@@ -46,9 +49,10 @@ class DecoderCache:
     cross_mask: Optional[torch.Tensor]
     cross_lengths: np.ndarray
     host_lengths: np.ndarray
-    lengths: torch.Tensor
+    device: torch.device
     pending: int = 0
     _buffers: Optional[dict] = field(default=None, repr=False)  # per-row tensors of the reserved rows, by field
+    _lengths: Optional[torch.Tensor] = field(default=None, repr=False)  # device copy of host_lengths, made on read
 
     @staticmethod
     def empty(self_k, self_v, cross_k, cross_v, cross_mask, device,
@@ -59,7 +63,7 @@ class DecoderCache:
         if cross_lengths is None:
             cross_lengths = np.full(b, cross_k[0].shape[2] if cross_k else 0)
         return DecoderCache(self_k, self_v, cross_k, cross_v, cross_mask, np.asarray(cross_lengths, dtype=np.int64),
-                            np.zeros(b, dtype=np.int64), torch.zeros(b, dtype=torch.long, device=device))
+                            np.zeros(b, dtype=np.int64), torch.device(device))
 
     @property
     def batch_size(self) -> int:
@@ -70,8 +74,11 @@ class DecoderCache:
         return int(self.self_k[0].shape[2])
 
     @property
-    def device(self) -> torch.device:
-        return self.lengths.device
+    def lengths(self) -> torch.Tensor:
+        """int64 ``[B]`` on :attr:`device`: ``host_lengths``, copied (non-blocking) on the first read after a change."""
+        if self._lengths is None:
+            self._lengths = torch.from_numpy(self.host_lengths.copy()).to(self.device, non_blocking=True)
+        return self._lengths
 
     def cross(self) -> tuple[list[torch.Tensor], list[torch.Tensor], Optional[torch.Tensor]]:
         """Cross-attention keys, values (per layer, ``[B, H, S', Dh]``) and mask (``[B, 1, 1, S']`` or None), cut
@@ -120,7 +127,7 @@ class DecoderCache:
 
     def _set_lengths(self, lengths: np.ndarray) -> None:
         self.host_lengths = np.asarray(lengths, dtype=np.int64).copy()
-        self.lengths = torch.from_numpy(self.host_lengths.copy()).to(self.device, non_blocking=True)
+        self._lengths = None
 
     def select(self, rows: Sequence[int]) -> "DecoderCache":
         """A cache holding only ``rows`` (indices, in that order): drops finished rows or reorders. Copies every
@@ -131,7 +138,7 @@ class DecoderCache:
         out = DecoderCache(
             pick(self.self_k), pick(self.self_v), pick(self.cross_k), pick(self.cross_v),
             None if self.cross_mask is None else self.cross_mask.index_select(0, index), self.cross_lengths[rows],
-            self.host_lengths[rows], self.lengths.index_select(0, index), self.pending,
+            self.host_lengths[rows], self.device, self.pending,
         )
         return out
 
