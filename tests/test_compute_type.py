@@ -125,6 +125,23 @@ def test_batch_invariant_steps_equal_a_multi_token_pass(tmp_path, compute_type):
         assert torch.equal(model.project(torch.cat(steps, 1)).argmax(-1), model.project(passed).argmax(-1))
 
 
+@native_bf16
+def test_batch_invariant_products_give_a_row_its_one_row_result_at_any_row_count(tmp_path):
+    """A bfloat16 decoder's products (whisper-base's fc2 shape, 2048 -> 512): a row among 160 others (16 rows x 10
+    tokens, a batch-16 verification pass) gets bitwise what it gets alone; oneDNN's own product did not from 33 rows
+    on, which let batch-16 speculation differ from ar on 4 of 99 held-out clips."""
+    from rayspec.models.linear import PackedLinear
+    from tiny import make_tiny
+
+    model = _low_precision(make_tiny(tmp_path, d_model=64, layers=2, seed=5), "bfloat16")
+    torch.manual_seed(0)
+    layer = PackedLinear(torch.nn.Linear(2048, 512).to(torch.bfloat16))
+    x = torch.randn(16, 10, 2048).to(torch.bfloat16)
+    with torch.inference_mode():
+        alone = torch.stack([torch.cat([model._linear(layer, t[None, None])[0] for t in row]) for row in x])
+        assert torch.equal(model._linear(layer, x), alone)
+
+
 @fbgemm
 def test_int8_linear_rows_do_not_depend_on_their_batch_mates():
     """An int8 linear layer's row is bitwise the same alone as among other rows of any range, and near float32's."""

@@ -54,6 +54,14 @@ def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return F.dropout(x, p=p, training=True) if training and p else x
 
 
+def _in_row_blocks(product, x: torch.Tensor) -> torch.Tensor:
+    """``product`` (``[N, in]`` -> ``[N, out]``) over the rows of ``x`` ``[..., in]`` in blocks of at most
+    :data:`ROW_BLOCK` rows: ``[..., out]``."""
+    rows = x.reshape(-1, x.shape[-1])
+    out = torch.cat([product(r) for r in rows.split(ROW_BLOCK)])
+    return out.reshape(*x.shape[:-1], out.shape[-1])
+
+
 def _encoder_layer(layer, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """A transformers ``WhisperEncoderLayer`` over ``x`` ``[B, S, D]`` (``bias``: additive attention mask
     ``[B, 1, 1, S]`` or None): the same operations in the same order as its ``forward`` with SDPA attention, with the
@@ -152,7 +160,12 @@ EMBEDDING_KEY = "model.decoder.embed_tokens.weight"
 CPU_ENCODER_POSITIONS = 1500  # encoder positions per call on a CPU (see WhisperASR.encode)
 SHORT_WINDOW_MARGIN_S = 2.0  # padding kept after a batch's longest row in a short encoder window (short_window)
 SHORTLIST_TOKENS = 4096  # token ids whose logits bound a row's largest one in lazy greedy verification
-PROJECT_ROWS = 32  # most rows per output-projection product in batch-invariant decoding (see WhisperASR.project)
+ROW_BLOCK = 32
+"""Most rows (batch x new tokens) per decoder product in batch-invariant decoding (:attr:`WhisperASR.batch_invariant`):
+oneDNN's bfloat16 products round a row differently once more rows share the call (measured on whisper-base's decoder
+shapes, 2 threads, an AMX host: every row count up to 32 gives a row its one-row result; 33 or 37 rows on, depending
+on the weight, do not), so a verification pass over 16 rows x 9 tokens would not give a row what its one-token steps
+give it."""
 KEY_BLOCK = 64
 """Batch-invariant decoding (:attr:`WhisperASR.batch_invariant`) reads self-attention keys in blocks of this many
 slots: a row's attention then sums over the same key count (its own, then masked ones that add exact zeros), whatever
@@ -215,10 +228,12 @@ class WhisperASR:
         """Whether the decoder runs its batch-invariant arithmetic: a row's logits are bitwise the same whether it
         takes a one-token step or sits in a multi-token draft verification, and whatever the other rows' lengths, so
         every exact method equals ``ar`` at the same batch size (checked: whisper-base, 24 held-out LJSpeech clips,
-        every method at batch 1 and 16; batch 16 still differed from batch 1 on one clip, by a comma, a difference
-        not yet traced). On for bfloat16 / float16 decoders on a CPU, where
+        every method at batch 1 and 16; 99 held-out clips at batch 16 with ``ctc-draft`` verifying drafts in every
+        round and ``ssd --exact``, 99/99 each, where oneDNN's unblocked products had let 4 of 99 differ; ``ar`` at
+        batch 16 still differs from batch 1 on one clip, by a comma, a difference not yet traced). On for bfloat16 / float16 decoders on a CPU, where
         the kernels' last-bit differences are large enough to flip greedy choices: PyTorch's oneDNN bfloat16 linear
-        layers give a row the same result at any row count, and attention is made to by reading keys in
+        layers give a row the same result at up to :data:`ROW_BLOCK` rows per product, so larger products run in
+        blocks of that many rows, and attention is made to by reading keys in
         :data:`KEY_BLOCK` blocks and giving a one-token query a second row (its flash kernel takes another path for
         one query). float32 keeps the kernels it was measured with (the exact reference; its last-bit differences
         have not flipped a choice in the exactness tests). On too for int8 decoders (:attr:`int8`), whose linear
@@ -770,25 +785,25 @@ class WhisperASR:
         for i, layer in enumerate(dec.layers):
             attn = layer.self_attn
             h = _layer_norm(layer.self_attn_layer_norm, x)
-            qh = self._heads(linear_layer(attn.q_proj, h) * attn.scaling)
-            self_k[i].scatter_(2, write, self._heads(linear_layer(attn.k_proj, h)))
-            self_v[i].scatter_(2, write, self._heads(linear_layer(attn.v_proj, h)))
+            qh = self._heads(self._linear(attn.q_proj, h) * attn.scaling)
+            self_k[i].scatter_(2, write, self._heads(self._linear(attn.k_proj, h)))
+            self_v[i].scatter_(2, write, self._heads(self._linear(attn.v_proj, h)))
             k = self_k[i][:, :, :top]
             v = self_v[i][:, :, :top]
             x = x + _dropout(self._attend(attn, qh, k, v, visible), layer.dropout, layer.training)
 
             cross = layer.encoder_attn
             h = _layer_norm(layer.encoder_attn_layer_norm, x)
-            qh = self._heads(linear_layer(cross.q_proj, h) * cross.scaling)
+            qh = self._heads(self._linear(cross.q_proj, h) * cross.scaling)
             if cross_heads is not None and i in cross_heads:
                 pick = torch.tensor(cross_heads[i], device=qh.device)
                 cross_out.append(qh.index_select(1, pick) @ cross_k[i].index_select(1, pick).transpose(-1, -2))
             out = self._attend(cross, qh, cross_k[i], cross_v[i], cross_mask)
             x = x + _dropout(out, layer.dropout, layer.training)
 
-            h = layer.activation_fn(linear_layer(layer.fc1, _layer_norm(layer.final_layer_norm, x)))
+            h = layer.activation_fn(self._linear(layer.fc1, _layer_norm(layer.final_layer_norm, x)))
             h = _dropout(h, layer.activation_dropout, layer.training)
-            x = x + _dropout(linear_layer(layer.fc2, h), layer.dropout, layer.training)
+            x = x + _dropout(self._linear(layer.fc2, h), layer.dropout, layer.training)
         return _layer_norm(dec.layer_norm, x)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
@@ -803,7 +818,15 @@ class WhisperASR:
             mask = None if mask is None else mask.expand(-1, -1, 2, -1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)[:, :, :n]
         b = out.shape[0]
-        return linear_layer(attn.out_proj, out.transpose(1, 2).reshape(b, n, -1))
+        return self._linear(attn.out_proj, out.transpose(1, 2).reshape(b, n, -1))
+
+    def _linear(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """A decoder product, :func:`~rayspec.models.linear.linear_layer` (``[..., in]`` -> ``[..., out]``), in blocks
+        of at most :data:`ROW_BLOCK` rows where the decoder is :attr:`batch_invariant` (an int8 decoder's products are
+        row-invariant by construction)."""
+        if self.batch_invariant and not self.int8 and x.numel() > ROW_BLOCK * x.shape[-1]:
+            return _in_row_blocks(lambda rows: linear_layer(layer, rows), x)
+        return linear_layer(layer, x)
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """Output projection: decoder hidden states ``[..., D]`` -> logits ``[..., V]`` in the model's dtype.
@@ -811,17 +834,15 @@ class WhisperASR:
         Through :func:`~rayspec.models.linear.linear`: on a CPU without autograd the ``[V, D]`` weight is read in
         oneDNN's packed layout, at about the same cost for 1 to 16 rows (whisper-base, 51,865 x 512, 2 threads:
         4.3 ms for one row, 4.5 ms for 10; MKL on the stored weight: 9.8 and 21.7 ms). A :attr:`batch_invariant`
-        decoder projects at most :data:`PROJECT_ROWS` rows per product: oneDNN's bfloat16 product over this weight
-        rounds a row otherwise from 37 rows on. An int8 model (:attr:`int8`) projects through a float16 copy of the
+        decoder projects at most :data:`ROW_BLOCK` rows per product (oneDNN's bfloat16 product over this weight
+        rounds a row otherwise from 37 rows on). An int8 model (:attr:`int8`) projects through a float16 copy of the
         weight, row by row (:class:`~rayspec.models.linear.Float16RowLinear`: half float32's bytes to read per step).
         """
         if self._half_projection is not None:  # batch-invariant by construction
             return self._half_projection(hidden)
         proj = self.model.proj_out
-        if self.batch_invariant and hidden.numel() > PROJECT_ROWS * hidden.shape[-1]:
-            rows = hidden.reshape(-1, hidden.shape[-1])
-            out = torch.cat([linear(r, proj.weight, proj.bias) for r in rows.split(PROJECT_ROWS)])
-            return out.reshape(*hidden.shape[:-1], -1)
+        if self.batch_invariant and hidden.numel() > ROW_BLOCK * hidden.shape[-1]:
+            return _in_row_blocks(lambda rows: linear(rows, proj.weight, proj.bias), hidden)
         return linear(hidden, proj.weight, proj.bias)
 
     def token_logits(self, hidden: torch.Tensor, tokens: torch.Tensor, first: torch.Tensor) -> torch.Tensor:
