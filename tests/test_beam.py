@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from rayspec.decoding.ar import greedy_decode
-from rayspec.decoding.beam import BeamOptions, MaximumLikelihoodRanker, beam_decode
+from rayspec.decoding.beam import BeamOptions, MaximumLikelihoodRanker, beam_decode, top_k
+from rayspec.models.cache import DecoderCache
 from test_timestamps import _reference_rules
 from tiny import make_tiny, random_audio
 
@@ -190,6 +191,53 @@ def test_cache_reorder(tiny_target):
     model.decode(cache, torch.zeros((4, 1), dtype=torch.long))
     with pytest.raises(ValueError, match="pending"):
         cache.reorder([1, 0, 2, 3])
+
+
+def test_stacked_cache_reorder_and_drop(tiny_target):
+    """A cache of every layer's rows in one buffer (DecoderCache.stacked) reorders and drops as per-layer caches."""
+    model = tiny_target
+    cache = model.new_cache(_encode(model, AUDIO[:3]), 12)
+    torch.manual_seed(1)
+    for t in (*cache.self_k, *cache.self_v):
+        t.normal_()
+    cache._set_lengths(np.array([6, 6, 4]))
+    src = [0, 0, 1, 2, 2]
+    lengths = cache.host_lengths[src]
+    stacked = DecoderCache.stacked(cache.self_k, cache.self_v, src, 6, lengths)
+    plain = cache.select(src)
+    assert stacked.stack is not None and stacked.batch_size == 5
+    for a, b, n in zip((*stacked.self_k, *stacked.self_v), (*plain.self_k, *plain.self_v), [6] * 12):
+        assert torch.equal(a[:, :, :n], b[:, :, :n]) and not a[:, :, n:].any()
+    for rows in ([1, 1, 4, 0, 3], [0, 1, 2, 3, 4], [4, 3, 2, 1, 0]):
+        stacked.reorder(rows)
+        plain.reorder(rows)
+        assert stacked.host_lengths.tolist() == plain.host_lengths.tolist()
+        for a, b in zip((*stacked.self_k, *stacked.self_v), (*plain.self_k, *plain.self_v)):
+            for r, n in enumerate(plain.host_lengths):
+                assert torch.equal(a[r, :, :n], b[r, :, :n])
+    assert stacked.drop([1, 2]) == plain.drop([1, 2])
+    stacked.reorder([2, 0, 0])
+    plain.reorder([2, 0, 0])
+    for a, b in zip((*stacked.self_k, *stacked.self_v), (*plain.self_k, *plain.self_v)):
+        for r, n in enumerate(plain.host_lengths):
+            assert torch.equal(a[r, :, :n], b[r, :, :n])
+        assert a.data_ptr() >= stacked.stack.data_ptr()  # still views of the one buffer
+    stacked.extend(4)  # past the buffer's rows: per-layer buffers from here on
+    assert stacked.stack is None and stacked.batch_size == 7
+
+
+@pytest.mark.parametrize("shape", [(5, 51865), (2, 3, 40000), (1, 4096 * 6), (3, 100)])
+def test_top_k_equals_torch_topk(shape):
+    torch.manual_seed(0)
+    for trial in range(6):
+        x = torch.randn(shape).log_softmax(-1)
+        if trial % 3 == 1:  # many banned columns
+            x[..., torch.randint(0, shape[-1], (shape[-1] // 3,))] = float("-inf")
+        if trial == 2:  # fewer finite values than k
+            x[..., :-3] = float("-inf")
+        for k in (1, 6, 11):
+            want, got = x.topk(k, dim=-1), top_k(x, k)
+            assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
 
 
 def test_options_and_ranker():

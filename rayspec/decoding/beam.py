@@ -49,6 +49,42 @@ from .common import DecodeStats, Hypothesis
 from .options import BeamOptions
 
 ROUTE = "beam"
+TOPK_BLOCK = 512  # columns per block in top_k's first pass
+
+
+def top_k(x: torch.Tensor, k: int, block: int = TOPK_BLOCK) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x.topk(k, dim=-1)`` (largest first) over a long last dimension (a vocabulary), without a partial sort of every
+    row: the columns are cut into blocks of ``block`` (the last one shorter), and the ``k`` blocks with the largest
+    maxima hold the ``k`` largest values (a value outside them has ``k`` block maxima at least as large above it), so
+    a top-k over those ``k`` blocks' columns finds them: one vectorised maximum per block and two small top-ks
+    (whisper-base, 5 rows of 51,865 log-probabilities: ~0.2 ms instead of ~0.55 ms, 2 threads).
+
+    Args:
+        x: float ``[..., N]``; k: ``1 <= k <= N``.
+
+    Returns:
+        ``(values, indices)``, each ``[..., k]``: the same values as ``torch.topk``; among equal values the indices
+        picked may differ from its (unspecified) choice. Where a row has fewer than ``k`` values above ``-inf``, the
+        result is ``torch.topk``'s own.
+    """
+    n = x.shape[-1]
+    if n < 4 * k * block:
+        return x.topk(k, dim=-1)
+    whole = n // block
+    maxima = x[..., : whole * block].unflatten(-1, (whole, block)).amax(-1)
+    if whole * block < n:  # the short last block
+        maxima = torch.cat([maxima, x[..., whole * block :].amax(-1, keepdim=True)], -1)
+    first = maxima.topk(k, dim=-1).indices * block  # [..., k]: the picked blocks' first columns
+    # each picked block's columns; the short last block reads the last `block` columns, those of its
+    # neighbour among them masked out (they are the neighbour's, picked or not with it)
+    cols = first.clamp(max=n - block)[..., None] + torch.arange(block, device=x.device)  # [..., k, block]
+    picked = x.gather(-1, cols.flatten(-2))
+    if whole * block < n:
+        picked.masked_fill_((cols < first[..., None]).flatten(-2), float("-inf"))
+    values, at = picked.topk(k, dim=-1)
+    if bool(values[..., -1].isneginf().any()):  # too few values above -inf: a masked column could be picked
+        return x.topk(k, dim=-1)
+    return values, cols.flatten(-2).gather(-1, at)
 
 
 @dataclass
@@ -134,32 +170,55 @@ def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torc
     """
     t = target
     b, q = tokens.shape
-    positions, slots, top, visible = cache.attention_layout(q, None, None, t.max_target_positions,
-                                                            KEY_BLOCK if t.batch_invariant else 1)
+    dev = tokens.device
+    lengths = cache.host_lengths
+    # A one-token step whose rows all hold the same committed length (beams advance together): every row sees all
+    # its keys, so no mask, and the new keys/values go into one slot column (a copy, no scatter).
+    level = q == 1 and not t.batch_invariant and b > 0 and not cache.pending and bool((lengths == lengths[0]).all())
+    if level:
+        at = int(lengths[0])
+        top = at + 1
+        if top > cache.capacity:
+            raise ValueError(f"decoder positions up to {top} exceed the cache capacity {cache.capacity}")
+        position = min(at, t.max_target_positions - 1)
+        visible = write = None
+    else:
+        positions, slots, top, visible = cache.attention_layout(q, None, None, t.max_target_positions,
+                                                                KEY_BLOCK if t.batch_invariant else 1)
+        write = slots[:, None, :, None].expand(b, t.num_heads, q, t.head_dim)
     cross_k, cross_v, cross_mask = cross.cut()
     if t.batch_invariant and cross_mask is None and cross_k:  # one attention path, as decode_hidden
         cross_mask = cross_k[0].new_ones((len(groups), 1, 1, cross_k[0].shape[2]), dtype=torch.bool)
-    dev = tokens.device
     order = [r for g in groups for r in g]
     even = len({len(g) for g in groups}) == 1
-    perm = torch.tensor(order, dtype=torch.long, device=dev)
-    back = torch.empty_like(perm)
-    back[perm] = torch.arange(b, device=dev)
+    grouped = order != list(range(b))  # rows to put in group order for cross-attention (and back)
+    if grouped:
+        perm = torch.tensor(order, dtype=torch.long, device=dev)
+        back = torch.empty_like(perm)
+        back[perm] = torch.arange(b, device=dev)
     dec = t._half("decoder")
     norm = lambda m, x: F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps)  # noqa: E731
-    write = slots[:, None, :, None].expand(b, t.num_heads, q, t.head_dim)
     with decode_attention(dev):
-        x = dec.embed_tokens(tokens) * dec.embed_scale + dec.embed_positions.weight[positions]
+        if level:
+            x = dec.embed_tokens(tokens) * dec.embed_scale + dec.embed_positions.weight[position]
+        else:
+            x = dec.embed_tokens(tokens) * dec.embed_scale + dec.embed_positions.weight[positions]
         for i, layer in enumerate(dec.layers):
             attn = layer.self_attn
             h = norm(layer.self_attn_layer_norm, x)
             qh = t._heads(linear_layer(attn.q_proj, h) * attn.scaling)
-            cache.self_k[i].scatter_(2, write, t._heads(linear_layer(attn.k_proj, h)))
-            cache.self_v[i].scatter_(2, write, t._heads(linear_layer(attn.v_proj, h)))
+            if level:
+                cache.self_k[i][:, :, at:top] = t._heads(linear_layer(attn.k_proj, h))
+                cache.self_v[i][:, :, at:top] = t._heads(linear_layer(attn.v_proj, h))
+            else:
+                cache.self_k[i].scatter_(2, write, t._heads(linear_layer(attn.k_proj, h)))
+                cache.self_v[i].scatter_(2, write, t._heads(linear_layer(attn.v_proj, h)))
             x = x + t._attend(attn, qh, cache.self_k[i][:, :, :top], cache.self_v[i][:, :, :top], visible)
 
             xattn = layer.encoder_attn
-            h = norm(layer.encoder_attn_layer_norm, x).index_select(0, perm)  # rows in group order
+            h = norm(layer.encoder_attn_layer_norm, x)
+            if grouped:
+                h = h.index_select(0, perm)  # rows in group order
             if even:  # [N, G * Q, D]: each audio's beams as one block of queries
                 n, d = len(groups), h.shape[-1]
                 hq = t._heads(linear_layer(xattn.q_proj, h.reshape(n, -1, d)) * xattn.scaling)
@@ -173,7 +232,7 @@ def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torc
                     outs.append(t._attend(xattn, hq, cross_k[i][a : a + 1], cross_v[i][a : a + 1], m))
                     start += len(g)
                 out = torch.cat(outs, 1).reshape(b, q, -1)
-            x = x + out.index_select(0, back)
+            x = x + (out.index_select(0, back) if grouped else out)
 
             h = layer.activation_fn(linear_layer(layer.fc1, norm(layer.final_layer_norm, x)))
             x = x + linear_layer(layer.fc2, h)
@@ -403,10 +462,9 @@ class BeamSearch:
         """
         t = self.target
         r, q = hidden.shape[:2]
-        logits = t.project(hidden)  # [R, Q, V]
         first = np.zeros((r, q), dtype=bool)
         first[:, 0] = [not a.beams[j].tokens for a, j in by_row]
-        logits = t.suppress(logits, first=first)
+        logits = t.suppressed_logits(hidden, first)  # [R, Q, V]
         stamped = [a.timestamps for a, _ in by_row]
         if any(stamped):
             chains = [[a.beams[j].tokens[-1] if a.beams[j].tokens else a.prompt[-1]] + (drafts[k] if drafts else [])
@@ -421,7 +479,7 @@ class BeamSearch:
             bounds = rule_bounds(layout, [a.beams[j].tokens for a, j in by_row], stamped, self.tt)
             logits = apply_rules(logits.contiguous(), bounds, self.tt)
         logprobs = torch.log_softmax(logits.float(), dim=-1)
-        values, ids = logprobs.topk(min(self.decoder.candidates_per_beam, logprobs.shape[-1]), dim=-1)
+        values, ids = top_k(logprobs, min(self.decoder.candidates_per_beam, logprobs.shape[-1]))
         return values.cpu().numpy(), ids.cpu().numpy()
 
     def _advance(self, live: list[_Audio], cache, hidden: torch.Tensor, out: list, first: bool = False):
@@ -473,12 +531,13 @@ class BeamSearch:
 
 
 def _self_rows(cache: DecoderCache, rows: Sequence[int]) -> DecoderCache:
-    """A cache of ``cache``'s self-attention rows ``rows`` (copies; repeats allowed) without cross-attention."""
-    index = torch.tensor(list(rows), dtype=torch.long, device=cache.device)
-    pick = lambda ts: [t.index_select(0, index) for t in ts]  # noqa: E731
+    """A cache of ``cache``'s self-attention rows ``rows`` (copies of their committed positions; repeats allowed)
+    without cross-attention, every layer's keys/values in one buffer (:meth:`DecoderCache.stacked`)."""
+    if cache.pending:
+        raise ValueError("cannot copy the rows of a cache with pending positions")
     rows = np.asarray(rows, dtype=np.int64)
-    return DecoderCache(pick(cache.self_k), pick(cache.self_v), [], [], None, np.zeros(len(rows), dtype=np.int64),
-                        cache.host_lengths[rows], cache.device, cache.pending)
+    lengths = cache.host_lengths[rows]
+    return DecoderCache.stacked(cache.self_k, cache.self_v, rows, int(lengths.max()), lengths)
 
 
 def beam_decode(target: WhisperASR, enc: EncoderOutput, caps: Sequence[int], options: BeamOptions = BeamOptions(),

@@ -40,6 +40,10 @@ class DecoderCache:
 
     After :meth:`reserve` the per-row tensors above are views of the first ``B`` rows of larger buffers, so that
     :meth:`extend` copies nothing and :meth:`drop` moves only the rows that fill holes.
+
+    A cache made by :meth:`stacked` holds every layer's self-attention keys/values in one buffer (``stack``:
+    ``[2, L, B, H, capacity, Dh]``, ``self_k[i]`` / ``self_v[i]`` its ``[0, i]`` / ``[1, i]`` rows): :meth:`reorder`
+    then moves a row of all layers in one gather instead of one per layer and tensor.
     """
 
     self_k: list[torch.Tensor]
@@ -52,6 +56,7 @@ class DecoderCache:
     device: torch.device
     pending: int = 0
     _buffers: Optional[dict] = field(default=None, repr=False)  # per-row tensors of the reserved rows, by field
+    stack: Optional[torch.Tensor] = field(default=None, repr=False)  # see the class docstring (None: per layer)
     _lengths: Optional[torch.Tensor] = field(default=None, repr=False)  # device copy of host_lengths, made on read
 
     @staticmethod
@@ -64,6 +69,26 @@ class DecoderCache:
             cross_lengths = np.full(b, cross_k[0].shape[2] if cross_k else 0)
         return DecoderCache(self_k, self_v, cross_k, cross_v, cross_mask, np.asarray(cross_lengths, dtype=np.int64),
                             np.zeros(b, dtype=np.int64), torch.device(device))
+
+    @staticmethod
+    def stacked(self_k: Sequence[torch.Tensor], self_v: Sequence[torch.Tensor], rows: Sequence[int], committed: int,
+                host_lengths: np.ndarray) -> "DecoderCache":
+        """A self-attention-only cache of ``rows`` (``[R]`` indices, repeats allowed) of the per-layer ``self_k`` /
+        ``self_v`` (``[B, H, C, Dh]`` each), their first ``committed`` positions copied into one stacked buffer (see
+        the class docstring), zeros after them (as :meth:`~rayspec.models.whisper.WhisperASR.new_cache`'s).
+
+        Args:
+            host_lengths: int64 numpy ``[R]``, the rows' committed positions (at most ``committed``).
+        """
+        k0 = self_k[0]
+        b, h, c, d = k0.shape
+        stack = k0.new_zeros((2, len(self_k), len(rows), h, c, d))
+        index = torch.as_tensor(list(rows), dtype=torch.long, device=k0.device)
+        for s, ts in enumerate((self_k, self_v)):
+            for i, t in enumerate(ts):
+                torch.index_select(t[:, :, :committed], 0, index, out=stack[s, i, :, :, :committed])
+        return DecoderCache(list(stack[0]), list(stack[1]), [], [], None, np.zeros(len(rows), dtype=np.int64),
+                            np.asarray(host_lengths, dtype=np.int64), k0.device, stack=stack)
 
     @property
     def batch_size(self) -> int:
@@ -165,9 +190,13 @@ class DecoderCache:
         if top:
             dst = torch.from_numpy(moved).to(self.device, non_blocking=True)
             src = torch.from_numpy(rows[moved]).to(self.device, non_blocking=True)
-            for t in (*self.self_k, *self.self_v):
-                part = t[:, :, :top]  # a view: the gathered rows are copied out before the write
-                part.index_copy_(0, dst, part.index_select(0, src))
+            if self.stack is not None:  # every layer's rows in one gather
+                part = self.stack[:, :, :b, :, :top]
+                part.index_copy_(2, dst, part.index_select(2, src))
+            else:
+                for t in (*self.self_k, *self.self_v):
+                    part = t[:, :, :top]  # a view: the gathered rows are copied out before the write
+                    part.index_copy_(0, dst, part.index_select(0, src))
         self._set_lengths(self.host_lengths[rows])
 
     def reserve(self, rows: int) -> None:
@@ -184,6 +213,7 @@ class DecoderCache:
             return
         grow = lambda ts: [torch.cat([t, t.new_zeros((rows - b, *t.shape[1:]))]) for t in ts]  # noqa: E731
         self._buffers = {name: grow(ts) for name, ts in held.items()}
+        self.stack = None  # the layers' rows now live in the new buffers
         self._view(b)
 
     def _view(self, b: int) -> None:

@@ -919,9 +919,21 @@ class WhisperASR:
         _, ids, weight, bias = self._readout
         return self.suppress(linear(hidden, weight, bias), first, ids), ids
 
+    def suppressed_logits(self, hidden: torch.Tensor, first: torch.Tensor | np.ndarray | bool = False) -> torch.Tensor:
+        """``suppress(project(hidden), first)``: hidden ``[..., D]`` -> logits ``[..., V]``. Where the projection is one
+        float product of a weight without a bias (a float32 CPU decoder, not :attr:`batch_invariant`, not int8), the
+        suppress list is that product's bias: the same numbers (adding 0 or -inf to a sum is exact wherever it is
+        done) without another pass over the logits."""
+        proj = self.model.proj_out
+        if (self._suppress is None or proj.bias is not None or self._half_projection is not None or self.batch_invariant
+                or hidden.device.type != "cpu"):
+            return self.suppress(self.project(hidden), first)
+        return self.suppress(linear(hidden, proj.weight, self._suppress), first, listed=True)
+
     def suppress(self, logits: torch.Tensor, first: torch.Tensor | np.ndarray | bool = False,
-                 ids: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Apply Whisper's suppress lists to logits ``[..., V]`` (returns a new tensor).
+                 ids: Optional[torch.Tensor] = None, listed: bool = False) -> torch.Tensor:
+        """Apply Whisper's suppress lists to logits ``[..., V]`` (returns a new tensor, or ``logits`` where nothing
+        applies).
 
         Args:
             first: where the position is the first generated token (``begin_suppress_tokens`` apply): a bool, a
@@ -929,8 +941,10 @@ class WhisperASR:
                 to ``logits.shape[:-1]``.
             ids: int64 ``[S]``, the token id of each column when ``logits`` ``[..., S]`` cover only those tokens (a
                 readout over :attr:`vocabulary`); None: all ``V``.
+            listed: the ``suppress_tokens`` list is already applied (:meth:`suppressed_logits`): begin-suppression
+                only.
         """
-        suppress, begin = self._suppress, self._begin_suppress
+        suppress, begin = (None if listed else self._suppress), self._begin_suppress
         if ids is not None:
             suppress, begin = (None if b is None else b[ids] for b in (suppress, begin))
         if suppress is not None:
