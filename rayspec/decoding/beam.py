@@ -42,7 +42,7 @@ import torch.nn.functional as F
 from ..models.cache import DecoderCache
 from ..models.encoded import EncoderOutput
 from ..models.linear import linear_layer
-from ..models.whisper import KEY_BLOCK, WhisperASR
+from ..models.whisper import KEY_BLOCK, WhisperASR, attention_inputs
 from ..runner.attention import decode_attention
 from ..spec_decode.timestamps import apply_rules, rule_bounds
 from .common import DecodeStats, Hypothesis
@@ -152,10 +152,10 @@ def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torc
         x = dec.embed_tokens(tokens) * dec.embed_scale + dec.embed_positions.weight[positions]
         for i, layer in enumerate(dec.layers):
             attn = layer.self_attn
-            h = norm(layer.self_attn_layer_norm, x)
-            qh = t._heads(linear_layer(attn.q_proj, h) * attn.scaling)
-            cache.self_k[i].scatter_(2, write, t._heads(linear_layer(attn.k_proj, h)))
-            cache.self_v[i].scatter_(2, write, t._heads(linear_layer(attn.v_proj, h)))
+            qh, kh, vh = attention_inputs(attn, norm(layer.self_attn_layer_norm, x))
+            qh = t._heads(qh * attn.scaling)
+            cache.self_k[i].scatter_(2, write, t._heads(kh))
+            cache.self_v[i].scatter_(2, write, t._heads(vh))
             x = x + t._attend(attn, qh, cache.self_k[i][:, :, :top], cache.self_v[i][:, :, :top], visible)
 
             xattn = layer.encoder_attn
