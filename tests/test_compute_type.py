@@ -143,6 +143,44 @@ def test_batch_invariant_products_give_a_row_its_one_row_result_at_any_row_count
 
 
 @fbgemm
+def test_int8_fused_and_cached_weights_give_the_same_states(tmp_path, monkeypatch):
+    """An int8 model's fused attention products (q|k|v, cross k|v) give bitwise the states of separate int8 layers, and
+    a second load reads the quantized weights from the cache (no float32 linear weight quantized) to the same bits."""
+    import os
+
+    import numpy as np
+
+    from rayspec.models import linear
+    from rayspec.models.linear import INT8_FILE, quantize_linears
+    from tiny import make_tiny
+
+    monkeypatch.setenv("RAYSPEC_CACHE", str(tmp_path / "cache"))
+    path = tmp_path / "model"
+    make_tiny(path, d_model=64, layers=2, seed=7)
+    separate = WhisperASR.from_pretrained(str(path))
+    quantize_linears(separate.model.model)  # unfused, uncached
+    separate.int8 = True
+    built = WhisperASR.from_pretrained(str(path)).pack_for_inference(int8=True)
+    folder = built._int8_cache()
+    assert os.path.isfile(os.path.join(folder, INT8_FILE))
+    assert hasattr(built.model.model.encoder.layers[0].self_attn, "qkv_proj")
+    calls = []
+    monkeypatch.setattr(linear, "quantize_weight", lambda w: calls.append(w) or pytest.fail("quantized again"))
+    cached = WhisperASR.from_pretrained(str(path)).pack_for_inference(int8=True)
+    assert not calls
+    feats, lengths = built.features([np.random.default_rng(1).standard_normal(16000).astype(np.float32)])
+    tokens = torch.tensor([built.prompt_ids + [5, 9, 12]])
+    states = []
+    with torch.inference_mode():
+        for model in (separate, built, cached):
+            enc = model.encode(feats, lengths)
+            cache = model.new_cache(enc, 64)
+            states.append((enc.states, model.decode_hidden(cache, tokens)))
+    for enc, hidden in states[1:]:
+        assert torch.equal(enc, states[0][0]) and torch.equal(hidden, states[0][1])
+
+
+@fbgemm
 def test_int8_linear_rows_do_not_depend_on_their_batch_mates():
     """An int8 linear layer's row is bitwise the same alone as among other rows of any range, and near float32's."""
     from rayspec.models.linear import Int8Linear

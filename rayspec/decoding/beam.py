@@ -41,8 +41,7 @@ import torch.nn.functional as F
 
 from ..models.cache import DecoderCache
 from ..models.encoded import EncoderOutput
-from ..models.linear import linear_layer
-from ..models.whisper import KEY_BLOCK, WhisperASR
+from ..models.whisper import KEY_BLOCK, WhisperASR, attention_inputs
 from ..runner.attention import decode_attention
 from ..spec_decode.timestamps import apply_rules, rule_bounds
 from .common import DecodeStats, Hypothesis
@@ -205,14 +204,14 @@ def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torc
             x = dec.embed_tokens(tokens) * dec.embed_scale + dec.embed_positions.weight[positions]
         for i, layer in enumerate(dec.layers):
             attn = layer.self_attn
-            h = norm(layer.self_attn_layer_norm, x)
-            qh = t._heads(linear_layer(attn.q_proj, h) * attn.scaling)
+            qh, kh, vh = attention_inputs(attn, norm(layer.self_attn_layer_norm, x), t._linear)
+            qh = t._heads(qh * attn.scaling)
             if level:
-                cache.self_k[i][:, :, at:top] = t._heads(linear_layer(attn.k_proj, h))
-                cache.self_v[i][:, :, at:top] = t._heads(linear_layer(attn.v_proj, h))
+                cache.self_k[i][:, :, at:top] = t._heads(kh)
+                cache.self_v[i][:, :, at:top] = t._heads(vh)
             else:
-                cache.self_k[i].scatter_(2, write, t._heads(linear_layer(attn.k_proj, h)))
-                cache.self_v[i].scatter_(2, write, t._heads(linear_layer(attn.v_proj, h)))
+                cache.self_k[i].scatter_(2, write, t._heads(kh))
+                cache.self_v[i].scatter_(2, write, t._heads(vh))
             x = x + t._attend(attn, qh, cache.self_k[i][:, :, :top], cache.self_v[i][:, :, :top], visible)
 
             xattn = layer.encoder_attn
@@ -221,21 +220,21 @@ def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torc
                 h = h.index_select(0, perm)  # rows in group order
             if even:  # [N, G * Q, D]: each audio's beams as one block of queries
                 n, d = len(groups), h.shape[-1]
-                hq = t._heads(linear_layer(xattn.q_proj, h.reshape(n, -1, d)) * xattn.scaling)
+                hq = t._heads(t._linear(xattn.q_proj, h.reshape(n, -1, d)) * xattn.scaling)
                 out = t._attend(xattn, hq, cross_k[i], cross_v[i], cross_mask).reshape(b, q, d)
             else:
                 outs, start = [], 0
                 for a, g in enumerate(groups):
                     hg = h[start : start + len(g)].reshape(1, -1, h.shape[-1])
-                    hq = t._heads(linear_layer(xattn.q_proj, hg) * xattn.scaling)
+                    hq = t._heads(t._linear(xattn.q_proj, hg) * xattn.scaling)
                     m = None if cross_mask is None else cross_mask[a : a + 1]
                     outs.append(t._attend(xattn, hq, cross_k[i][a : a + 1], cross_v[i][a : a + 1], m))
                     start += len(g)
                 out = torch.cat(outs, 1).reshape(b, q, -1)
             x = x + (out.index_select(0, back) if grouped else out)
 
-            h = layer.activation_fn(linear_layer(layer.fc1, norm(layer.final_layer_norm, x)))
-            x = x + linear_layer(layer.fc2, h)
+            h = layer.activation_fn(t._linear(layer.fc1, norm(layer.final_layer_norm, x)))
+            x = x + t._linear(layer.fc2, h)
         hidden = norm(dec.layer_norm, x)
     cache.pending = q
     return hidden

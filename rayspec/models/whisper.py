@@ -24,6 +24,7 @@ result does not depend on its batch-mates.
 from __future__ import annotations
 
 import functools
+import hashlib
 import math
 import os
 from typing import Optional, Sequence
@@ -38,7 +39,7 @@ from .errors import ModelLoadError
 from . import lean_files
 from .features import log_mel, supports
 from .linear import Float16RowLinear, Int8Linear, PackedLinear, linear, linear_layer, pack_linears, quantize_linears
-from .registry import resolve_model
+from .registry import cache_dir, resolve_model
 from .whisper_modules import load_lean
 from ..spec_decode.timestamps import TimestampTokens
 from .encoded import EncoderOutput
@@ -73,9 +74,8 @@ def _encoder_layer(layer, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torc
     def heads(t: torch.Tensor) -> torch.Tensor:  # [B, S, D] -> contiguous [B, H, S, Dh]
         return t.view(b, s, attn.num_heads, -1).transpose(1, 2).contiguous()
 
-    h = _layer_norm(layer.self_attn_layer_norm, x)
-    q = heads(linear_layer(attn.q_proj, h) * attn.scaling)
-    k, v = heads(linear_layer(attn.k_proj, h)), heads(linear_layer(attn.v_proj, h))
+    q, k, v = attention_inputs(attn, _layer_norm(layer.self_attn_layer_norm, x))
+    q, k, v = heads(q * attn.scaling), heads(k), heads(v)
     p = attn.dropout if attn.training else 0.0
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=1.0)
     x = x + _dropout(linear_layer(attn.out_proj, out.transpose(1, 2).reshape(b, s, d)), layer.dropout, layer.training)
@@ -86,6 +86,41 @@ def _encoder_layer(layer, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torc
         big = torch.finfo(x.dtype).max - 1000
         x = x.clamp(min=-big, max=big)
     return x
+
+
+def attention_inputs(attn, h: torch.Tensor, product=linear_layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A self-attention's query, key and value products of ``h`` ``[..., D]`` (each ``[..., D]``, the query not yet
+    scaled): one product through ``attn.qkv_proj`` where an int8 model fused them (:data:`INT8_FUSED`), else three
+    through ``product(layer, h)`` (default :func:`~rayspec.models.linear.linear_layer`; a decoder passes its
+    row-blocked products, ``WhisperASR._linear``)."""
+    fused = getattr(attn, "qkv_proj", None)
+    if fused is not None:
+        return fused(h).chunk(3, -1)
+    return product(attn.q_proj, h), product(attn.k_proj, h), product(attn.v_proj, h)
+
+
+def cross_inputs(attn, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A cross-attention's key and value products of encoder states ``[..., D]``: one product through
+    ``attn.kv_proj`` where an int8 model fused them (:data:`INT8_FUSED`), else two."""
+    fused = getattr(attn, "kv_proj", None)
+    if fused is not None:
+        return fused(states).chunk(2, -1)
+    return linear_layer(attn.k_proj, states), linear_layer(attn.v_proj, states)
+
+
+INT8_FUSED = {"self_attn": {"qkv_proj": ("q_proj", "k_proj", "v_proj")},
+              "encoder_attn": {"kv_proj": ("k_proj", "v_proj")}}
+"""The linear layers an int8 model runs as one product (:func:`~rayspec.models.linear.quantize_linears`' ``fuse``),
+by the attention module's name: each output bitwise what the separate layers give, with one activation quantization
+and one call instead of three (two)."""
+
+INT8_CACHE_FORMAT = 1
+"""Version of the int8 weight cache (:meth:`WhisperASR.pack_for_inference`): raised whenever the quantization or the
+fusion changes, so that older entries are not read."""
+
+
+def _int8_fuse(name: str, module) -> dict[str, tuple[str, ...]]:
+    return INT8_FUSED.get(name.rsplit(".", 1)[-1], {})
 
 
 def stack_frames(features: torch.Tensor | np.ndarray, k: int):
@@ -221,6 +256,7 @@ class WhisperASR:
         # preallocated KV slots and, on CUDA, the captured graphs; None: every step runs at its own shapes
         self.static_steps = None
         self.int8 = False  # the linear layers run in int8 (pack_for_inference(int8=True))
+        self._checkpoint = None  # the safetensors file from_pretrained loaded the weights from (int8 cache key)
         self._half_projection = None  # the output projection's Float16RowLinear when self.int8 (see project)
 
     @property
@@ -277,6 +313,7 @@ class WhisperASR:
         name = os.path.basename(os.fspath(path).rstrip("/"))
         path = resolve_model(os.fspath(path))
         _require_files(path)
+        checkpoint = os.path.join(path, "model.safetensors")  # this model's own weights (int8 cache key)
         config = (lean_files.read_model_config(path) if lean else None) or _auto_config(path)
         decoder_only = "WhisperForCausalLM" in (getattr(config, "architectures", None) or [])
         shared = getattr(config, "rayspec_embedding_from", None) if decoder_only else None
@@ -317,7 +354,9 @@ class WhisperASR:
                 generation_config = GenerationConfig.from_pretrained(path)
             except OSError:
                 generation_config = GenerationConfig.from_model_config(model.config)
-        return cls(model, feature_extractor, tokenizer, generation_config, name=name)
+        asr = cls(model, feature_extractor, tokenizer, generation_config, name=name)
+        asr._checkpoint = checkpoint if os.path.isfile(checkpoint) else None
+        return asr
 
     @property
     def has_encoder(self) -> bool:
@@ -690,7 +729,7 @@ class WhisperASR:
         attn = self._half("decoder").layers[layer].encoder_attn
         # contiguous [B, H, S, Dh]: attention of a few new tokens over S positions reads the keys/values of
         # one head as one block (tiny.en, batch 8, 1,500 positions: 0.93 vs 1.94 ms per layer as a strided view)
-        k, v = linear_layer(attn.k_proj, states), linear_layer(attn.v_proj, states)
+        k, v = cross_inputs(attn, states)
         return self._heads(k).contiguous(), self._heads(v).contiguous()
 
     def decode(
@@ -784,10 +823,10 @@ class WhisperASR:
         # and with the products through packed weights on a CPU (rayspec.models.linear).
         for i, layer in enumerate(dec.layers):
             attn = layer.self_attn
-            h = _layer_norm(layer.self_attn_layer_norm, x)
-            qh = self._heads(self._linear(attn.q_proj, h) * attn.scaling)
-            self_k[i].scatter_(2, write, self._heads(self._linear(attn.k_proj, h)))
-            self_v[i].scatter_(2, write, self._heads(self._linear(attn.v_proj, h)))
+            qh, kh, vh = attention_inputs(attn, _layer_norm(layer.self_attn_layer_norm, x), self._linear)
+            qh = self._heads(qh * attn.scaling)
+            self_k[i].scatter_(2, write, self._heads(kh))
+            self_v[i].scatter_(2, write, self._heads(vh))
             k = self_k[i][:, :, :top]
             v = self_v[i][:, :, :top]
             x = x + _dropout(self._attend(attn, qh, k, v, visible), layer.dropout, layer.training)
@@ -999,6 +1038,19 @@ class WhisperASR:
                      if isinstance(m, (PackedLinear, Int8Linear)))
         return packed + sum(p.numel() for p in self.model.parameters())
 
+    def _int8_cache(self) -> Optional[str]:
+        """The int8 weight cache folder of this model's checkpoint (see :meth:`pack_for_inference`), or None for a
+        model not loaded from a safetensors file by :meth:`from_pretrained`."""
+        file = self._checkpoint
+        try:
+            st = os.stat(file) if file else None
+        except OSError:
+            st = None
+        if st is None:
+            return None
+        key = hashlib.sha256(f"{os.path.realpath(file)}:{st.st_size}:{st.st_mtime_ns}:{INT8_CACHE_FORMAT}".encode())
+        return os.path.join(cache_dir(), "int8", f"{self.name or 'model'}-{key.hexdigest()[:16]}")
+
     def pack_for_inference(self, int8: bool = False) -> "WhisperASR":
         """Hold the encoder's and decoder layers' linear weights only in oneDNN's packed layout
         (:func:`~rayspec.models.linear.pack_linears`): the products a decoder step runs on a few rows go at memory
@@ -1009,8 +1061,13 @@ class WhisperASR:
 
         ``int8`` (compute type ``int8``, a float32 model on a CPU): those layers become
         :class:`~rayspec.models.linear.Int8Linear` instead (weights per channel, activations per row in int8; a
-        quarter of float32's weight memory), and the output projection gets a float16 copy beside the float32 token
-        embedding it is tied to (:meth:`project`); the embeddings, the convolutions and attention stay float32.
+        quarter of float32's weight memory; an attention's input products fused, :data:`INT8_FUSED`), and the output
+        projection gets a float16 copy beside the float32 token embedding it is tied to (:meth:`project`); the
+        embeddings, the convolutions and attention stay float32. A model loaded by :meth:`from_pretrained` from a
+        safetensors checkpoint keeps its quantized weights in a cache folder (``$RAYSPEC_CACHE/int8``, keyed by the
+        checkpoint file's path, size and modification time and :data:`INT8_CACHE_FORMAT`): later processes read them
+        there instead of reading and quantizing the float32 weights (whisper-base, 2 threads, held to AVX2: ~0.3 s of
+        start-up). Call it on the model as loaded: weights changed in memory are not seen by the cache's key.
 
         Raises:
             ValueError: ``int8`` on a model that is not float32 on a CPU.
@@ -1018,7 +1075,7 @@ class WhisperASR:
         if int8:
             if self.device.type != "cpu" or self.dtype != torch.float32:
                 raise ValueError(f"int8 takes a float32 model on a CPU, not {self.dtype} on {self.device}")
-            self.int8 = quantize_linears(self.model.model) > 0
+            self.int8 = quantize_linears(self.model.model, _int8_fuse, self._int8_cache()) > 0
             if getattr(self.model, "proj_out", None) is not None:
                 self._half_projection = Float16RowLinear(self.model.proj_out)
         if self.device.type == "cpu" and (pack_linears(self.model.model) or self.int8):
