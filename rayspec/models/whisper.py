@@ -266,12 +266,12 @@ class WhisperASR:
         every exact method equals ``ar`` at the same batch size (checked: whisper-base, 24 held-out LJSpeech clips,
         every method at batch 1 and 16; 99 held-out clips at batch 16 with ``ctc-draft`` verifying drafts in every
         round and ``ssd --exact``, 99/99 each, where oneDNN's unblocked products had let 4 of 99 differ; ``ar`` at
-        batch 16 still differs from batch 1 on one clip, by a comma, a difference not yet traced). On for bfloat16 / float16 decoders on a CPU, where
-        the kernels' last-bit differences are large enough to flip greedy choices: PyTorch's oneDNN bfloat16 linear
-        layers give a row the same result at up to :data:`ROW_BLOCK` rows per product, so larger products run in
-        blocks of that many rows, and attention is made to by reading keys in
-        :data:`KEY_BLOCK` blocks and giving a one-token query a second row (its flash kernel takes another path for
-        one query). float32 keeps the kernels it was measured with (the exact reference; its last-bit differences
+        batch 16 differed from batch 1 on one clip, by a comma, before the row blocks, not rechecked since). On for
+        bfloat16 / float16 decoders on a CPU, where the kernels' last-bit differences are large enough to flip
+        greedy choices: PyTorch's oneDNN bfloat16 linear layers give a row the same result at up to
+        :data:`ROW_BLOCK` rows per product, so larger products run in blocks of that many rows, and attention is made
+        to by reading keys in :data:`KEY_BLOCK` blocks and giving a one-token query a second row (its flash kernel
+        takes another path for one query). float32 keeps the kernels it was measured with (the exact reference; its last-bit differences
         have not flipped a choice in the exactness tests). On too for int8 decoders (:attr:`int8`), whose linear
         layers and output projection are batch-invariant by construction
         (:class:`~rayspec.models.linear.Int8Linear`, :class:`~rayspec.models.linear.Float16RowLinear`) but whose
