@@ -203,7 +203,7 @@ def test_stacked_cache_reorder_and_drop(tiny_target):
     cache._set_lengths(np.array([6, 6, 4]))
     src = [0, 0, 1, 2, 2]
     lengths = cache.host_lengths[src]
-    stacked = DecoderCache.stacked(cache.self_k, cache.self_v, src, 6, lengths)
+    stacked = DecoderCache.stacked(cache.self_k, cache.self_v, src, lengths)
     plain = cache.select(src)
     assert stacked.stack is not None and stacked.batch_size == 5
     for a, b, n in zip((*stacked.self_k, *stacked.self_v), (*plain.self_k, *plain.self_v), [6] * 12):

@@ -535,8 +535,7 @@ def _self_rows(cache: DecoderCache, rows: Sequence[int]) -> DecoderCache:
     if cache.pending:
         raise ValueError("cannot copy the rows of a cache with pending positions")
     rows = np.asarray(rows, dtype=np.int64)
-    lengths = cache.host_lengths[rows]
-    return DecoderCache.stacked(cache.self_k, cache.self_v, rows, int(lengths.max()), lengths)
+    return DecoderCache.stacked(cache.self_k, cache.self_v, rows, cache.host_lengths[rows])
 
 
 def beam_decode(target: WhisperASR, enc: EncoderOutput, caps: Sequence[int], options: BeamOptions = BeamOptions(),

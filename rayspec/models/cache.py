@@ -71,15 +71,17 @@ class DecoderCache:
                             np.zeros(b, dtype=np.int64), torch.device(device))
 
     @staticmethod
-    def stacked(self_k: Sequence[torch.Tensor], self_v: Sequence[torch.Tensor], rows: Sequence[int], committed: int,
+    def stacked(self_k: Sequence[torch.Tensor], self_v: Sequence[torch.Tensor], rows: Sequence[int],
                 host_lengths: np.ndarray) -> "DecoderCache":
         """A self-attention-only cache of ``rows`` (``[R]`` indices, repeats allowed) of the per-layer ``self_k`` /
-        ``self_v`` (``[B, H, C, Dh]`` each), their first ``committed`` positions copied into one stacked buffer (see
-        the class docstring), zeros after them (as :meth:`~rayspec.models.whisper.WhisperASR.new_cache`'s).
+        ``self_v`` (``[B, H, C, Dh]`` each), their first ``max(host_lengths)`` positions copied into one stacked buffer
+        (see the class docstring), zeros after them (as :meth:`~rayspec.models.whisper.WhisperASR.new_cache`'s).
 
         Args:
-            host_lengths: int64 numpy ``[R]``, the rows' committed positions (at most ``committed``).
+            host_lengths: int64 numpy ``[R]``, the rows' committed positions.
         """
+        host_lengths = np.asarray(host_lengths, dtype=np.int64)
+        committed = int(host_lengths.max()) if len(host_lengths) else 0
         k0 = self_k[0]
         b, h, c, d = k0.shape
         stack = k0.new_zeros((2, len(self_k), len(rows), h, c, d))
@@ -88,7 +90,7 @@ class DecoderCache:
             for i, t in enumerate(ts):
                 torch.index_select(t[:, :, :committed], 0, index, out=stack[s, i, :, :, :committed])
         return DecoderCache(list(stack[0]), list(stack[1]), [], [], None, np.zeros(len(rows), dtype=np.int64),
-                            np.asarray(host_lengths, dtype=np.int64), k0.device, stack=stack)
+                            host_lengths, k0.device, stack=stack)
 
     @property
     def batch_size(self) -> int:

@@ -272,8 +272,8 @@ class WhisperASR:
         :data:`ROW_BLOCK` rows per product, so larger products run in blocks of that many rows, and attention is made
         to by reading keys in :data:`KEY_BLOCK` blocks and giving a one-token query a second row (its flash kernel
         takes another path for one query). float32 keeps the kernels it was measured with (the exact reference; its
-        last-bit differences have not flipped a choice in the exactness tests). On too for int8 decoders (:attr:`int8`), whose linear
-        layers and output projection are batch-invariant by construction
+        last-bit differences have not flipped a choice in the exactness tests). On too for int8 decoders
+        (:attr:`int8`), whose linear layers and output projection are batch-invariant by construction
         (:class:`~rayspec.models.linear.Int8Linear`, :class:`~rayspec.models.linear.Float16RowLinear`) but whose
         attention is not: a last-bit difference there can move an activation across a rounding boundary of the next
         layer's int8 quantization."""
