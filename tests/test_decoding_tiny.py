@@ -243,6 +243,50 @@ def test_packed_layers_stay_exact(tiny_target, tmp_path, monkeypatch):
     assert [h.tokens for h in hyps] == expected
 
 
+@pytest.mark.parametrize("rows", [1, 2, 5, 17, 33, 80, 1500])
+def test_fused_post_ops_give_the_separate_ops_bits(rows):
+    """linear_add / linear_gelu (the residual add and GELU as a float32 packed product's post-op) equal the product
+    followed by the op, bit for bit, at whisper-base's shapes and any row count."""
+    import torch.nn.functional as F
+
+    import rayspec.models.linear as lin
+
+    if not lin._AVAILABLE:
+        pytest.skip("torch built without oneDNN")
+    torch.manual_seed(rows)
+    for out_f, in_f in ((512, 512), (2048, 512), (512, 2048)):
+        layer = lin.PackedLinear(torch.nn.Linear(in_f, out_f))
+        x, residual = torch.randn(1, rows, in_f), torch.randn(1, rows, out_f)
+        with torch.inference_mode():
+            y = lin.linear_layer(layer, x)
+            assert torch.equal(lin.linear_add(layer, x, residual), residual + y)
+            assert torch.equal(lin.linear_gelu(layer, x), F.gelu(y))
+
+
+def test_fused_post_ops_leave_encoder_and_decoder_states_unchanged(tiny_target, monkeypatch):
+    """The packed tiny model's encoder states and decoder hidden states are bitwise the same with the fused post-ops
+    as with the separate ops (``_fusable`` forced to None)."""
+    import rayspec.models.linear as lin
+    from rayspec.models.whisper import WhisperASR
+
+    if not lin._AVAILABLE:
+        pytest.skip("torch built without oneDNN")
+    monkeypatch.setattr(lin, "MIN_ELEMENTS", 0)
+    monkeypatch.setattr(lin, "MIN_WORK", 0)
+    target = WhisperASR.from_pretrained(tiny_target.model.name_or_path).pack_for_inference()
+
+    def run():
+        with torch.inference_mode():
+            enc = _encode(target, AUDIO[:3])
+            cache = target.new_cache(enc, 8)
+            return enc.states, target.decode(cache, torch.tensor([target.prompt_ids] * 3))
+
+    fused = run()
+    monkeypatch.setattr(lin, "_fusable", lambda layer, x: None)
+    plain = run()
+    assert all(torch.equal(a, b) for a, b in zip(fused, plain))
+
+
 def test_length_cap_inside_a_draft(tiny_target, tiny_draft):
     """Ragged caps (some smaller than one draft) end rows exactly where AR ends them."""
     caps = [1, 2, 3, 5, 7, 11, 13, 17]

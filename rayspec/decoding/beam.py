@@ -212,7 +212,7 @@ def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torc
             else:
                 cache.self_k[i].scatter_(2, write, t._heads(kh))
                 cache.self_v[i].scatter_(2, write, t._heads(vh))
-            x = x + t._attend(attn, qh, cache.self_k[i][:, :, :top], cache.self_v[i][:, :, :top], visible)
+            x = t._attend(attn, qh, cache.self_k[i][:, :, :top], cache.self_v[i][:, :, :top], visible, residual=x)
 
             xattn = layer.encoder_attn
             h = norm(layer.encoder_attn_layer_norm, x)
@@ -233,8 +233,7 @@ def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torc
                 out = torch.cat(outs, 1).reshape(b, q, -1)
             x = x + (out.index_select(0, back) if grouped else out)
 
-            h = layer.activation_fn(t._linear(layer.fc1, norm(layer.final_layer_norm, x)))
-            x = x + t._linear(layer.fc2, h)
+            x = t._add_product(layer.fc2, t._activation_product(layer, norm(layer.final_layer_norm, x)), x)
         hidden = norm(dec.layer_norm, x)
     cache.pending = q
     return hidden

@@ -38,7 +38,8 @@ from .cache import DecoderCache
 from .errors import ModelLoadError
 from . import lean_files
 from .features import log_mel, supports
-from .linear import Float16RowLinear, Int8Linear, PackedLinear, linear, linear_layer, pack_linears, quantize_linears
+from .linear import (Float16RowLinear, Int8Linear, PackedLinear, linear, linear_add, linear_gelu, linear_layer, pack_linears,
+                     quantize_linears)
 from .registry import cache_dir, resolve_model
 from .whisper_modules import load_lean
 from ..spec_decode.timestamps import TimestampTokens
@@ -55,6 +56,11 @@ def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return F.dropout(x, p=p, training=True) if training and p else x
 
 
+def _is_gelu(fn) -> bool:
+    """Whether an activation is exact (erf) GELU: ``F.gelu`` itself or transformers' ``GELUActivation`` around it."""
+    return fn is F.gelu or getattr(fn, "act", None) is F.gelu
+
+
 def _in_row_blocks(product, x: torch.Tensor) -> torch.Tensor:
     """``product`` (``[N, in]`` -> ``[N, out]``) over the rows of ``x`` ``[..., in]`` in blocks of at most
     :data:`ROW_BLOCK` rows: ``[..., out]``."""
@@ -67,21 +73,31 @@ def _encoder_layer(layer, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torc
     """A transformers ``WhisperEncoderLayer`` over ``x`` ``[B, S, D]`` (``bias``: additive attention mask
     ``[B, 1, 1, S]`` or None): the same operations in the same order as its ``forward`` with SDPA attention, with the
     products through :func:`~rayspec.models.linear.linear_layer` (packed weights on a CPU without autograd:
-    whisper-base's encoder layers, 1,500 positions, 2 threads: 10-14% faster products than MKL's)."""
+    whisper-base's encoder layers, 1,500 positions, 2 threads: 10-14% faster products than MKL's) and, in inference,
+    the residual adds and the GELU fused into them where that gives the same bits (:func:`~rayspec.models.linear.
+    linear_add`, :func:`~rayspec.models.linear.linear_gelu`)."""
     attn = layer.self_attn
     b, s, d = x.shape
 
-    def heads(t: torch.Tensor) -> torch.Tensor:  # [B, S, D] -> contiguous [B, H, S, Dh]
-        return t.view(b, s, attn.num_heads, -1).transpose(1, 2).contiguous()
+    def heads(t: torch.Tensor) -> torch.Tensor:  # [B, S, D] -> [B, H, S, Dh] (a view: SDPA reads the strides)
+        return t.view(b, s, attn.num_heads, -1).transpose(1, 2)
 
     q, k, v = attention_inputs(attn, _layer_norm(layer.self_attn_layer_norm, x))
     q, k, v = heads(q * attn.scaling), heads(k), heads(v)
     p = attn.dropout if attn.training else 0.0
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=1.0)
-    x = x + _dropout(linear_layer(attn.out_proj, out.transpose(1, 2).reshape(b, s, d)), layer.dropout, layer.training)
-    h = layer.activation_fn(linear_layer(layer.fc1, _layer_norm(layer.final_layer_norm, x)))
-    h = _dropout(h, layer.activation_dropout, layer.training)
-    x = x + _dropout(linear_layer(layer.fc2, h), layer.dropout, layer.training)
+    out = out.transpose(1, 2).reshape(b, s, d)
+    if layer.training:
+        x = x + _dropout(linear_layer(attn.out_proj, out), layer.dropout, True)
+        h = _dropout(layer.activation_fn(linear_layer(layer.fc1, _layer_norm(layer.final_layer_norm, x))),
+                     layer.activation_dropout, True)
+        x = x + _dropout(linear_layer(layer.fc2, h), layer.dropout, True)
+    else:  # the residual adds and the GELU as the products' post-ops where that gives the same bits (linear_add)
+        x = linear_add(attn.out_proj, out, x)
+        h = _layer_norm(layer.final_layer_norm, x)
+        fc1 = layer.fc1
+        h = linear_gelu(fc1, h) if _is_gelu(layer.activation_fn) else layer.activation_fn(linear_layer(fc1, h))
+        x = linear_add(layer.fc2, h, x)
     if x.dtype == torch.float16:  # as transformers: keep float16 activations finite
         big = torch.finfo(x.dtype).max - 1000
         x = x.clamp(min=-big, max=big)
@@ -829,7 +845,8 @@ class WhisperASR:
             self_v[i].scatter_(2, write, self._heads(vh))
             k = self_k[i][:, :, :top]
             v = self_v[i][:, :, :top]
-            x = x + _dropout(self._attend(attn, qh, k, v, visible), layer.dropout, layer.training)
+            drop = layer.dropout if layer.training else 0.0
+            x = self._attend(attn, qh, k, v, visible, residual=x, dropout=drop)
 
             cross = layer.encoder_attn
             h = _layer_norm(layer.encoder_attn_layer_norm, x)
@@ -837,33 +854,58 @@ class WhisperASR:
             if cross_heads is not None and i in cross_heads:
                 pick = torch.tensor(cross_heads[i], device=qh.device)
                 cross_out.append(qh.index_select(1, pick) @ cross_k[i].index_select(1, pick).transpose(-1, -2))
-            out = self._attend(cross, qh, cross_k[i], cross_v[i], cross_mask)
-            x = x + _dropout(out, layer.dropout, layer.training)
+            x = self._attend(cross, qh, cross_k[i], cross_v[i], cross_mask, residual=x, dropout=drop)
 
-            h = layer.activation_fn(self._linear(layer.fc1, _layer_norm(layer.final_layer_norm, x)))
+            h = self._activation_product(layer, _layer_norm(layer.final_layer_norm, x))
             h = _dropout(h, layer.activation_dropout, layer.training)
-            x = x + _dropout(self._linear(layer.fc2, h), layer.dropout, layer.training)
+            x = self._add_product(layer.fc2, h, x, drop)
         return _layer_norm(dec.layer_norm, x)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, q, _ = x.shape
         return x.view(b, q, self.num_heads, self.head_dim).transpose(1, 2)
 
-    def _attend(self, attn, q, k, v, mask) -> torch.Tensor:
+    def _attend(self, attn, q, k, v, mask, residual: Optional[torch.Tensor] = None, dropout: float = 0.0
+                ) -> torch.Tensor:
+        """Attention of ``q`` ``[B, H, N, Dh]`` over ``k``, ``v`` ``[B, H, S, Dh]`` (``mask``: bool, broadcast to
+        ``[B, H, N, S]``, or None) through ``attn.out_proj``: ``[B, N, D]``; with ``residual`` ``[B, N, D]``:
+        ``residual + dropout(that)`` (:meth:`_add_product`)."""
         p = attn.dropout if attn.training else 0.0
         n = q.shape[2]
         if n == 1 and self.batch_invariant:  # one query runs the flash kernel's other path: give it a second row
             q = q.repeat(1, 1, 2, 1)
             mask = None if mask is None else mask.expand(-1, -1, 2, -1)
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)[:, :, :n]
-        b = out.shape[0]
-        return self._linear(attn.out_proj, out.transpose(1, 2).reshape(b, n, -1))
+        out = out.transpose(1, 2).reshape(out.shape[0], n, -1)
+        if residual is None:
+            return self._linear(attn.out_proj, out)
+        return self._add_product(attn.out_proj, out, residual, dropout)
+
+    @property
+    def _row_blocked(self) -> bool:
+        """Whether the decoder's products run in row blocks (:meth:`_linear`)."""
+        return self.batch_invariant and not self.int8
+
+    def _add_product(self, layer: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor, dropout: float = 0.0
+                     ) -> torch.Tensor:
+        """``residual + dropout(self._linear(layer, x))``; without dropout and row blocks the add runs as the
+        product's post-op where that gives the same bits (:func:`~rayspec.models.linear.linear_add`)."""
+        if dropout or self._row_blocked:
+            return residual + _dropout(self._linear(layer, x), dropout, True)
+        return linear_add(layer, x, residual)
+
+    def _activation_product(self, layer, h: torch.Tensor) -> torch.Tensor:
+        """``layer.activation_fn(self._linear(layer.fc1, h))`` of a decoder layer: GELU as the product's post-op where
+        that gives the same bits (:func:`~rayspec.models.linear.linear_gelu`)."""
+        if _is_gelu(layer.activation_fn) and not self._row_blocked:
+            return linear_gelu(layer.fc1, h)
+        return layer.activation_fn(self._linear(layer.fc1, h))
 
     def _linear(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """A decoder product, :func:`~rayspec.models.linear.linear_layer` (``[..., in]`` -> ``[..., out]``), in blocks
         of at most :data:`ROW_BLOCK` rows where the decoder is :attr:`batch_invariant` (an int8 decoder's products are
         row-invariant by construction)."""
-        if self.batch_invariant and not self.int8 and x.numel() > ROW_BLOCK * x.shape[-1]:
+        if self._row_blocked and x.numel() > ROW_BLOCK * x.shape[-1]:
             return _in_row_blocks(lambda rows: linear_layer(layer, rows), x)
         return linear_layer(layer, x)
 
