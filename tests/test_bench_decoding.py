@@ -103,3 +103,22 @@ def test_suite_end_to_end_on_two_clips(tmp_path):
     assert {r["mode"] for r in noisy} == {"greedy", "beam 5", "greedy + fallback", "beam 5 + fallback"}
     assert all(r["clips"] == "2" for r in noisy)
     assert len(list((out / "data" / "noisy").glob("*.wav"))) == 2
+
+
+@pytest.mark.skipif(not _tiny_installed(), reason="whisper-tiny.en is not installed")
+def test_rows_pick_the_main_rows_and_name_an_unknown_one(tmp_path):
+    from rayspec.cli import build_parser
+
+    manifest = str(resources.files("rayspec").joinpath("samples", "manifest.jsonl"))
+    out = tmp_path / "bench"
+    argv = ["bench", "--suite", "decoding", manifest, "--limit", "1", "--target", "whisper-tiny.en", "--threads", "2",
+            "--compute-type", "float32", "--batch-sizes", "1", "2", "--sections", "main", "--repeats", "2", "-o",
+            str(out), "--models-dir", str(tmp_path / "models")]
+    args = build_parser().parse_args(argv + ["--rows", "rayspec beam 5"])
+    assert args.func(args) == 0
+    with open(out / "bench-decoding.csv") as f:
+        assert [(r["engine"], r["mode"], r["batch"]) for r in csv.DictReader(f)] == [
+            (RAYSPEC, "beam 5", "1"), (RAYSPEC, "beam 5", "2")]
+    args = build_parser().parse_args(argv + ["--rows", "rayspec beam 7"])
+    with pytest.raises(ValueError, match="no such row"):
+        args.func(args)

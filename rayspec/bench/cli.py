@@ -189,6 +189,12 @@ def add_bench_parser(sub) -> None:
                         "forced on (every round speculates) and ar, with the static steps on: bench-gpu-rule.md "
                         "(comma-separated; default draft,ctc-draft; '' skips; real weights only)")
     g.add_argument("--cold-run", default="", help=argparse.SUPPRESS)  # METHOD:BATCH:on|off, the suite's subprocess
+    dg = p.add_argument_group("decoding suite (--sections main,noisy; --repeats: timed runs round-robin, the fastest "
+                              "counts)")
+    dg.add_argument("--rows", default="",
+                    help="main rows to run, by engine and mode, comma-separated, e.g. 'rayspec beam 5,faster-whisper "
+                         "beam 5' (every batch size of each; default all rows): a speed comparison with round-robin "
+                         "--repeats in less time")
     ts = p.add_argument_group("timestamps suite (manifest: LJSpeech's clips.jsonl; --limit: speed clips, default 40; "
                               "--threads: default 2; --models-dir: faster-whisper's CTranslate2 copy)")
     ts.add_argument("--sections", default="words,speed,long", help="parts to run, comma-separated (default all)")

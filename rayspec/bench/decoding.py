@@ -75,6 +75,11 @@ class Output:
     nfe: Optional[list[int]] = None
 
 
+def _row_name(engine: str, method: str) -> str:
+    """A row's name: the engine, with rayspec's speculative method after it."""
+    return engine + (f" {method}" if method else "")
+
+
 @dataclass
 class Config:
     engine: str
@@ -82,6 +87,10 @@ class Config:
     batch: int
     run: Callable[[], Output]
     method: str = ""  # rayspec's method (speculative rows)
+
+    @property
+    def name(self) -> str:
+        return _row_name(self.engine, self.method)
 
 
 @dataclass
@@ -104,7 +113,7 @@ class Row:
 
     @property
     def name(self) -> str:
-        return f"{self.engine}" + (f" {self.method}" if self.method else "")
+        return _row_name(self.engine, self.method)
 
     @property
     def rtfx(self) -> float:
@@ -630,6 +639,13 @@ def cmd_bench_decoding(args) -> int:
         if fw is not None:
             configs += [fw.config(m, audios) for m in MAIN_MODES]
             configs += [fw.config("beam 5", audios, b) for b in sizes if b > 1][-1:]
+        wanted = {r.strip() for r in args.rows.split(",") if r.strip()}
+        if wanted:
+            unknown = wanted - {f"{c.name} {c.mode}" for c in configs}
+            if unknown:
+                raise ValueError(f"--rows: no such row {sorted(unknown)}; rows are an engine (with its method) and "
+                                 f"a mode, e.g. 'rayspec beam 5', 'rayspec draft beam 5', 'faster-whisper greedy'")
+            configs = [c for c in configs if f"{c.name} {c.mode}" in wanted]
         warm = [_warm(c, rs, oa, fw, audios[:1], keys[:1]) for c in configs]
         main = run_configs(configs, audio_s, args.repeats, "main", warm)
         score(main, refs)
