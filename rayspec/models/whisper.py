@@ -274,6 +274,7 @@ class WhisperASR:
         self.int8 = False  # the linear layers run in int8 (pack_for_inference(int8=True))
         self._checkpoint = None  # the safetensors file from_pretrained loaded the weights from (int8 cache key)
         self._half_projection = None  # the output projection's Float16RowLinear when self.int8 (see project)
+        self._on_cpu: Optional[bool] = None  # the device's type, read once (batch_invariant is read per product)
 
     @property
     def batch_invariant(self) -> bool:
@@ -293,7 +294,11 @@ class WhisperASR:
         (:class:`~rayspec.models.linear.Int8Linear`, :class:`~rayspec.models.linear.Float16RowLinear`) but whose
         attention is not: a last-bit difference there can move an activation across a rounding boundary of the next
         layer's int8 quantization."""
-        return (self._dtype in (torch.bfloat16, torch.float16) or self.int8) and self.device.type == "cpu"
+        if not (self._dtype in (torch.bfloat16, torch.float16) or self.int8):
+            return False
+        if self._on_cpu is None:  # the model's device is found by walking its parameters: once, not per product
+            self._on_cpu = self.device.type == "cpu"
+        return self._on_cpu
 
     # ------------------------------------------------------------------ loading
     @classmethod
