@@ -52,6 +52,27 @@ def test_ctc_head_layers_ignore_padding_and_round_trip(tmp_path):
     assert torch.allclose(again(states, lengths), both, atol=5e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layers", [0, 2])
+def test_ctc_head_draft_equals_greedy_and_entropy_of_forward(dtype, layers):
+    """``CTCHead.draft`` (real frames only, the float32 log-softmax over ``DRAFT_CHUNK`` frames at a time) gives the
+    same greedy hypotheses and bitwise the same largest frame entropies as :meth:`CTCHead.greedy` and
+    :func:`max_frame_entropy` over :meth:`CTCHead.forward`'s padded tensor, a row without frames included."""
+    from rayspec.models.ctc import DRAFT_CHUNK
+
+    torch.manual_seed(2)
+    head = CTCHead(16, list(range(100, 160)), layers=layers, width=8, heads=2, ffn=16).eval().to(dtype)
+    states = torch.randn(4, 3 * DRAFT_CHUNK + 5, 16).to(dtype)
+    lengths = torch.tensor([2 * DRAFT_CHUNK + 3, 0, 3 * DRAFT_CHUNK + 5, 7])
+    with torch.inference_mode():
+        logp = head(states, lengths)
+        hyps, entropy = head.draft(states, lengths)
+        none = head.draft(states, lengths, entropy=False)
+    assert hyps == head.greedy(logp, lengths) and any(hyps)
+    assert entropy == max_frame_entropy(logp, lengths).tolist() and entropy[1] == 0.0
+    assert none == (hyps, None)
+
+
 def test_ctc_head_inference_layers_equal_pytorchs_layer():
     """The head's own inference path through its Transformer layers (SDPA, no fused fast path) computes what
     ``nn.TransformerEncoderLayer`` computes, padding mask included."""
