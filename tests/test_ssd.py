@@ -244,6 +244,30 @@ def test_ctc_draft_proposer_is_exact_and_saves_passes_on_good_hypotheses(tiny_ta
     assert sum(h.stats.target_forward_passes for h in out) < sum(h.stats.target_forward_passes for h in ar)
 
 
+def test_threshold_loop_scores_rounds_without_drafts_greedily(tiny_target, monkeypatch):
+    """SSD's fallback loop under its threshold rule: a round in which no row verifies a draft (above the row cap)
+    is scored with the greedy rule (no log-softmax over the vocabulary: the verdicts are not read), a round with
+    drafts with the threshold rule; the output is AR's."""
+    import rayspec.spec_decode.loop as loop
+    from rayspec.decoding.ctc_proposer import CTCProposer
+    from rayspec.spec_decode.acceptance import AcceptanceRule
+
+    rule = AcceptanceRule("threshold", tau=0.05, exact=True)
+    seen = []
+    score = loop.score_tree
+    monkeypatch.setattr(loop, "score_tree", lambda logits, trees, r, *a: seen.append(r.kind) or score(logits, trees,
+                                                                                                    r, *a))
+    caps = [4 + 2 * k for k in range(len(AUDIO))]  # rows leave one by one: the last two rounds' rows speculate
+    with torch.inference_mode():
+        enc = _encode(tiny_target, AUDIO)
+        ar = [h.tokens for h in greedy_decode(tiny_target, enc, caps)]
+        proposer = CTCProposer(ar, tiny_target.eos_token_id, len(tiny_target.prompt_ids), max_draft=64)
+        out = loop.VerifyLoop(tiny_target, proposer, rule, max_nodes=64, route="fallback", max_rows=2).decode(enc,
+                                                                                                         caps)
+    assert [h.tokens for h in out] == ar
+    assert set(seen) == {"greedy", "threshold"} and seen[0] == "greedy" and seen[-1] == "threshold"
+
+
 def _decode(decoder, enc, caps, drafts, draft=None, draft_enc=None):
     """SSDDecoder.decode with the proposers rayspec.methods builds."""
     from rayspec.methods import _ctc_proposer
