@@ -1,9 +1,10 @@
 """A CTC head over a target's encoder states: the self-speculative drafter of the SSD paper
 (Saon et al. 2026, arXiv:2603.11243, section 3.1, eq. 1-3).
 
-Its classes are ``blank`` (index 0) plus single-character tokens of the target's tokenizer (a character vocabulary:
-for a byte-level BPE such as Whisper's, the printable ASCII characters), so a CTC hypothesis is a string that the
-target's tokenizer re-tokenizes for verification (:func:`~rayspec.decoding.ssd.retokenize`). A frozen encoder that
+Its classes are ``blank`` (index 0) plus tokens of the target's tokenizer: single characters (for a byte-level BPE
+such as Whisper's, the printable ASCII characters), and optionally a shortlist of frequent text tokens (the bundled
+whisper-base head: 4,029 classes in all), so a CTC hypothesis is a string that the target's tokenizer re-tokenizes
+for verification (:func:`~rayspec.decoding.ssd.retokenize`). A frozen encoder that
 was never trained for CTC (stock Whisper) gets a few Transformer layers of its own before the projection
 (``layers > 0``); a jointly trained encoder needs only the projection. Saved as ``model.safetensors`` +
 ``config.json`` in its own directory beside the target.
