@@ -95,6 +95,28 @@ def test_threshold_rule_is_ssd_verified_prefix(ps, top, exact, kept):
     assert len(out.paths[0]) == kept
 
 
+@pytest.mark.parametrize("rule", [AcceptanceRule("threshold", tau=0.05), AcceptanceRule("threshold", tau=0.05,
+                                                                                        exact=True),
+                                  AcceptanceRule("typical"), AcceptanceRule()])
+def test_score_tree_reads_token_logprobs_in_place_and_takes_a_given_argmax(rule):
+    """The threshold rule's log p(token | parent), read from the log-softmax in place, is the value of the
+    ``[B, Q, V]`` gather at the parents bit for bit (the verdicts are the same), and an argmax given by the caller
+    gives what score_tree computes itself."""
+    torch.manual_seed(3)
+    trees = TokenTrees.build([[1, 2], [3]], [DraftTree.chain([4, 5, 6]), DraftTree((2, 5, 6), (-1, 0, 0))])
+    dev = trees.to_device(EOS, np.full(2, -1), "cpu")
+    logits = 3 * torch.randn(2, int(trees.sizes.max()), V)
+    scores = score_tree(logits, dev, rule)
+    assert np.array_equal(score_tree(logits, dev, rule, best=logits.argmax(-1)), scores)
+    if rule.kind == "threshold":
+        logp = torch.log_softmax(logits, -1)
+        tok_lp = logp.gather(1, dev.parents[..., None].expand(-1, -1, V)).gather(2, dev.tokens[..., None])[..., 0]
+        ok = tok_lp > np.log(rule.tau)
+        if rule.exact:
+            ok &= dev.tokens == logits.argmax(-1).gather(1, dev.parents)
+        assert np.array_equal(scores[0], ok.long().numpy())
+
+
 def test_typical_rule_accepts_likely_tokens_of_flat_distributions_only():
     flat = np.full(V, 1 / V)
     flat[2] += 0.05  # argmax 2; token 3 has 1/8 probability

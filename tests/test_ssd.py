@@ -52,6 +52,27 @@ def test_ctc_head_layers_ignore_padding_and_round_trip(tmp_path):
     assert torch.allclose(again(states, lengths), both, atol=5e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("layers", [0, 2])
+def test_ctc_head_draft_equals_greedy_and_entropy_of_forward(dtype, layers):
+    """``CTCHead.draft`` (real frames only, the float32 log-softmax over ``DRAFT_CHUNK`` frames at a time) gives the
+    same greedy hypotheses and bitwise the same largest frame entropies as :meth:`CTCHead.greedy` and
+    :func:`max_frame_entropy` over :meth:`CTCHead.forward`'s padded tensor, a row without frames included."""
+    from rayspec.models.ctc import DRAFT_CHUNK
+
+    torch.manual_seed(2)
+    head = CTCHead(16, list(range(100, 160)), layers=layers, width=8, heads=2, ffn=16).eval().to(dtype)
+    states = torch.randn(4, 3 * DRAFT_CHUNK + 5, 16).to(dtype)
+    lengths = torch.tensor([2 * DRAFT_CHUNK + 3, 0, 3 * DRAFT_CHUNK + 5, 7])
+    with torch.inference_mode():
+        logp = head(states, lengths)
+        hyps, entropy = head.draft(states, lengths)
+        none = head.draft(states, lengths, entropy=False)
+    assert hyps == head.greedy(logp, lengths) and any(hyps)
+    assert entropy == max_frame_entropy(logp, lengths).tolist() and entropy[1] == 0.0
+    assert none == (hyps, None)
+
+
 def test_ctc_head_inference_layers_equal_pytorchs_layer():
     """The head's own inference path through its Transformer layers (SDPA, no fused fast path) computes what
     ``nn.TransformerEncoderLayer`` computes, padding mask included."""
@@ -221,6 +242,30 @@ def test_ctc_draft_proposer_is_exact_and_saves_passes_on_good_hypotheses(tiny_ta
     if ar[0].finished:
         assert out[0].stats.target_forward_passes == 1
     assert sum(h.stats.target_forward_passes for h in out) < sum(h.stats.target_forward_passes for h in ar)
+
+
+def test_threshold_loop_scores_rounds_without_drafts_greedily(tiny_target, monkeypatch):
+    """SSD's fallback loop under its threshold rule: a round in which no row verifies a draft (above the row cap)
+    is scored with the greedy rule (no log-softmax over the vocabulary: the verdicts are not read), a round with
+    drafts with the threshold rule; the output is AR's."""
+    import rayspec.spec_decode.loop as loop
+    from rayspec.decoding.ctc_proposer import CTCProposer
+    from rayspec.spec_decode.acceptance import AcceptanceRule
+
+    rule = AcceptanceRule("threshold", tau=0.05, exact=True)
+    seen = []
+    score = loop.score_tree
+    monkeypatch.setattr(loop, "score_tree", lambda logits, trees, r, *a: seen.append(r.kind) or score(logits, trees,
+                                                                                                    r, *a))
+    caps = [4 + 2 * k for k in range(len(AUDIO))]  # rows leave one by one: the last two rounds' rows speculate
+    with torch.inference_mode():
+        enc = _encode(tiny_target, AUDIO)
+        ar = [h.tokens for h in greedy_decode(tiny_target, enc, caps)]
+        proposer = CTCProposer(ar, tiny_target.eos_token_id, len(tiny_target.prompt_ids), max_draft=64)
+        out = loop.VerifyLoop(tiny_target, proposer, rule, max_nodes=64, route="fallback", max_rows=2).decode(enc,
+                                                                                                         caps)
+    assert [h.tokens for h in out] == ar
+    assert set(seen) == {"greedy", "threshold"} and seen[0] == "greedy" and seen[-1] == "threshold"
 
 
 def _decode(decoder, enc, caps, drafts, draft=None, draft_enc=None):

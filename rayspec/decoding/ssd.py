@@ -38,7 +38,7 @@ import numpy as np
 
 import torch
 
-from ..models.ctc import CTCHead, max_frame_entropy
+from ..models.ctc import CTCHead
 from ..models.encoded import EncoderOutput
 from ..models.whisper import WhisperASR
 from ..spec_decode.acceptance import accept_tree, score_tree
@@ -73,9 +73,8 @@ class CTCDrafts:
 @torch.inference_mode()
 def ctc_drafts(ctc: CTCHead, target: WhisperASR, enc: EncoderOutput) -> CTCDrafts:
     """Run the CTC head over the target's encoder states (``[B, S, D]``): greedy hypotheses and gate entropies."""
-    logp = ctc(enc.states, enc.lengths)
-    entropy = max_frame_entropy(logp, enc.lengths).tolist()
-    return CTCDrafts([retokenize(ids, ctc, target) for ids in ctc.greedy(logp, enc.lengths)], entropy)
+    hyps, entropy = ctc.draft(enc.states, enc.lengths)
+    return CTCDrafts([retokenize(ids, ctc, target) for ids in hyps], entropy)
 
 
 @dataclass

@@ -1,9 +1,10 @@
 """A CTC head over a target's encoder states: the self-speculative drafter of the SSD paper
 (Saon et al. 2026, arXiv:2603.11243, section 3.1, eq. 1-3).
 
-Its classes are ``blank`` (index 0) plus single-character tokens of the target's tokenizer (a character vocabulary:
-for a byte-level BPE such as Whisper's, the printable ASCII characters), so a CTC hypothesis is a string that the
-target's tokenizer re-tokenizes for verification (:func:`~rayspec.decoding.ssd.retokenize`). A frozen encoder that
+Its classes are ``blank`` (index 0) plus tokens of the target's tokenizer: single characters (for a byte-level BPE
+such as Whisper's, the printable ASCII characters), and optionally a shortlist of frequent text tokens (the bundled
+whisper-base head: 4,029 classes in all), so a CTC hypothesis is a string that the target's tokenizer re-tokenizes
+for verification (:func:`~rayspec.decoding.ssd.retokenize`). A frozen encoder that
 was never trained for CTC (stock Whisper) gets a few Transformer layers of its own before the projection
 (``layers > 0``); a jointly trained encoder needs only the projection. Saved as ``model.safetensors`` +
 ``config.json`` in its own directory beside the target.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+from itertools import accumulate
 from typing import Optional
 
 import torch
@@ -21,6 +23,7 @@ from torch import nn
 
 BLANK = 0
 FRAME_BUCKET = 64  # the head's frame count is rounded up to this (1.28 s of Whisper's 50 frames per second)
+DRAFT_CHUNK = 32  # frames per float32 log-softmax in CTCHead.draft (32 x 4029 classes: 0.5 MB, cache-sized)
 
 
 def _encoder_layer(layer: nn.TransformerEncoderLayer, x: torch.Tensor, keep: Optional[torch.Tensor]) -> torch.Tensor:
@@ -69,8 +72,13 @@ class CTCHead(nn.Module):
         the longest row rounded up to :data:`FRAME_BUCKET` frames (at most ``S``); without it ``S' = S`` and every
         position is attended.
         """
+        return torch.log_softmax(self.proj(self._hidden(states, lengths)).float(), dim=-1)
+
+    def _hidden(self, states: torch.Tensor, lengths: Optional[torch.Tensor]) -> torch.Tensor:
+        """The projection's input ``[B, S', W]`` (the states themselves for a head without layers; ``S'`` as
+        :meth:`forward` says)."""
         if not self.layers:
-            return torch.log_softmax(self.proj(states).float(), dim=-1)
+            return states
         pad = None
         if lengths is not None:
             # whole buckets of frames: a shape seen before reuses its compiled kernels (oneDNN's bfloat16 primitives
@@ -87,7 +95,46 @@ class CTCHead(nn.Module):
             keep = None if pad is None else ~pad[:, None, None, :]  # [B, 1, 1, S'] keys attended
             for layer in self.layers:
                 x = _encoder_layer(layer, x, keep)
-        return torch.log_softmax(self.proj(self.norm(x)).float(), dim=-1)
+        return self.norm(x)
+
+    @torch.inference_mode()
+    def draft(self, states: torch.Tensor, lengths: torch.Tensor, entropy: bool = True
+              ) -> tuple[list[list[int]], Optional[list[float]]]:
+        """The drafter's two outputs at once (SSD eq. 2-3): :meth:`greedy` of :meth:`forward`'s log-probabilities and
+        their :func:`max_frame_entropy`, the same values, without the padded ``[B, S', C]`` float32 tensor: the
+        projection runs over the real frames only and the float32 log-softmax, argmax and entropy over
+        :data:`DRAFT_CHUNK` frames at a time (the bundled whisper-base head has 4029 classes: the full tensor is 8 MB
+        per 10 s row, and at batch 16 the passes over it cost more than the head's layers).
+
+        Args:
+            states: ``[B, S, D]`` encoder states; lengths: int64 ``[B]`` real frames per row (at most ``S``).
+            entropy: whether to compute the entropies (the gate's statistic; without it, None).
+
+        Returns:
+            ``(hypotheses, entropies)``: ``B`` lists of target token ids and ``B`` largest frame entropies (nats; 0 for
+            a row without frames) or None.
+        """
+        hidden = self._hidden(states, lengths)
+        n = lengths.to(hidden.device).clamp(0, hidden.shape[1])
+        real = hidden[torch.arange(hidden.shape[1], device=hidden.device)[None, :] < n[:, None]]  # [N, W]
+        logits = self.proj(real)
+        best, ent = [], []
+        for c in range(0, logits.shape[0], DRAFT_CHUNK):
+            logp = torch.log_softmax(logits[c : c + DRAFT_CHUNK].float(), dim=-1)
+            best.append(logp.argmax(-1))
+            if entropy:
+                ent.append(-(logp.exp() * logp).sum(-1))
+        counts = n.tolist()
+        paths = torch.cat(best).tolist() if best else []
+        ends = list(accumulate(counts))
+        hyps = [collapse(paths[e - k : e], self.token_ids) for e, k in zip(ends, counts)]
+        if not entropy:
+            return hyps, None
+        rows = torch.repeat_interleave(torch.arange(len(counts), device=n.device), n)
+        top = torch.zeros(len(counts), dtype=torch.float32, device=n.device)
+        if ent:
+            top = top.scatter_reduce(0, rows, torch.cat(ent), "amax")
+        return hyps, top.tolist()
 
     def save_pretrained(self, path: str, dtype: torch.dtype = torch.float32) -> None:
         """Write ``config.json`` and ``model.safetensors`` (weights in ``dtype``; loading casts them back)."""

@@ -76,19 +76,21 @@ GREEDY = AcceptanceRule()
 
 
 def score_tree(logits: torch.Tensor, trees: DeviceTrees, rule: AcceptanceRule,
-               extra: Optional[torch.Tensor] = None) -> np.ndarray:
+               extra: Optional[torch.Tensor] = None, best: Optional[torch.Tensor] = None) -> np.ndarray:
     """Per node: whether it passes ``rule`` given its parent, and the target's argmax at the node.
 
     Args:
         logits: float ``[B, Q, V]``, the target's logits at every padded tree node (suppression applied).
         trees: the same trees on the device.
         extra: optional int64 ``[K, B, Q]`` per-node values to read back in the same transfer.
+        best: ``logits.argmax(-1)`` (int64 ``[B, Q]``) where the caller has it already (an argmax over the
+            vocabulary costs as much as a log-softmax on a CPU); None: computed here.
 
     Returns:
         int64 ``[2 (+ K), B, Q]`` on the host: ``[0]`` 1 where the node's token passes at its parent (meaningless for
         context nodes and padding), ``[1]`` the argmax token at the node, then ``extra``. One device-to-host transfer.
     """
-    best = logits.argmax(-1)  # [B, Q]
+    best = logits.argmax(-1) if best is None else best  # [B, Q]
     at_parent = best.gather(1, trees.parents)  # [B, Q]
     if rule.kind == "greedy":
         ok = trees.tokens == at_parent
@@ -98,13 +100,15 @@ def score_tree(logits: torch.Tensor, trees: DeviceTrees, rule: AcceptanceRule,
         ok = (top_parent == trees.tokens[..., None]).any(-1)
     else:
         logp = torch.log_softmax(logits.float(), dim=-1)  # [B, Q, V]
-        lp_parent = logp.gather(1, trees.parents[..., None].expand(-1, -1, logp.shape[-1]))  # [B, Q, V]
-        tok_lp = lp_parent.gather(2, trees.tokens[..., None])[..., 0]  # [B, Q]
+        v = logp.shape[-1]
+        # log p(token | parent) read in place (the threshold rule needs no [B, Q, V] copy at the parents)
+        tok_lp = logp.view(logp.shape[0], -1).gather(1, trees.parents * v + trees.tokens)  # [B, Q]
         if rule.kind == "threshold":
             ok = tok_lp > (math.log(rule.tau) if rule.tau > 0 else -math.inf)
             if rule.exact:
                 ok &= trees.tokens == at_parent
         else:
+            lp_parent = logp.gather(1, trees.parents[..., None].expand(-1, -1, v))  # [B, Q, V]
             entropy = -(lp_parent.exp() * lp_parent).sum(-1)  # [B, Q], nats
             floor = torch.minimum(torch.full_like(entropy, rule.epsilon), rule.delta * torch.exp(-entropy))
             ok = (tok_lp.exp() > floor) | (trees.tokens == at_parent)

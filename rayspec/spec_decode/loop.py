@@ -507,8 +507,12 @@ class VerifyLoop:
                     positions = dev.depths + torch.from_numpy(made).to(cache.device)[:, None]  # [B, Q] generated index
                     scored = perturb(masked, sampling, [live[k].temperature for k in sampling],
                                      [live[k].seed for k in sampling], positions)
-                logprob = token_logprobs(masked, scored.argmax(-1)).view(torch.int64)[None]  # read back as float64 bits
-                scores = score_tree(scored, dev, self.rule, logprob if extra is None else torch.cat([logprob, extra]))
+                best = scored.argmax(-1)  # [B, Q], once for both
+                logprob = token_logprobs(masked, best).view(torch.int64)[None]  # read back as float64 bits
+                # a round without draft nodes reads no verdict (only each root's argmax): any rule gives its tokens,
+                # and the greedy one needs no log-softmax over the vocabulary (SSD's plain rounds at batch 16)
+                rule = self.rule if any(len(p.tree) for p in proposals) else GREEDY
+                scores = score_tree(scored, dev, rule, logprob if extra is None else torch.cat([logprob, extra]), best)
         if fresh and dev is not None and t.no_speech_token_id is not None:  # one more read, in a first round only
             at = torch.tensor(fresh, device=cache.device)
             sot = t.project(hidden[at, 0]) if logits is None else logits[at, 0]
