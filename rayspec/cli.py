@@ -76,7 +76,7 @@ def cmd_synthesize(args) -> int:
 
 
 def _synthesize_parser(sub) -> None:
-    from .tts.synthesis import AUDIO_FORMATS, add_synthesis_args
+    from .tts.flags import AUDIO_FORMATS, add_synthesis_args
 
     p = sub.add_parser(
         "synthesize", help="text -> speech with speculative speech-token sampling (in-process; see jobs.synthesize "
