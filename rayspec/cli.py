@@ -76,7 +76,7 @@ def cmd_synthesize(args) -> int:
 
 
 def _synthesize_parser(sub) -> None:
-    from .tts.synthesis import AUDIO_FORMATS, add_synthesis_args
+    from .tts.flags import AUDIO_FORMATS, add_synthesis_args
 
     p = sub.add_parser(
         "synthesize", help="text -> speech with speculative speech-token sampling (in-process; see jobs.synthesize "
@@ -559,12 +559,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+FAST_EXIT = (cmd_transcribe,)
+"""Commands whose process ends without the interpreter's teardown once the command has returned (see :func:`main`):
+those whose files are all written and closed by then."""
+
+
+def _exit_when_done(status: list) -> None:
+    """At exit, after every other exit handler: flush stdout and stderr and end the process with ``status[0]``
+    without the interpreter's teardown (nothing to do when ``status`` is empty: an ordinary exit)."""
+    if status:
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(status[0])
+
+
 def main(argv=None) -> int:
+    """Run the command line ``argv`` (default: the process's arguments); returns the exit status.
+
+    Run as the process's own command line (``argv`` None: the ``rayspec`` script, ``python -m rayspec.cli``), a
+    :data:`FAST_EXIT` command that returns ends the process without the interpreter's teardown: the exit handlers
+    run (non-daemon threads joined, ``atexit`` functions), then stdout and stderr are flushed and ``os._exit`` ends
+    it. Tearing down PyTorch's modules takes ~0.45 s here (2-core Xeon: ``python -c "import torch"`` 2.08 s against
+    1.57 s ending with ``os._exit``, median of 6), a tenth of a one-clip ``rayspec transcribe``.
+    """
+    status: list = []
+    if argv is None:
+        import atexit
+
+        atexit.register(_exit_when_done, status)  # registered first, so it runs after every other exit handler
     # no "Loading weights" bars where transformers loads a model (rayspec shows its own progress); set before any
     # import of transformers, whose import alone costs 1-2 s that a default run does not pay
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     args = build_parser().parse_args(argv)
-    return run_command(args.func, args)
+    code = run_command(args.func, args)
+    if args.func in FAST_EXIT:
+        status.append(code)
+    return code
 
 
 if __name__ == "__main__":

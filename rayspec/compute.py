@@ -11,8 +11,8 @@ exact method stays identical to ``ar`` at the type chosen (bfloat16 and int8 dec
 
 Measured on a 2-core Intel Xeon with AMX, whisper-base, 99 held-out LJSpeech clips at batch 1, whole processes
 (``bench/peers-process``): bfloat16 took 71.9 s, float32 126.7 s, at 3.38% and 3.32% WER. With every kernel library
-held to AVX2, as on a CPU without AVX-512 (``bench/peers-process-avx2``, one round): int8 took 130.6 s,
-faster-whisper int8 129.7 s (int8 0.99x faster-whisper's), at 3.63% and 3.57% WER (float32: 3.32%).
+held to AVX2, as on a CPU without AVX-512 (``bench/peers-process-avx2``, one round): int8 took 118.1 s,
+faster-whisper int8 115.5 s (int8 0.98x faster-whisper's), at 3.63% and 3.57% WER (float32: 3.32%).
 """
 
 from __future__ import annotations

@@ -69,3 +69,46 @@ def test_writer_resumes_and_deduplicates(tmp_path):
     w3.write([ResultRow("d")])
     assert sorted(w3.finalize().column("id").to_pylist()) == ["a", "b", "c", "d"]
     assert len(read_results(out)) == 4
+
+
+def _varied_rows():
+    return [
+        ResultRow("a", corpus="c", text="héllo ✓", duration_s=1.5, num_tokens=3, accepted_prefix=None,
+                  ctc_entropy=float("nan"), avg_logprob=-0.25, segments=[{"start_s": 0.0, "end_s": 1.2, "text": "hé"}],
+                  words=[{"word": "x", "start_s": 0.1, "end_s": 0.2, "probability": 0.9}]),
+        ResultRow("b", text="", error="boom", error_code="internal", finished=False, repetitive=True,
+                  no_speech_prob=0.1 + 0.2, language="en"),
+        ResultRow("c", reference="ref", duration_s=None, accepted_prefix=7, rounds=2 ** 31 - 1,
+                  segments=[{"start_s": 1.0, "end_s": 2.0, "text": None}, {"start_s": 2.0, "end_s": 3.0, "text": ""}]),
+    ]
+
+
+def test_rows_to_table_equals_pyarrows_own_conversion():
+    import dataclasses
+
+    import pyarrow as pa
+
+    from rayspec.results import rows_to_table
+
+    for rows in (_varied_rows(), _varied_rows()[1:2], []):
+        table = rows_to_table(rows)
+        table.validate(full=True)
+        expected = pa.Table.from_pylist([dataclasses.asdict(r) for r in rows], schema=SCHEMA)
+        assert table.schema.equals(expected.schema, check_metadata=True)
+        # NaN != NaN for Table.equals: that column compared by its values' repr
+        assert table.drop_columns(["ctc_entropy"]).equals(expected.drop_columns(["ctc_entropy"]))
+        assert repr(table.column("ctc_entropy").to_pylist()) == repr(expected.column("ctc_entropy").to_pylist())
+
+
+def test_a_fresh_output_is_written_without_pandas(tmp_path):
+    import subprocess
+    import sys
+
+    out = str(tmp_path / "r.parquet")
+    code = ("import sys\nfrom rayspec.results import ResultRow, ResultWriter\nw = ResultWriter(sys.argv[1])\n"
+            "w.write([ResultRow('a', text='x', segments=[{'start_s': 0.0, 'end_s': 1.0, 'text': 'x'}])])\n"
+            "w.write([ResultRow('b', error='e', error_code='internal')])\nw.finalize()\n"
+            "assert 'pandas' not in sys.modules, 'pandas imported'\n")
+    subprocess.run([sys.executable, "-c", code, out], check=True)
+    table = read_results(out)
+    assert sorted(table.column("id").to_pylist()) == ["a", "b"] and table.schema.equals(SCHEMA, check_metadata=True)

@@ -52,6 +52,23 @@ def test_bad_input_corpus_completes(tmp_path, samples_manifest, tiny_target, cap
     assert json.loads(capsys.readouterr().out)["n"] == 7
 
 
+def test_the_cli_process_ends_with_its_status_and_its_output_flushed(tmp_path, samples_manifest, tiny_target):
+    """``python -m rayspec.cli transcribe`` ends through os._exit (no interpreter teardown): its exit status, stdout
+    (a pipe: block-buffered) and results file are all there."""
+    import subprocess
+    import sys
+
+    manifest = _bad_corpus(tmp_path, samples_manifest)
+    out = str(tmp_path / "out.parquet")
+    done = subprocess.run([sys.executable, "-m", "rayspec.cli", "transcribe", manifest, "-o", out, "--target",
+                           tiny_target.model.name_or_path, "-q", "--max-tokens-per-second", "4"],
+                          capture_output=True, text=True)
+    assert done.returncode == EXIT_SOME_FAILED, done.stderr
+    assert "7 utterances written (0 already done), 4 failed" in done.stdout
+    assert "compute type" in done.stderr
+    assert len(pq.read_table(out)) == 7
+
+
 def test_killed_run_resumes_without_duplicates(tmp_path, samples_manifest, tiny_target, capsys):
     out = str(tmp_path / "r.parquet")
     ids = [json.loads(line)["id"] for line in open(samples_manifest)]

@@ -197,6 +197,19 @@ def test_int8_linear_rows_do_not_depend_on_their_batch_mates():
     assert ((together - ref).norm(dim=-1) / ref.norm(dim=-1)).max() < 0.05
 
 
+def test_float16_projection_packed_in_a_thread_is_the_one_packed_before_returning():
+    """The output projection's float16 weight packed in the background gives bitwise the same rows."""
+    from rayspec.models.linear import Float16RowLinear
+
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 300, bias=False)
+    x = torch.randn(3, 64)
+    with torch.inference_mode():
+        assert torch.equal(Float16RowLinear(layer, background=True)(x), Float16RowLinear(layer)(x))
+    with pytest.raises(ValueError, match="without bias"):
+        Float16RowLinear(torch.nn.Linear(4, 4), background=True)
+
+
 @pytest.mark.parametrize("compute_type", [pytest.param("bfloat16", marks=native_bf16),
                                           pytest.param("int8", marks=fbgemm)])
 @pytest.mark.parametrize("batch_size", [1, 4])

@@ -1122,9 +1122,9 @@ class WhisperASR:
         if int8:
             if self.device.type != "cpu" or self.dtype != torch.float32:
                 raise ValueError(f"int8 takes a float32 model on a CPU, not {self.dtype} on {self.device}")
+            if getattr(self.model, "proj_out", None) is not None:  # packed in a thread while the rest loads
+                self._half_projection = Float16RowLinear(self.model.proj_out, background=True)
             self.int8 = quantize_linears(self.model.model, _int8_fuse, self._int8_cache()) > 0
-            if getattr(self.model, "proj_out", None) is not None:
-                self._half_projection = Float16RowLinear(self.model.proj_out)
         if self.device.type == "cpu" and (pack_linears(self.model.model) or self.int8):
             # The weights left (embeddings, norms, biases, convolutions) may still be views into the checkpoint file's
             # memory map, which then stays mapped with the replaced weights' pages: copy them out so it is released.

@@ -31,49 +31,7 @@ import torch
 from ..models.speech_lm import SpeechDraft, SpeechLM, frame_layout, phone_windows
 from ..spec_decode.rng import DRAFT, CounterRNG, sample
 from ..spec_decode.sampling import AcceptanceRatio, GroupRatio, RelaxedRatio, TokenRatio, rejection_sample, similarity_groups
-
-METHODS = ("target", "sd", "ssd", "pcg")
-# draft tokens per round when not given, chosen on 30 dev sentences of the teacher data (scripts/tts_dev_defaults.py):
-# pcg at theta 0.8 emitted 4.1 frames per target pass with 5 against 3.2 with 3 (batch 1: 1.82x against 1.57x
-# target-only); sd, which rejects more, keeps the PCG paper's 3
-DEFAULT_LOOKAHEAD = {"target": 0, "sd": 3, "ssd": 3, "pcg": 5}
-
-
-@dataclass(frozen=True)
-class SamplingOptions:
-    """How speech tokens are sampled.
-
-    Attributes:
-        method: "target" (target-only sampling), "sd" (exact speculative sampling), "ssd" (relaxed by ``beta``) or
-            "pcg" (group-level acceptance over similarity groups at ``theta``).
-        temperature: softmax temperature of target and draft (> 0).
-        lookahead: draft tokens per round (the paper's gamma; PCG paper: 3); None: the method's default
-            (:data:`DEFAULT_LOOKAHEAD`: 5 for pcg, 3 for sd and ssd).
-        beta: ``ssd``'s additive relaxation.
-        theta: ``pcg``'s cosine threshold for the groups (> 1 makes every group one token: ``sd``).
-        groups: ``pcg``'s token vectors: "codec" (the Lyra latent each coarse token stands for) or "target" (the
-            target's input embeddings, as the PCG paper).
-    """
-
-    method: str = "pcg"
-    temperature: float = 0.6
-    lookahead: Optional[int] = None
-    beta: float = 0.3
-    theta: float = 0.8
-    groups: str = "codec"
-
-    def __post_init__(self):
-        if self.method not in METHODS:
-            raise ValueError(f"unknown sampling method {self.method!r}; choose from {', '.join(METHODS)}")
-        if self.temperature <= 0:
-            raise ValueError("temperature must be > 0")
-        if self.lookahead is None:
-            object.__setattr__(self, "lookahead", DEFAULT_LOOKAHEAD[self.method])
-        if self.lookahead < 0 or (self.method != "target" and self.lookahead == 0):
-            raise ValueError("lookahead must be >= 1 for speculative methods")
-        if self.groups not in ("codec", "target"):
-            raise ValueError("groups must be 'codec' or 'target'")
-
+from .flags import DEFAULT_LOOKAHEAD, METHODS, SamplingOptions  # noqa: F401 - METHODS, DEFAULT_LOOKAHEAD: the module's interface
 
 @dataclass
 class SpeechTokens:

@@ -29,10 +29,9 @@ from ..models.speech_lm import SpeechDraft, SpeechLM
 from ..results import ResultWriter
 from .codec import SAMPLE_RATE, LyraCodec
 from .phones import MAX_TEXT_CHARS, TextError, split_sentences, text_to_phones
-from .speculative import SamplingOptions, generate, ratio_for
+from .flags import AUDIO_FORMATS, SamplingOptions, add_synthesis_args, sampling_from_args  # noqa: F401 - re-exported
+from .speculative import generate, ratio_for
 
-AUDIO_FORMATS = {"wav": ("WAV", "PCM_16"), "flac": ("FLAC", "PCM_16"), "opus": ("OGG", "OPUS"),
-                 "mp3": ("MP3", "MPEG_LAYER_III")}
 SENTENCE_PAUSE_S = 0.15  # silence between the sentences of one text
 MAX_SIL_FRAMES = 15  # the leading/trailing pause of a sentence is capped (300 ms)
 VOCODER_CHUNK_FRAMES = 25  # accepted frames (0.5 s) handed to the vocoder thread at a time
@@ -275,40 +274,6 @@ class Synthesizer:
             res.add(tokens, time.perf_counter() - t0)
         res.audio = np.concatenate(parts) if parts else res.audio
         return res
-
-
-def add_synthesis_args(p) -> None:
-    """The synthesis flags shared by ``rayspec synthesize``, ``jobs.synthesize`` and ``rayspec serve-tts``."""
-    g = p.add_argument_group("models")
-    g.add_argument("--tts-target", help="TTS target directory (default: the bundled zoo tts-target)")
-    g.add_argument("--tts-draft", help="TTS draft directory (default: the bundled zoo tts-draft)")
-    g.add_argument("--codec", help="Lyra v2 codec directory (default: the bundled one)")
-    s = p.add_argument_group("sampling")
-    s.add_argument("--method", choices=["target", "sd", "ssd", "pcg"], default="pcg",
-                   help="target: target-only sampling (the baseline); sd: speculative sampling, exact in "
-                        "distribution; ssd: relaxed by --beta (lossy); pcg: group-level acceptance over acoustic "
-                        "similarity groups at --theta (exact per group; default)")
-    s.add_argument("--temperature", type=float, default=SamplingOptions.temperature,
-                   help=f"sampling temperature (default {SamplingOptions.temperature:g})")
-    s.add_argument("--lookahead", type=int, default=None,
-                   help="draft tokens per round (default: 5 for pcg, 3 for sd and ssd)")
-    s.add_argument("--beta", type=float, default=0.3, help="ssd: acceptance relaxation (default 0.3)")
-    s.add_argument("--theta", type=float, default=SamplingOptions.theta,
-                   help=f"pcg: cosine threshold of the groups (default {SamplingOptions.theta})")
-    s.add_argument("--groups", choices=["codec", "target"], default="codec",
-                   help="pcg: group tokens by the Lyra latents they stand for (default) or the target's embeddings")
-    s.add_argument("--seed", type=int, default=0, help="base seed; with the row id it fixes each row's audio")
-    s.add_argument("--speed", type=float, default=1.0, help="speaking rate 0.25..4 (default 1)")
-    s.add_argument("--batch-size", type=int, default=16, help="sentences per target batch (default 16)")
-    s.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: rayspec synthesize all cores but one, which the vocoder thread "
-                        "uses; jobs.synthesize's actors their --actor-cpus)")
-
-
-def sampling_from_args(args) -> SamplingOptions:
-    """:class:`~rayspec.tts.speculative.SamplingOptions` from ``rayspec synthesize``'s parsed arguments."""
-    return SamplingOptions(method=args.method, temperature=args.temperature, lookahead=args.lookahead,
-                           beta=args.beta, theta=args.theta, groups=args.groups)
 
 
 # -- the synthesize job -----------------------------------------------------------------------------------------------
