@@ -20,7 +20,6 @@ import uuid
 from dataclasses import asdict, dataclass, field, fields
 from typing import Iterable, Optional
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -131,53 +130,8 @@ assert [f.name for f in fields(ResultRow)] == SCHEMA.names
 
 
 def rows_to_table(rows: Iterable, schema: pa.Schema = SCHEMA) -> pa.Table:
-    """A table of dataclass rows (:class:`ResultRow` by default) under ``schema``: the values
-    ``pa.Table.from_pylist`` makes, built column by column from Arrow buffers (:func:`column_array`), because every
-    path of pyarrow's own conversion from Python objects (``pa.array``, ``from_pylist``) imports pandas first
-    (~0.2-0.25 s of a one-clip ``rayspec transcribe``).
-
-    Raises:
-        TypeError: a field type :func:`column_array` does not build.
-    """
-    dicts = [asdict(r) for r in rows]
-    return pa.Table.from_arrays([column_array([d.get(f.name) for d in dicts], f.type) for f in schema],
-                                schema=schema)
-
-
-def _offsets(lengths: list[int]) -> pa.Buffer:
-    """An int32 offsets buffer (``len(lengths) + 1`` entries) of items of these lengths."""
-    offsets = np.zeros(len(lengths) + 1, np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    return pa.py_buffer(offsets)
-
-
-def column_array(values: list, type_: pa.DataType) -> pa.Array:
-    """An Arrow array of type ``type_`` holding ``values`` (Python objects, None for null) without pandas (see
-    :func:`rows_to_table`): strings, booleans, integers and floats, lists and structs (dicts) of them.
-
-    Raises:
-        TypeError: another type (e.g. a dictionary or a timestamp).
-    """
-    n = len(values)
-    valid = np.fromiter((v is not None for v in values), bool, n)
-    bitmap = None if valid.all() else pa.py_buffer(np.packbits(valid, bitorder="little"))
-    if pa.types.is_string(type_):
-        data = [b"" if v is None else v.encode() for v in values]
-        return pa.Array.from_buffers(type_, n, [bitmap, _offsets([len(d) for d in data]), pa.py_buffer(b"".join(data))])
-    if pa.types.is_boolean(type_):
-        bits = np.packbits(np.fromiter((bool(v) for v in values), bool, n), bitorder="little")
-        return pa.Array.from_buffers(type_, n, [bitmap, pa.py_buffer(bits)])
-    if pa.types.is_list(type_):
-        items = [v or [] for v in values]
-        child = column_array([x for v in items for x in v], type_.value_type)
-        return pa.Array.from_buffers(type_, n, [bitmap, _offsets([len(v) for v in items])], children=[child])
-    if pa.types.is_struct(type_):
-        children = [column_array([None if v is None else v.get(f.name) for v in values], f.type) for f in type_]
-        return pa.Array.from_buffers(type_, n, [bitmap], children=children)
-    if pa.types.is_integer(type_) or pa.types.is_floating(type_):
-        data = np.array([0 if v is None else v for v in values], type_.to_pandas_dtype())
-        return pa.Array.from_buffers(type_, n, [bitmap, pa.py_buffer(data)])
-    raise TypeError(f"rows_to_table does not build {type_} columns")
+    """A table of dataclass rows (:class:`ResultRow` by default) under ``schema``."""
+    return pa.Table.from_pylist([asdict(r) for r in rows], schema=schema)
 
 
 def _write_atomic(table: pa.Table, path: str) -> None:
@@ -310,10 +264,6 @@ class ResultWriter:
                                                                                           "*.tmp")):
             os.remove(tmp)  # a killed writer's unfinished file: never renamed, so never read
         self.done_ids: set[str] = done_ids(self.path, schema)
-        # whether rows of another writer are there (a previous output, or shards of a killed run) for finalize
-        self.previous = os.path.exists(self.path) or bool(glob.glob(os.path.join(glob.escape(self.parts),
-                                                                                  "*.parquet")))
-        self.written: list[str] = []  # this writer's shards
 
     def close(self) -> None:
         """Release the output's lock (shards stay; a re-run resumes from them)."""
@@ -325,9 +275,7 @@ class ResultWriter:
         if not rows:
             return
         os.makedirs(self.parts, exist_ok=True)
-        shard = os.path.join(self.parts, f"part-{uuid.uuid4().hex}.parquet")
-        _write_atomic(rows_to_table(rows, self.schema), shard)
-        self.written.append(shard)
+        _write_atomic(rows_to_table(rows, self.schema), os.path.join(self.parts, f"part-{uuid.uuid4().hex}.parquet"))
         self.done_ids.update(r.id for r in rows)
 
     def finalize(self) -> pa.Table:
@@ -340,20 +288,13 @@ class ResultWriter:
             FileNotFoundError: nothing was ever written (no rows).
         """
         try:
-            if self.previous:
-                table = read_results(self.path, self.schema)
-                keep: dict[str, int] = {}
-                codes = table.column("error_code").to_pylist()
-                for i, uid in enumerate(table.column("id").to_pylist()):
-                    if uid not in keep or codes[keep[uid]] in RETRIED_ERROR_CODES:
-                        keep[uid] = i
-                table = table.take(sorted(keep.values()))
-            elif self.written:
-                # only this writer's shards, each id once (write drops ids already written), in read_results' order;
-                # read as files of this schema (pq.read_table would import pandas: see rows_to_table)
-                table = pa.concat_tables([pq.ParquetFile(p).read() for p in sorted(self.written)])
-            else:
-                raise FileNotFoundError(f"no results at {self.path}")
+            table = read_results(self.path, self.schema)
+            keep: dict[str, int] = {}
+            codes = table.column("error_code").to_pylist()
+            for i, uid in enumerate(table.column("id").to_pylist()):
+                if uid not in keep or codes[keep[uid]] in RETRIED_ERROR_CODES:
+                    keep[uid] = i
+            table = table.take(sorted(keep.values()))
             _write_atomic(table, self.path)
             for p in glob.glob(os.path.join(glob.escape(self.parts), "*")):
                 os.remove(p)
