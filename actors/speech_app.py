@@ -49,12 +49,12 @@ class SpeechService:
 
     Args:
         models: ``{"target", "draft", "codec"}`` directories (None: the bundled zoo); sampling: keyword arguments of
-            :class:`rayspec.tts.speculative.SamplingOptions`; max_batch_size: texts synthesised together;
+            :class:`rayspec.tts.flags.SamplingOptions`; max_batch_size: texts synthesised together;
             threads: torch CPU threads (0 = default).
     """
 
     def __init__(self, models: dict, sampling: dict, max_batch_size: int = 8, threads: int = 0) -> None:
-        from rayspec.tts.speculative import SamplingOptions
+        from rayspec.tts.flags import SamplingOptions
         from rayspec.tts.synthesis import Synthesizer
 
         self._torch = ThreadPoolExecutor(1, thread_name_prefix="rayspec-tts")

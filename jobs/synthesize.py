@@ -23,8 +23,8 @@ import ray  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
 from rayspec.options import EXIT_SOME_FAILED, run_command  # noqa: E402
-from rayspec.tts.synthesis import (AUDIO_FORMATS, SynthesisOutput, SynthesisRow, SynthesisSummary,  # noqa: E402
-                                   add_synthesis_args, read_texts, sampling_from_args)
+from rayspec.tts.flags import AUDIO_FORMATS, add_synthesis_args, sampling_from_args  # noqa: E402
+from rayspec.tts.synthesis import SynthesisOutput, SynthesisRow, SynthesisSummary, read_texts  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

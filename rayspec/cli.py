@@ -59,7 +59,8 @@ def cmd_transcribe(args) -> int:
 def cmd_synthesize(args) -> int:
     from tqdm import tqdm
 
-    from .tts.synthesis import Synthesizer, read_texts, run_synthesis, sampling_from_args
+    from .tts.flags import sampling_from_args
+    from .tts.synthesis import Synthesizer, read_texts, run_synthesis
 
     items = read_texts(args.input)
     opts = sampling_from_args(args)

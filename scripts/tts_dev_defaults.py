@@ -46,7 +46,7 @@ def main() -> None:
     from rayspec.manifest import Utterance
     from rayspec.metrics import error_rates
     from rayspec.pipeline import Transcriber
-    from rayspec.tts.speculative import SamplingOptions
+    from rayspec.tts.flags import SamplingOptions
     from rayspec.tts.synthesis import Synthesizer
 
     torch.set_num_threads(1)

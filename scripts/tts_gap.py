@@ -89,7 +89,8 @@ def main() -> int:
     from rayspec.train.tts import collate
     from rayspec.train.tts_data import teacher_example
     from rayspec.tts.piper import PiperVoice
-    from rayspec.tts.speculative import SamplingOptions, generate
+    from rayspec.tts.flags import SamplingOptions
+    from rayspec.tts.speculative import generate
     from rayspec.tts.synthesis import Synthesizer
 
     torch.set_num_threads(1)

@@ -13,7 +13,8 @@ from rayspec.models.speech_lm import SpeechDraft, SpeechLM, frame_layout
 from rayspec.spec_decode.rng import DRAFT, CounterRNG, sample, uniforms
 from rayspec.spec_decode.sampling import GroupRatio, RelaxedRatio, TokenRatio, rejection_sample, similarity_groups
 from rayspec.tts.phones import SIL, TextError, text_to_phones
-from rayspec.tts.speculative import SamplingOptions, generate
+from rayspec.tts.flags import SamplingOptions
+from rayspec.tts.speculative import generate
 from rayspec.tts.synthesis import Synthesizer, read_texts, run_synthesis
 
 N = 40000

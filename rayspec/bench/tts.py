@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from .tables import write_table
 from ..metrics import error_rates
-from ..tts.speculative import DEFAULT_LOOKAHEAD, SamplingOptions
+from ..tts.flags import DEFAULT_LOOKAHEAD, SamplingOptions
 
 
 @dataclass

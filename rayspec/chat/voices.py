@@ -86,7 +86,7 @@ class RayspecVoice:
 
     def __init__(self, synthesizer=None, options=None, seed: int = 0) -> None:
         from ..tts.codec import SAMPLE_RATE
-        from ..tts.speculative import SamplingOptions
+        from ..tts.flags import SamplingOptions
         from ..tts.synthesis import Synthesizer
 
         self.synth = synthesizer or Synthesizer()

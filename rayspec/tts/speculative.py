@@ -31,7 +31,7 @@ import torch
 from ..models.speech_lm import SpeechDraft, SpeechLM, frame_layout, phone_windows
 from ..spec_decode.rng import DRAFT, CounterRNG, sample
 from ..spec_decode.sampling import AcceptanceRatio, GroupRatio, RelaxedRatio, TokenRatio, rejection_sample, similarity_groups
-from .flags import DEFAULT_LOOKAHEAD, METHODS, SamplingOptions  # noqa: F401 - METHODS, DEFAULT_LOOKAHEAD: the module's interface
+from .flags import SamplingOptions
 
 @dataclass
 class SpeechTokens:

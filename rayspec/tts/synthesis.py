@@ -29,7 +29,7 @@ from ..models.speech_lm import SpeechDraft, SpeechLM
 from ..results import ResultWriter
 from .codec import SAMPLE_RATE, LyraCodec
 from .phones import MAX_TEXT_CHARS, TextError, split_sentences, text_to_phones
-from .flags import AUDIO_FORMATS, SamplingOptions, add_synthesis_args, sampling_from_args  # noqa: F401 - re-exported
+from .flags import AUDIO_FORMATS, SamplingOptions
 from .speculative import generate, ratio_for
 
 SENTENCE_PAUSE_S = 0.15  # silence between the sentences of one text
