@@ -38,8 +38,8 @@ from .cache import DecoderCache
 from .errors import ModelLoadError
 from . import lean_files
 from .features import log_mel, supports
-from .linear import (Float16RowLinear, Int8Linear, PackedLinear, linear, linear_add, linear_gelu, linear_layer, pack_linears,
-                     quantize_linears)
+from .linear import (Float16RowLinear, Int8Linear, PackedLinear, linear, linear_add, linear_gelu, linear_layer,
+                     pack_linears, quantize_linears)
 from .registry import cache_dir, resolve_model
 from .whisper_modules import load_lean
 from ..spec_decode.timestamps import TimestampTokens
@@ -59,6 +59,22 @@ def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 def _is_gelu(fn) -> bool:
     """Whether an activation is exact (erf) GELU: ``F.gelu`` itself or transformers' ``GELUActivation`` around it."""
     return fn is F.gelu or getattr(fn, "act", None) is F.gelu
+
+
+def _add_product(layer, x: torch.Tensor, residual: torch.Tensor, dropout: float = 0.0) -> torch.Tensor:
+    """``residual + dropout(linear_layer(layer, x))``: without dropout the add runs as the product's post-op where that
+    gives the same bits (:func:`~rayspec.models.linear.linear_add`)."""
+    if dropout:
+        return residual + _dropout(linear_layer(layer, x), dropout, True)
+    return linear_add(layer, x, residual)
+
+
+def _activation_product(layer, h: torch.Tensor) -> torch.Tensor:
+    """``layer.activation_fn(linear_layer(layer.fc1, h))`` of an encoder or decoder layer: an exact GELU as the
+    product's post-op where that gives the same bits (:func:`~rayspec.models.linear.linear_gelu`)."""
+    if _is_gelu(layer.activation_fn):
+        return linear_gelu(layer.fc1, h)
+    return layer.activation_fn(linear_layer(layer.fc1, h))
 
 
 def _in_row_blocks(product, x: torch.Tensor) -> torch.Tensor:
@@ -86,18 +102,11 @@ def _encoder_layer(layer, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torc
     q, k, v = heads(q * attn.scaling), heads(k), heads(v)
     p = attn.dropout if attn.training else 0.0
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=1.0)
-    out = out.transpose(1, 2).reshape(b, s, d)
-    if layer.training:
-        x = x + _dropout(linear_layer(attn.out_proj, out), layer.dropout, True)
-        h = _dropout(layer.activation_fn(linear_layer(layer.fc1, _layer_norm(layer.final_layer_norm, x))),
-                     layer.activation_dropout, True)
-        x = x + _dropout(linear_layer(layer.fc2, h), layer.dropout, True)
-    else:  # the residual adds and the GELU as the products' post-ops where that gives the same bits (linear_add)
-        x = linear_add(attn.out_proj, out, x)
-        h = _layer_norm(layer.final_layer_norm, x)
-        fc1 = layer.fc1
-        h = linear_gelu(fc1, h) if _is_gelu(layer.activation_fn) else layer.activation_fn(linear_layer(fc1, h))
-        x = linear_add(layer.fc2, h, x)
+    drop = layer.dropout if layer.training else 0.0
+    x = _add_product(attn.out_proj, out.transpose(1, 2).reshape(b, s, d), x, drop)
+    h = _activation_product(layer, _layer_norm(layer.final_layer_norm, x))
+    h = _dropout(h, layer.activation_dropout, layer.training)
+    x = _add_product(layer.fc2, h, x, drop)
     if x.dtype == torch.float16:  # as transformers: keep float16 activations finite
         big = torch.finfo(x.dtype).max - 1000
         x = x.clamp(min=-big, max=big)
@@ -893,18 +902,18 @@ class WhisperASR:
 
     def _add_product(self, layer: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor, dropout: float = 0.0
                      ) -> torch.Tensor:
-        """``residual + dropout(self._linear(layer, x))``; without dropout and row blocks the add runs as the
-        product's post-op where that gives the same bits (:func:`~rayspec.models.linear.linear_add`)."""
-        if dropout or self._row_blocked:
+        """``residual + dropout(self._linear(layer, x))``: the module's :func:`_add_product` where the products are
+        not row-blocked."""
+        if self._row_blocked:
             return residual + _dropout(self._linear(layer, x), dropout, True)
-        return linear_add(layer, x, residual)
+        return _add_product(layer, x, residual, dropout)
 
     def _activation_product(self, layer, h: torch.Tensor) -> torch.Tensor:
-        """``layer.activation_fn(self._linear(layer.fc1, h))`` of a decoder layer: GELU as the product's post-op where
-        that gives the same bits (:func:`~rayspec.models.linear.linear_gelu`)."""
-        if _is_gelu(layer.activation_fn) and not self._row_blocked:
-            return linear_gelu(layer.fc1, h)
-        return layer.activation_fn(self._linear(layer.fc1, h))
+        """``layer.activation_fn(self._linear(layer.fc1, h))`` of a decoder layer: the module's
+        :func:`_activation_product` where the products are not row-blocked."""
+        if self._row_blocked:
+            return layer.activation_fn(self._linear(layer.fc1, h))
+        return _activation_product(layer, h)
 
     def _linear(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """A decoder product, :func:`~rayspec.models.linear.linear_layer` (``[..., in]`` -> ``[..., out]``), in blocks
