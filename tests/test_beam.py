@@ -207,7 +207,14 @@ def test_stacked_cache_reorder_and_drop(tiny_target):
     plain = cache.select(src)
     assert stacked.stack is not None and stacked.batch_size == 5
     for a, b, n in zip((*stacked.self_k, *stacked.self_v), (*plain.self_k, *plain.self_v), [6] * 12):
-        assert torch.equal(a[:, :, :n], b[:, :, :n]) and not a[:, :, n:].any()
+        assert torch.equal(a[:, :, :n], b[:, :, :n])
+    assert stacked.zeroed == 6  # slots past the committed ones are zeroed as passes reach them
+    stacked.stack[:, :, :, :, 6:] = float("nan")
+    stacked.expose(8)
+    assert stacked.zeroed == 8 and not stacked.stack[:, :, :, :, 6:8].any()
+    assert stacked.stack[:, :, :, :, 8:].isnan().all()
+    stacked.expose(7)  # already finite: nothing written
+    assert stacked.zeroed == 8
     for rows in ([1, 1, 4, 0, 3], [0, 1, 2, 3, 4], [4, 3, 2, 1, 0]):
         stacked.reorder(rows)
         plain.reorder(rows)
@@ -224,6 +231,31 @@ def test_stacked_cache_reorder_and_drop(tiny_target):
         assert a.data_ptr() >= stacked.stack.data_ptr()  # still views of the one buffer
     stacked.extend(4)  # past the buffer's rows: per-layer buffers from here on
     assert stacked.stack is None and stacked.batch_size == 7
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_beam_reads_no_slot_before_it_is_zeroed(request, monkeypatch, mixed):
+    """Beam search's stacked cache is not zeroed in advance (DecoderCache.expose): with NaN in every slot past the
+    committed ones, as uninitialised memory may hold, the search gives the same hypotheses and log-probabilities
+    (equal prompts take the one-column step, mixed prompts and finishing audios the masked pass)."""
+    model = request.getfixturevalue("ts_target" if mixed else "tiny_target")
+    prompts = [model.prompt_for(timestamps=k % 2 == 0) for k in range(4)] if mixed else None
+    caps = [16, 3, 12, 8]
+    with torch.inference_mode():
+        want = beam_decode(model, _encode(model, AUDIO[:4]), caps, BeamOptions(3), prompts=prompts)
+    stacked = DecoderCache.stacked
+
+    def garbage(*args, **kwargs):
+        cache = stacked(*args, **kwargs)
+        cache.stack[:, :, :, :, cache.zeroed:] = float("nan")
+        return cache
+
+    monkeypatch.setattr(DecoderCache, "stacked", staticmethod(garbage))
+    with torch.inference_mode():
+        got = beam_decode(model, _encode(model, AUDIO[:4]), caps, BeamOptions(3), prompts=prompts)
+    assert [h.tokens for h in got] == [h.tokens for h in want]
+    assert [h.stats.sum_logprob for h in got] == [h.stats.sum_logprob for h in want]
+    assert all(np.isfinite(h.stats.sum_logprob) for h in got)
 
 
 @pytest.mark.parametrize("shape", [(5, 51865), (2, 3, 40000), (1, 4096 * 6), (3, 100)])

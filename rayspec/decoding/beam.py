@@ -181,6 +181,7 @@ def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torc
             raise ValueError(f"decoder positions up to {top} exceed the cache capacity {cache.capacity}")
         position = min(at, t.max_target_positions - 1)
         visible = write = None
+        cache.expose(top)
     else:
         positions, slots, top, visible = cache.attention_layout(q, None, None, t.max_target_positions,
                                                                 KEY_BLOCK if t.batch_invariant else 1)

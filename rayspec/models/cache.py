@@ -43,7 +43,11 @@ class DecoderCache:
 
     A cache made by :meth:`stacked` holds every layer's self-attention keys/values in one buffer (``stack``:
     ``[2, L, B, H, capacity, Dh]``, ``self_k[i]`` / ``self_v[i]`` its ``[0, i]`` / ``[1, i]`` rows): :meth:`reorder`
-    then moves a row of all layers in one gather instead of one per layer and tensor.
+    then moves a row of all layers in one gather instead of one per layer and tensor. Its buffer is not zeroed in
+    advance: attention reads a row's slots below ``top`` (:meth:`attention_layout`), masked past the row's own, and a
+    masked slot must still hold a finite number (0 x NaN is NaN), so the slots from ``zeroed`` up to each pass's
+    ``top`` are zeroed when a pass first reaches them (:meth:`expose`). Beam search's cache (5 beams x 16 audios of
+    whisper-base, ~300 positions: 950 MB) then writes, and holds in memory, only the positions it reaches.
     """
 
     self_k: list[torch.Tensor]
@@ -57,6 +61,7 @@ class DecoderCache:
     pending: int = 0
     _buffers: Optional[dict] = field(default=None, repr=False)  # per-row tensors of the reserved rows, by field
     stack: Optional[torch.Tensor] = field(default=None, repr=False)  # see the class docstring (None: per layer)
+    zeroed: Optional[int] = field(default=None, repr=False)  # slots below this are finite in every row (None: all)
     _lengths: Optional[torch.Tensor] = field(default=None, repr=False)  # device copy of host_lengths, made on read
 
     @staticmethod
@@ -75,7 +80,7 @@ class DecoderCache:
                 host_lengths: np.ndarray) -> "DecoderCache":
         """A self-attention-only cache of ``rows`` (``[R]`` indices, repeats allowed) of the per-layer ``self_k`` /
         ``self_v`` (``[B, H, C, Dh]`` each), their first ``max(host_lengths)`` positions copied into one stacked buffer
-        (see the class docstring), zeros after them (as :meth:`~rayspec.models.whisper.WhisperASR.new_cache`'s).
+        (see the class docstring); the slots after them are zeroed as passes reach them (:meth:`expose`).
 
         Args:
             host_lengths: int64 numpy ``[R]``, the rows' committed positions.
@@ -84,13 +89,13 @@ class DecoderCache:
         committed = int(host_lengths.max()) if len(host_lengths) else 0
         k0 = self_k[0]
         b, h, c, d = k0.shape
-        stack = k0.new_zeros((2, len(self_k), len(rows), h, c, d))
+        stack = k0.new_empty((2, len(self_k), len(rows), h, c, d))
         index = torch.as_tensor(list(rows), dtype=torch.long, device=k0.device)
         for s, ts in enumerate((self_k, self_v)):
             for i, t in enumerate(ts):
                 torch.index_select(t[:, :, :committed], 0, index, out=stack[s, i, :, :, :committed])
         return DecoderCache(list(stack[0]), list(stack[1]), [], [], None, np.zeros(len(rows), dtype=np.int64),
-                            host_lengths, k0.device, stack=stack)
+                            host_lengths, k0.device, stack=stack, zeroed=committed)
 
     @property
     def batch_size(self) -> int:
@@ -99,6 +104,24 @@ class DecoderCache:
     @property
     def capacity(self) -> int:
         return int(self.self_k[0].shape[2])
+
+    def expose(self, top: int) -> None:
+        """Make every row's self-attention slots below ``top`` finite before a pass reads them: zero those from
+        :attr:`zeroed` (slots never written) up to ``top``, in every layer and every row, reserved rows included
+        (a no-op for a cache zeroed in advance, ``zeroed`` None). Called by :meth:`attention_layout`; a pass that
+        lays out its slots itself calls it with its ``top``."""
+        if self.zeroed is None or top <= self.zeroed:
+            return
+        lo = self.zeroed
+        if self._buffers is not None:
+            for t in (*self._buffers["self_k"], *self._buffers["self_v"]):
+                t[:, :, lo:top].zero_()
+        elif self.stack is not None:
+            self.stack[:, :, :, :, lo:top].zero_()
+        else:
+            for t in (*self.self_k, *self.self_v):
+                t[:, :, lo:top].zero_()
+        self.zeroed = top
 
     @property
     def lengths(self) -> torch.Tensor:
@@ -120,7 +143,8 @@ class DecoderCache:
     def attention_layout(self, q: int, ancestors: Optional[torch.Tensor] = None,
                          depths: Optional[torch.Tensor] = None, max_positions: Optional[int] = None,
                          key_block: int = 1):
-        """Where ``Q`` new tokens per row go and what they see (no device read).
+        """Where ``Q`` new tokens per row go and what they see (no device read); the slots up to ``top`` are made
+        finite first (:meth:`expose`).
 
         New token ``i`` of row ``b`` sits at position ``lengths[b] + depths[i]``, is written to slot
         ``lengths[b] + i``, and attends to the row's committed positions plus the new tokens ``j`` with
@@ -149,6 +173,7 @@ class DecoderCache:
         if top > self.capacity:
             raise ValueError(f"decoder positions up to {top} exceed the cache capacity {self.capacity}")
         top = min(-(-top // key_block) * key_block, self.capacity)
+        self.expose(top)
         positions, slots, visible = attention_layout(self.lengths, q, top, ancestors, depths, max_positions)
         return positions, slots, top, visible
 
@@ -165,7 +190,7 @@ class DecoderCache:
         out = DecoderCache(
             pick(self.self_k), pick(self.self_v), pick(self.cross_k), pick(self.cross_v),
             None if self.cross_mask is None else self.cross_mask.index_select(0, index), self.cross_lengths[rows],
-            self.host_lengths[rows], self.device, self.pending,
+            self.host_lengths[rows], self.device, self.pending, zeroed=self.zeroed,
         )
         return out
 
