@@ -281,7 +281,16 @@ def test_fused_post_ops_leave_encoder_and_decoder_states_unchanged(tiny_target, 
             cache = target.new_cache(enc, 8)
             return enc.states, target.decode(cache, torch.tensor([target.prompt_ids] * 3))
 
+    import rayspec.models.whisper as whisper
+
+    layer_inputs = []
+    encoder_layer = whisper._encoder_layer
+    monkeypatch.setattr(whisper, "_encoder_layer", lambda layer, x, bias: (
+        layer_inputs.append(x.is_contiguous()), encoder_layer(layer, x, bias))[1])
     fused = run()
+    # the encoder's layers see contiguous states: a permuted layout would reach every layer and keep each residual
+    # add out of its product (linear_add falls back on a strided residual)
+    assert layer_inputs and all(layer_inputs)
     monkeypatch.setattr(lin, "_fusable", lambda layer, x: None)
     plain = run()
     assert all(torch.equal(a, b) for a, b in zip(fused, plain))
