@@ -24,7 +24,8 @@ verification park their prefix keys/values in CPU memory and continue in a fallb
 (:meth:`SSDDecoder.admission`): a batch's parked rows fill the slots other batches' rows free, so the fallback runs
 in full batches however few rows of each batch fail. A batch of more rows than the row cap allows
 (:func:`~rayspec.spec_decode.loop.speculate_max_rows`: 2 on a CPU) skips the verification pass, which scores every
-row's whole hypothesis and there costs more than the passes it saves; its rows start the fallback from the prompt.
+row's whole hypothesis and there costs more than the passes it saves; its rows start the fallback from the prompt,
+and in exact mode with the gate off the CTC head runs only for the rows that speculate (:meth:`CTCDrafts.deferred`).
 
 With ``exact=True`` and ``tau_ctc=0`` (gate off) the output equals the target's greedy output for any ``tau_slm``.
 """
