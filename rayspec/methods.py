@@ -67,8 +67,7 @@ class Encoded:
             return None if enc is None else enc.select(torch.tensor(rows, device=enc.states.device))
         target = pick(self.target)
         draft = target if self.draft is self.target else pick(self.draft)
-        ctc = None if self.ctc is None else CTCDrafts([self.ctc.tokens[i] for i in rows],
-                                                       [self.ctc.entropy[i] for i in rows])
+        ctc = None if self.ctc is None else self.ctc.select(rows)
         return Encoded(target, [self.caps[i] for i in rows], ctc, draft,
                        None if self.keys is None else [self.keys[i] for i in rows], self.drafted)
 
@@ -126,7 +125,7 @@ def _draft_stream(target, options, draft, max_cap):
                       options.speculate_max_rows)
 
 
-def _ctc_proposer(target: WhisperASR, hypotheses: list[list[int]]) -> CTCProposer:
+def _ctc_proposer(target: WhisperASR, hypotheses) -> CTCProposer:
     return CTCProposer(hypotheses, target.eos_token_id, len(target.prompt_ids), CTC_MAX_DRAFT,
                        punctuation_tokens(target.tokenizer), continuation_tokens(target.tokenizer))
 
@@ -160,7 +159,7 @@ def _ssd(target, options, encoded, proposers):
         if options.ssd.fallback == "draft":
             return proposers([x.index for x in parked], [x.cap for x in parked])
         if options.ssd.fallback == "ctc":
-            return _ctc_proposer(target, [encoded.ctc.tokens[x.index] for x in parked])
+            return _ctc_proposer(target, encoded.ctc.select([x.index for x in parked]))
         return None
 
     decoder = SSDDecoder(target, options.ssd, options.speculate_max_rows)

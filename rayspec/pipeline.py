@@ -36,7 +36,7 @@ from .decoding.beam import beam_decode
 from .decoding.beam_speculative import DEFAULT_MAX_DRAFT as BEAM_MAX_DRAFT, LookupDrafter, speculative_beam_decode
 from .decoding.fallback import decode_with_fallback
 from .decoding.proposer import DraftProposer, SpeculationOptions, check_compatible
-from .decoding.ssd import ctc_drafts
+from .decoding.ssd import ctc_drafts, defers_drafts
 from .longform import decode_sequential
 from .manifest import RequestOptions, Utterance
 from .decoding.options import DecodeOptions
@@ -121,8 +121,10 @@ def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
     drafted = options.beam_size == 1 or beam_speculates(target, options, len(audios))
     out = Encoded(enc, caps, keys=keys, drafted=drafted)
     enc.sampling = first_sampling(options, out, requests)
-    if METHODS[options.method].needs_ctc and drafted:
-        out.ctc = ctc_drafts(ctc, target, enc)
+    if METHODS[options.method].needs_ctc and drafted:  # exact ssd above the row cap: drafted where it speculates
+        defer = (options.method == "ssd" and options.beam_size == 1 and
+                 defers_drafts(options.ssd, len(audios), speculate_max_rows(target.device, options.speculate_max_rows)))
+        out.ctc = ctc_drafts(ctc, target, enc, deferred=defer)
     if needs_draft(options) and drafted:  # a decoder-only draft reads the target's encoder states (no second encoder)
         out.draft = draft.encode(*draft.features(audios)) if draft.has_encoder else enc
     return out

@@ -521,3 +521,28 @@ def test_target_side_stream_takes_batches_in_any_order(samples_manifest, tiny_ta
     streamed = dict(TargetDecoder(model, options).decode_stream(list(enumerate(batches)), slots=3))
     assert sorted(streamed) == [0, 1, 2]
     assert [[r.text for r in streamed[k]] for k in range(3)] == static
+
+
+def test_stream_exact_ssd_with_deferred_drafts_equals_ar(tiny_target):
+    """Exact SSD's batches above the row cap join the fallback stream undrafted (the CTC head runs for a row in its
+    first speculating round, through its batch's drafts, split across slots); the tokens are AR's."""
+    from rayspec.decoding.ssd import SSDDecoder, SSDOptions, ctc_drafts
+    from rayspec.methods import _ctc_proposer
+    from rayspec.models.ctc import CTCHead
+
+    torch.manual_seed(0)
+    ctc = CTCHead(tiny_target.config.d_model, list(range(28))).eval()
+    decoder = SSDDecoder(tiny_target, SSDOptions(tau_ctc=0.0, exact=True), max_rows=2)
+    with torch.inference_mode():
+        expected = _static(lambda a, c: greedy_decode(tiny_target, _encode(tiny_target, a), c))
+        chunks, batches = [], []
+        for s in range(0, len(AUDIO), 4):
+            enc = _encode(tiny_target, AUDIO[s : s + 4])
+            batches.append(ctc_drafts(ctc, tiny_target, enc, deferred=True))
+            chunks.append((list(range(s, s + 4)), enc, CAPS[s : s + 4], batches[-1]))
+        loop = decoder.loop(_ctc_proposer(tiny_target, []))
+        got = dict(loop.decode_stream((decoder.admission(*c) for c in chunks), 3, max_cap=max(CAPS)))
+    assert {k: h.tokens for k, h in got.items()} == {k: h.tokens for k, h in expected.items()}
+    drafted = [t is not None for d in batches for t in d.tokens]
+    assert any(drafted) and not all(drafted)
+

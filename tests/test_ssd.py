@@ -380,3 +380,87 @@ def test_batch_above_the_row_cap_skips_the_verification_pass(tiny_target, monkey
     assert [(h.route, h.stats.accepted_prefix) for h in out] == [("fallback", 0)] * 4
     assert [h.stats.target_forward_passes for h in out] == [len(t) for t in tokens]  # capped: no EOS pass
     assert calls["cross"] == tiny_target.config.decoder_layers
+
+
+def test_deferred_drafts_run_the_head_only_for_rows_that_speculate(tiny_target, monkeypatch):
+    """Exact SSD above the row cap (no verification pass, gate off) drafts a row only in its first speculating
+    round of the CTC fallback (rounds of at most 2 live rows here): rows that finish before never run the CTC head;
+    the tokens are AR's, every round without a speculating row is a plain step, and the encoder output is decoded
+    as it is (no copy of its rows)."""
+    from rayspec.methods import Encoded, METHODS
+    from rayspec.decoding.options import DecodeOptions
+    from rayspec.models.encoded import EncoderOutput
+
+    caps = [4, 6, 9, 12, 30, 30]  # rows leave one by one: the last two live rows speculate
+    ctc = _ctc(tiny_target)
+    options = DecodeOptions("ssd", ssd=SSDOptions(tau_ctc=0.0, exact=True), speculate_max_rows=2)
+    with torch.inference_mode():
+        enc = _encode(tiny_target, AUDIO[: len(caps)])
+        ar = [h.tokens for h in greedy_decode(tiny_target, enc, caps)]
+        eager = ctc_drafts(ctc, tiny_target, enc)
+        drafts = ctc_drafts(ctc, tiny_target, enc, deferred=True)
+        assert drafts.tokens == [None] * len(caps) and drafts.entropy == [None] * len(caps)
+        heads, source = [], drafts.source
+        drafts.source = lambda rows: heads.append(list(rows)) or source(rows)
+        selects = []
+        select = EncoderOutput.select
+        monkeypatch.setattr(EncoderOutput, "select", lambda self, rows: selects.append(rows) or select(self, rows))
+        out = METHODS["ssd"].decode(tiny_target, options, Encoded(enc, caps, drafts), None)
+    assert [h.tokens for h in out] == ar
+    drafted = [i for i, t in enumerate(drafts.tokens) if t is not None]
+    assert sorted(sum(heads, [])) == drafted and 0 < len(drafted) <= 2  # each drafted row once, in its first round
+    assert all(drafts.tokens[i] == eager.tokens[i] for i in drafted)  # what the whole batch's head pass gives
+    assert [i for i, h in enumerate(out) if h.stats.draft_tokens_proposed] == drafted
+    assert not selects
+
+
+def test_deferred_drafts_pickle_drafted(tiny_target):
+    """A deferred batch crossing a process boundary (Ray's object store, to a target actor without the CTC head)
+    arrives with every row drafted, as the whole batch's head pass drafts them; a selection drafts through its
+    batch; in-process it keeps what was drafted."""
+    import pickle
+
+    ctc = _ctc(tiny_target, seed=1)
+    with torch.inference_mode():
+        enc = _encode(tiny_target, AUDIO[:4])
+        eager = ctc_drafts(ctc, tiny_target, enc)
+        drafts = ctc_drafts(ctc, tiny_target, enc, deferred=True)
+        sub = drafts.select([3, 1])
+        assert sub.hypotheses([1]) == [eager.tokens[1]] and drafts.tokens[1] == eager.tokens[1]
+        assert drafts.tokens[0] is None and drafts.tokens[3] is None
+        again = pickle.loads(pickle.dumps(drafts))
+    assert again.tokens == eager.tokens and again.source is None
+
+
+@pytest.mark.parametrize("options, rows, cap, deferred", [
+    (SSDOptions(tau_ctc=0.0, exact=True), 16, 2, True),  # above the row cap: no verification pass
+    (SSDOptions(tau_ctc=0.0, exact=True), 2, 2, False),  # the verification pass reads every hypothesis
+    (SSDOptions(tau_ctc=0.0, exact=True), 16, 0, False),  # no row cap: verified
+    (SSDOptions(tau_ctc=0.0, exact=True, verify=False), 1, 2, True),  # the gate + AR ablation
+    (SSDOptions(tau_ctc=0.7, exact=True), 16, 2, False),  # the gate reads every row's entropy
+    (SSDOptions(tau_ctc=0.0), 16, 2, False),  # a lossy CTC fallback's tokens depend on its drafts' alignment
+    (SSDOptions(tau_ctc=0.0, fallback="ar"), 16, 2, True),  # nothing reads them
+])
+def test_which_batches_defer_their_drafts(options, rows, cap, deferred):
+    from rayspec.decoding.ssd import defers_drafts
+
+    assert defers_drafts(options, rows, cap) is deferred
+
+
+def test_encode_audio_defers_exact_ssd_drafts_above_the_row_cap(tiny_target):
+    """The drafting side runs no CTC head for exact SSD's batches above the row cap (2, a CPU's default), and drafts
+    every row of a batch the verification pass reads, and of lossy SSD's."""
+    from rayspec.decoding.options import DecodeOptions
+    from rayspec.pipeline import encode_audio
+
+    ctc = _ctc(tiny_target)
+    exact = DecodeOptions("ssd", ssd=SSDOptions(tau_ctc=0.0, exact=True), speculate_max_rows=2)
+    durations = [len(a) / tiny_target.sample_rate for a in AUDIO]
+    with torch.inference_mode():
+        big = encode_audio(tiny_target, exact, AUDIO[:4], durations[:4], None, ctc)
+        small = encode_audio(tiny_target, exact, AUDIO[:2], durations[:2], None, ctc)
+        lossy = encode_audio(tiny_target, DecodeOptions("ssd", speculate_max_rows=2), AUDIO[:4], durations[:4], None,
+                             ctc)
+    assert big.ctc.tokens == [None] * 4 and big.ctc.source is not None
+    assert None not in small.ctc.tokens and None not in small.ctc.entropy and small.ctc.source is None
+    assert None not in lossy.ctc.tokens and lossy.ctc.source is None

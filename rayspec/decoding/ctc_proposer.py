@@ -47,9 +47,14 @@ class CTCProposer:
     A round's proposal holds at most two branches: the first at most ``room + 1`` tokens, the second at most
     ``max_draft``, so a verify loop whose cache room for pending nodes (``max_nodes``) is ``max_draft`` holds it.
 
+    A row of a deferred batch (:meth:`~rayspec.decoding.ssd.CTCDrafts.deferred`) gets its hypothesis drafted in
+    its first speculating round (with the round's other such rows of its batch, in one head pass) and until then
+    proposes nothing and is not tracked: its first proposal re-joins the hypothesis as a late row's does.
+
     Args:
-        hypotheses: per batch row (row keys ``0 .. B-1``), the CTC hypothesis in the target's token ids
-            (:attr:`~rayspec.decoding.ssd.CTCDrafts.tokens`); more rows join with :meth:`admit`.
+        hypotheses: per batch row (row keys ``0 .. B-1``), the CTC hypothesis in the target's token ids: a list of
+            them, or the batch's :class:`~rayspec.decoding.ssd.CTCDrafts` (deferred or not); more rows join with
+            :meth:`admit`.
         eos: the target's EOS id; prompt_len: tokens of the decoder prompt (not part of the hypotheses).
         max_draft: most draft tokens per branch and round.
         punctuation: token ids that are punctuation only (:func:`punctuation_tokens`): such a correction before a
@@ -69,14 +74,21 @@ class CTCProposer:
         self.emitted: dict = {}  # tokens emitted when last proposing (None: not proposed yet)
         self.budget: dict = {}  # draft length (per branch) of the next round
         self.kept: dict = {}  # last round's kept path (node indices)
-        self.admit([], list(range(len(hypotheses))), hypotheses)
+        self.source: dict = {}  # per row key not drafted yet: (its batch's CTCDrafts, its row there)
+        self.admit([], list(range(len(hypotheses.tokens if hasattr(hypotheses, "tokens") else hypotheses))),
+                   hypotheses)
 
-    def admit(self, slots: list[int], ids: list, hypotheses: list[list[int]]) -> None:
-        """Take new rows ``ids`` with their CTC hypotheses (continuous batching; the state is kept per row key, so
-        the cache ``slots`` they go to do not matter here)."""
-        for key, hyp in zip(ids, hypotheses):
+    def admit(self, slots: list[int], ids: list, hypotheses) -> None:
+        """Take new rows ``ids`` with their CTC hypotheses (a list, or their batch's
+        :class:`~rayspec.decoding.ssd.CTCDrafts`; continuous batching; the state is kept per row key, so the cache
+        ``slots`` they go to do not matter here)."""
+        drafts = hypotheses if hasattr(hypotheses, "tokens") else None
+        for r, key in enumerate(ids):
+            hyp = hypotheses[r] if drafts is None else drafts.tokens[r]
             self.hyps[key], self.starts[key], self.sent[key], self.owner[key] = hyp, [0], [], []
             self.emitted[key], self.budget[key] = None, self.max_draft
+            if hyp is None:
+                self.source[key] = (drafts, r)
 
     def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
         """Rows held but not requested are finished: their state is dropped."""
@@ -84,9 +96,15 @@ class CTCProposer:
             for state in (self.hyps, self.starts, self.sent, self.owner, self.emitted, self.budget):
                 del state[key]
             self.kept.pop(key, None)
+            self.source.pop(key, None)
+        self._draft([r.index for r in requests if r.speculate and r.index in self.source])
         out = []
         for r in requests:
             i, hyp = r.index, self.hyps[r.index]
+            if hyp is None:  # not drafted: nothing to propose or track before its first speculating round
+                self.kept.pop(i, None)
+                out.append(Proposal())
+                continue
             emitted = r.seq[self.prompt_len :]
             if self.emitted[i] is None and emitted:  # a row that starts after tokens already decided
                 k = _common_prefix(hyp, emitted)
@@ -110,6 +128,16 @@ class CTCProposer:
             self.sent[i], self.emitted[i] = [len(d) for d in drafts] if len(tree) else [], len(emitted)
             out.append(Proposal(tree))
         return out
+
+    def _draft(self, keys: list) -> None:
+        """Draft the hypotheses of rows ``keys`` (deferred), one head pass per batch they come from."""
+        batches: dict = {}
+        for key in keys:
+            drafts, row = self.source.pop(key)
+            batches.setdefault(id(drafts), (drafts, []))[1].append((key, row))
+        for drafts, rows in batches.values():
+            for (key, _), hyp in zip(rows, drafts.hypotheses([row for _, row in rows])):
+                self.hyps[key] = hyp
 
     def update(self, feedback: list[Feedback]) -> None:
         """Record, per row, which nodes of its proposed tree the target kept (the indices of the kept root path); the

@@ -24,14 +24,15 @@ verification park their prefix keys/values in CPU memory and continue in a fallb
 (:meth:`SSDDecoder.admission`): a batch's parked rows fill the slots other batches' rows free, so the fallback runs
 in full batches however few rows of each batch fail. A batch of more rows than the row cap allows
 (:func:`~rayspec.spec_decode.loop.speculate_max_rows`: 2 on a CPU) skips the verification pass, which scores every
-row's whole hypothesis and there costs more than the passes it saves; its rows start the fallback from the prompt.
+row's whole hypothesis and there costs more than the passes it saves; its rows start the fallback from the prompt,
+and in exact mode with the gate off the CTC head runs only for the rows that speculate (:meth:`CTCDrafts.deferred`).
 
 With ``exact=True`` and ``tau_ctc=0`` (gate off) the output equals the target's greedy output for any ``tau_slm``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Optional, Sequence
 
 import numpy as np
@@ -61,18 +62,74 @@ def retokenize(ctc_ids: list[int], ctc: CTCHead, target: WhisperASR) -> list[int
 class CTCDrafts:
     """The CTC drafter's output for a batch of ``B`` rows (SSD eq. 1-3).
 
+    A deferred batch (:meth:`deferred`) runs the CTC head only for the rows whose hypotheses are asked for
+    (:meth:`hypotheses`), in one pass per call: exact SSD above the row cap reads a row's hypothesis only when the
+    fallback speculates for it (:func:`defers_drafts`), and at batch 16 most rows never do. Pickling (crossing
+    Ray's object store to a target actor, which has no CTC head) drafts the rows still missing first.
+
     Attributes:
-        tokens: per row, the greedy CTC hypothesis re-tokenized with the target's tokenizer (token ids).
-        entropy: per row, the largest frame entropy of the CTC posteriors (nats; the gate's statistic).
+        tokens: per row, the greedy CTC hypothesis re-tokenized with the target's tokenizer (token ids); None for a
+            row of a deferred batch not drafted yet.
+        entropy: per row, the largest frame entropy of the CTC posteriors (nats; the gate's statistic); None where
+            not computed (a deferred batch's rows: its gate is off).
+        source: a deferred batch's ``rows -> hypotheses`` (the head over those rows), None once every row is drafted
+            up front.
     """
 
-    tokens: list[list[int]]
-    entropy: list[float]
+    tokens: list[Optional[list[int]]]
+    entropy: list[Optional[float]]
+    source: Optional[Callable[[list[int]], list[list[int]]]] = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def deferred(cls, ctc: CTCHead, target: WhisperASR, enc: EncoderOutput) -> "CTCDrafts":
+        """A batch whose rows are drafted when :meth:`hypotheses` asks for them (no entropies)."""
+
+        @torch.inference_mode()
+        def source(rows: list[int]) -> list[list[int]]:
+            at = torch.tensor(rows, device=enc.states.device)
+            hyps, _ = ctc.draft(enc.states.index_select(0, at), enc.lengths.index_select(0, at.to(enc.lengths.device)),
+                                entropy=False)
+            return [retokenize(ids, ctc, target) for ids in hyps]
+
+        n = len(enc.lengths)
+        return cls([None] * n, [None] * n, source)
+
+    def hypotheses(self, rows: Sequence[int]) -> list[list[int]]:
+        """The hypotheses of ``rows`` (indices), drafting those not drafted yet in one head pass."""
+        missing = sorted({i for i in rows if self.tokens[i] is None})
+        if missing:
+            for i, h in zip(missing, self.source(missing)):
+                self.tokens[i] = h
+        return [self.tokens[i] for i in rows]
+
+    def select(self, rows: Sequence[int]) -> "CTCDrafts":
+        """The rows ``rows`` (indices, repeats allowed); a deferred batch's selection drafts through this one."""
+        rows = list(rows)
+        source = None if self.source is None else (lambda rs: self.hypotheses([rows[r] for r in rs]))
+        return CTCDrafts([self.tokens[i] for i in rows], [self.entropy[i] for i in rows], source)
+
+    def __getstate__(self) -> dict:
+        if self.source is not None:
+            self.hypotheses(range(len(self.tokens)))
+        return {**self.__dict__, "source": None}
+
+
+def defers_drafts(options: SSDOptions, rows: int, max_rows: int) -> bool:
+    """Whether a batch of ``rows`` rows needs its CTC hypotheses only where the fallback speculates
+    (:meth:`CTCDrafts.deferred`): exact mode with the gate off (no entropy is read) and no verification pass (off,
+    or a batch above the row cap ``max_rows``, :func:`~rayspec.spec_decode.loop.speculate_max_rows`; 0: no cap).
+    A lossy CTC fallback's tokens depend on where its proposer re-aligns each row's hypothesis, which starts with
+    the row's first draft, so there every row is drafted up front."""
+    skips = not options.verify or (rows > 1 and 0 < max_rows < rows)
+    return options.tau_ctc <= 0 and skips and (options.exact or options.fallback != "ctc")
 
 
 @torch.inference_mode()
-def ctc_drafts(ctc: CTCHead, target: WhisperASR, enc: EncoderOutput) -> CTCDrafts:
-    """Run the CTC head over the target's encoder states (``[B, S, D]``): greedy hypotheses and gate entropies."""
+def ctc_drafts(ctc: CTCHead, target: WhisperASR, enc: EncoderOutput, deferred: bool = False) -> CTCDrafts:
+    """Run the CTC head over the target's encoder states (``[B, S, D]``): greedy hypotheses and gate entropies;
+    ``deferred``: only later, for the rows asked for (:meth:`CTCDrafts.deferred`)."""
+    if deferred:
+        return CTCDrafts.deferred(ctc, target, enc)
     hyps, entropy = ctc.draft(enc.states, enc.lengths)
     return CTCDrafts([retokenize(ids, ctc, target) for ids in hyps], entropy)
 
@@ -176,8 +233,9 @@ class SSDDecoder:
         out: list[Optional[Hypothesis]] = [None] * len(caps)
         parked: list[_Parked] = []
         todo = []
-        for i, (h, e) in enumerate(zip(hyps_ctc, entropy)):
-            if e < self.opt.tau_ctc:
+        for i, e in enumerate(entropy):
+            if e is not None and e < self.opt.tau_ctc:
+                h = hyps_ctc[i]
                 out[i] = Hypothesis(h[: caps[i]], len(h) <= caps[i], "ctc")
             elif not self.opt.verify:
                 start = Hypothesis([], False, "ar")
@@ -200,6 +258,7 @@ class SSDDecoder:
             todo = []
         if not todo:
             return out, parked, None, []
+        drafts.hypotheses(todo)  # (a deferred batch: drafted now)
         sub = enc.select(torch.tensor(todo, device=enc.states.device))
         prompts = sub.row_prompts(t.prompt_ids)
         p = len(prompts[0])
@@ -275,7 +334,9 @@ class SSDDecoder:
         """
         if self.opt.fallback != "ar" and proposer is None:
             raise ValueError(f"fallback={self.opt.fallback!r} needs a proposer")
-        sub = enc.select(torch.tensor([x.index for x in parked], device=enc.states.device))
+        rows = [x.index for x in parked]
+        # every row in batch order (a batch above the row cap): the encoder output as it is, not a copy of it
+        sub = enc if rows == list(range(len(enc.lengths))) else enc.select(torch.tensor(rows, device=enc.states.device))
         return self.loop(proposer).decode(sub, [x.cap for x in parked], [x.start for x in parked],
                                           [x.kv for x in parked])
 
@@ -312,5 +373,5 @@ class SSDDecoder:
         kv: list = [None] * len(caps)
         for x in parked:
             start[x.index], kv[x.index] = x.start, x.kv
-        extra = drafts.tokens if self.opt.fallback == "ctc" else draft_enc
+        extra = drafts if self.opt.fallback == "ctc" else draft_enc
         return Admission(list(ids), enc, list(caps), extra, start, kv)

@@ -141,7 +141,8 @@ class Admission:
         enc: the target's encoder output for the rows (``R`` rows).
         caps: ``R`` caps on generated tokens (EOS not counted).
         extra: what the proposer needs per row, handed to its ``admit`` (the draft model's encoder output for
-            draft-model speculation, a list of CTC hypotheses for the CTC proposer), or None.
+            draft-model speculation, the CTC hypotheses for the CTC proposer: a list, or the batch's
+            :class:`~rayspec.decoding.ssd.CTCDrafts`), or None.
         start: optional, per row the hypothesis to continue (see :meth:`VerifyLoop.decode`): its tokens are decided
             already (e.g. SSD's verified prefix) and its counters hold the passes spent on them; a row whose start
             is finished or at its cap is yielded at once, without a decoder pass.
@@ -164,7 +165,7 @@ class Admission:
         index = torch.tensor(list(keep), dtype=torch.long, device=self.enc.states.device)
         pick = lambda xs: None if xs is None else [xs[k] for k in keep]  # noqa: E731
         extra = (self.extra.select(index.to(self.extra.states.device)) if isinstance(self.extra, EncoderOutput)
-                 else pick(self.extra))
+                 else self.extra.select(keep) if hasattr(self.extra, "select") else pick(self.extra))
         return Admission(pick(self.ids), self.enc.select(index), pick(self.caps), extra, pick(self.start),
                          pick(self.prefix_kv))
 
