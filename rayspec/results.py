@@ -216,6 +216,14 @@ def read_results(path: str, schema: pa.Schema = SCHEMA) -> pa.Table:
     Raises:
         FileNotFoundError: nothing at ``path``.
     """
+    tables = _stored_tables(path, schema)
+    if not tables:
+        raise FileNotFoundError(f"no results at {path}")
+    return pa.concat_tables(tables)
+
+
+def _stored_tables(path: str, schema: pa.Schema, skip: frozenset = frozenset()) -> list[pa.Table]:
+    """The tables :func:`read_results` concatenates, in its order, leaving out the shard files in ``skip``."""
     tables = []
     if os.path.isdir(path):
         tables += [pq.read_table(p, schema=schema) for p in sorted(glob.glob(os.path.join(path, "*.parquet")))]
@@ -223,10 +231,9 @@ def read_results(path: str, schema: pa.Schema = SCHEMA) -> pa.Table:
         tables.append(pq.read_table(path, schema=schema))
     parts = path + ".parts"
     if os.path.isdir(parts):
-        tables += [pq.read_table(p, schema=schema) for p in sorted(glob.glob(os.path.join(parts, "*.parquet")))]
-    if not tables:
-        raise FileNotFoundError(f"no results at {path}")
-    return pa.concat_tables(tables)
+        tables += [pq.read_table(p, schema=schema) for p in sorted(glob.glob(os.path.join(parts, "*.parquet")))
+                   if p not in skip]
+    return tables
 
 
 def done_ids(path: str, schema: pa.Schema = SCHEMA) -> set[str]:
@@ -264,6 +271,7 @@ class ResultWriter:
                                                                                           "*.tmp")):
             os.remove(tmp)  # a killed writer's unfinished file: never renamed, so never read
         self.done_ids: set[str] = done_ids(self.path, schema)
+        self._written: dict[str, pa.Table] = {}  # this writer's shards by path, kept for finalize
 
     def close(self) -> None:
         """Release the output's lock (shards stay; a re-run resumes from them)."""
@@ -275,20 +283,27 @@ class ResultWriter:
         if not rows:
             return
         os.makedirs(self.parts, exist_ok=True)
-        _write_atomic(rows_to_table(rows, self.schema), os.path.join(self.parts, f"part-{uuid.uuid4().hex}.parquet"))
+        table, shard = rows_to_table(rows, self.schema), os.path.join(self.parts, f"part-{uuid.uuid4().hex}.parquet")
+        _write_atomic(table, shard)
+        self._written[shard] = table
         self.done_ids.update(r.id for r in rows)
 
     def finalize(self) -> pa.Table:
         """Merge the previous output and all shards into ``path`` (atomic), remove shards, release the lock.
 
         One row per id: the first one written, unless a later one replaces a retried error (see
-        :data:`RETRIED_ERROR_CODES`).
+        :data:`RETRIED_ERROR_CODES`). The previous output and earlier runs' shards come first, then this writer's
+        shards in the order written, taken from memory: a shard is not read back (99 one-row shards: ~0.25 s of a
+        ``rayspec transcribe``'s exit otherwise).
 
         Raises:
             FileNotFoundError: nothing was ever written (no rows).
         """
         try:
-            table = read_results(self.path, self.schema)
+            tables = _stored_tables(self.path, self.schema, frozenset(self._written)) + list(self._written.values())
+            if not tables:
+                raise FileNotFoundError(f"no results at {self.path}")
+            table = pa.concat_tables(tables)
             keep: dict[str, int] = {}
             codes = table.column("error_code").to_pylist()
             for i, uid in enumerate(table.column("id").to_pylist()):

@@ -310,7 +310,8 @@ def cmd_whole_process(args, utts) -> int:
              "ATEN_CPU_CAPABILITY=avx2, MKL_ENABLE_INSTRUCTIONS=AVX2, CT2_FORCE_CPU_ISA=AVX2: a CPU without "
              "AVX-512, hence without bfloat16 or VNNI products, where auto picks int8), its ratios taken against "
              "the #AVX2 runs of the others where there are some. WER after Whisper's English normalizer. "
-             "faster-whisper int8 / this: above 1 this configuration is faster.\n")
+             "faster-whisper int8 / this: above 1 this configuration is faster. rayspec's modules are "
+             "byte-compiled before the rounds, as an installed package's are.\n")
     notes += "".join(f"- FAILED {line}\n" for line in failures)
     print(write_process_outputs(best, {u.id: u.text or "" for u in utts}, audio_s, args.output, title, notes))
     return 0
