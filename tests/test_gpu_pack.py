@@ -36,7 +36,7 @@ def _fake_inputs(tmp):
     for k, pkg in enumerate(gpu_pack.BASE, 1):
         data = site / pkg / "data"
         data.mkdir(parents=True)
-        weights = rng.standard_normal(700_000 + k).astype(np.float16).tobytes() + b"\x07"  # an odd length too
+        weights = rng.standard_normal(1_200_000 + k).astype(np.float16).tobytes() + b"\x07"  # an odd length too
         (data / f"model.bin.part{k}").write_bytes(weights)
         parts[f"{pkg}/data/model.bin.part{k}"] = hashlib.sha256(weights).hexdigest()
     (site / gpu_pack.BASE[1] / "data" / "config.json").write_text("{}")
@@ -66,7 +66,7 @@ def _fake_inputs(tmp):
 def test_pack_and_unpack_round_trip(tmp_path, capsys):
     site, zoo, parts, drafters = _fake_inputs(tmp_path)
     out, dest = tmp_path / "pieces", tmp_path / "device"
-    budget = -(-gpu_pack.tree_bytes() // gpu_pack.MIB) + 2  # a piece of 1.75-2.75 MiB: the fake weights take 2+
+    budget = -(-gpu_pack.tree_bytes() // gpu_pack.MIB) + 2  # a piece of 1.75-2.75 MiB: the fake weights take ~4 (xz)
     assert gpu_pack.main(["pack", "-o", str(out), "--budget-mib", str(budget), "--wheels-dir", str(tmp_path / "whl"),
                           "--site", str(site),
                           "--zoo", str(zoo), "--clips-manifest", str(tmp_path / "lj" / "clips.jsonl"),
