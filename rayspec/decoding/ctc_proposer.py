@@ -75,20 +75,19 @@ class CTCProposer:
         self.budget: dict = {}  # draft length (per branch) of the next round
         self.kept: dict = {}  # last round's kept path (node indices)
         self.source: dict = {}  # per row key not drafted yet: (its batch's CTCDrafts, its row there)
-        self.admit([], list(range(len(hypotheses.tokens if hasattr(hypotheses, "tokens") else hypotheses))),
-                   hypotheses)
+        self.admit([], list(range(len(hypotheses))), hypotheses)
 
     def admit(self, slots: list[int], ids: list, hypotheses) -> None:
         """Take new rows ``ids`` with their CTC hypotheses (a list, or their batch's
         :class:`~rayspec.decoding.ssd.CTCDrafts`; continuous batching; the state is kept per row key, so the cache
         ``slots`` they go to do not matter here)."""
-        drafts = hypotheses if hasattr(hypotheses, "tokens") else None
+        tokens = getattr(hypotheses, "tokens", hypotheses)  # a CTCDrafts' hypotheses (None: not drafted yet)
         for r, key in enumerate(ids):
-            hyp = hypotheses[r] if drafts is None else drafts.tokens[r]
+            hyp = tokens[r]
             self.hyps[key], self.starts[key], self.sent[key], self.owner[key] = hyp, [0], [], []
             self.emitted[key], self.budget[key] = None, self.max_draft
             if hyp is None:
-                self.source[key] = (drafts, r)
+                self.source[key] = (hypotheses, r)
 
     def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
         """Rows held but not requested are finished: their state is dropped."""

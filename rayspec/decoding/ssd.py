@@ -102,6 +102,9 @@ class CTCDrafts:
                 self.tokens[i] = h
         return [self.tokens[i] for i in rows]
 
+    def __len__(self) -> int:
+        return len(self.tokens)
+
     def select(self, rows: Sequence[int]) -> "CTCDrafts":
         """The rows ``rows`` (indices, repeats allowed); a deferred batch's selection drafts through this one."""
         rows = list(rows)

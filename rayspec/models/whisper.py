@@ -664,7 +664,7 @@ class WhisperASR:
         s = x.shape[1]
         # contiguous [B, S, D]: the sum would keep the permuted strides, and every later residual sum follows its
         # input's, so each product would copy its input and no residual add could run as the product's post-op
-        # (whisper-base, 2 threads, float32: ~15% of the encoder; the same values)
+        # (whisper-base, 2 threads: ~12% of the float32 encoder window, ~8% of the bfloat16 one; the same values)
         x = F.dropout((x + enc.embed_positions.weight[:s]).contiguous(), p=enc.dropout, training=enc.training)
         bias = None
         if lengths is not None:
