@@ -562,6 +562,7 @@ def build_app(args: Optional[dict] = None):
         ValueError: an unknown option.
     """
     from rayspec.compute import dtype_of
+    from rayspec.models.registry import DEFAULT_TARGET
     from rayspec.options import decode_option_names, decode_options_from
 
     args = dict(args or {})
@@ -569,7 +570,8 @@ def build_app(args: Optional[dict] = None):
     unknown = set(args) - names - SERVING_OPTIONS
     if unknown:
         raise ValueError(f"unknown Serve options {sorted(unknown)}")
-    options = decode_options_from({k: v for k, v in args.items() if k in names})
+    options = decode_options_from({k: v for k, v in args.items() if k in names},
+                                  args.get("target") or DEFAULT_TARGET)  # method auto resolved for the target
     transcriber = {"target": args.get("target"), "draft": args.get("draft"), "ctc": args.get("ctc"),
                    "options": options, "device": args.get("device", "cpu"),
                    "dtype": args.get("compute_type"),  # resolved by each replica on its node (None: the default)

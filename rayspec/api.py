@@ -138,14 +138,16 @@ def _transcription(row) -> Transcription:
                          row.error)
 
 
-def load(model: str = "whisper-base", method: str = "ar", *, draft: Optional[str] = None, ctc: Optional[str] = None,
+def load(model: str = "whisper-base", method: str = "auto", *, draft: Optional[str] = None, ctc: Optional[str] = None,
          device: str = "cpu", compute_type: Optional[str] = None, threads: int = 0, **options) -> Model:
     """Load a target (and the drafter its ``method`` needs) for :meth:`Model.transcribe`.
 
     Args:
         model: an installed model's name (``whisper-base``, ``whisper-tiny.en``) or a Whisper checkpoint directory
             (transformers ``save_pretrained``, or CTranslate2 / faster-whisper: converted once, cached).
-        method: ``ar``, ``draft``, ``ctc-draft``, ``medusa`` or ``ssd`` (``rayspec transcribe --method``).
+        method: ``auto`` (default: ``ctc-draft`` where the target has a CTC head and the speech is English, else
+            ``ar``; the same transcripts either way), ``ar``, ``draft``, ``ctc-draft``, ``medusa`` or ``ssd``
+            (``rayspec transcribe --method``).
         draft, ctc: drafter directories (default: those bundled for the target).
         device: ``cpu``, ``cuda``, ``cuda:1``; compute_type: ``auto`` (default: the fastest the hardware runs
             natively, :mod:`rayspec.compute`), ``float32`` (the exact reference), ``bfloat16``, ``float16``.
@@ -163,8 +165,8 @@ def load(model: str = "whisper-base", method: str = "ar", *, draft: Optional[str
     from .options import decode_options_from
     from .pipeline import Transcriber
 
-    opts = {"method": method, **options}
-    decode = decode_options_from(opts)  # checked before anything loads
+    decode = decode_options_from({"method": method, "ctc": ctc, **options}, model)  # checked before anything loads
+    opts = {**options, "method": decode.method}
     if threads:
         torch.set_num_threads(threads)
     transcriber = Transcriber(model, draft, decode, ctc, device, resolve(compute_type, device).name)

@@ -51,7 +51,7 @@ def cmd_transcribe(args) -> int:
     with tqdm(total=len(utts), desc="transcribe", unit="utt", disable=args.quiet) as bar:
         summary = run_corpus(utts, transcriber, args.output, budget_from_args(args, transcriber.target.config),
                              progress=bar.update,
-                             continuous=not args.no_continuous and METHODS[args.method].continuous)
+                             continuous=not args.no_continuous and METHODS[transcriber.options.method].continuous)
     print_summary(summary, args.output)
     return EXIT_SOME_FAILED if summary.failed else 0
 

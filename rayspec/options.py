@@ -57,8 +57,11 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                                    SpeculationOptions, SSDOptions)
 
     g = p.add_argument_group("decoding")
-    g.add_argument("--method", choices=sorted(METHOD_SUMMARIES), default="ar",
-                   help=" ".join(f"{name}: {summary}." for name, summary in METHOD_SUMMARIES.items()) + " default: ar")
+    g.add_argument("--method", choices=[AUTO_METHOD, *sorted(METHOD_SUMMARIES)], default=AUTO_METHOD,
+                   help=" ".join(f"{name}: {summary}." for name, summary in METHOD_SUMMARIES.items()) +
+                   f" {AUTO_METHOD} (default): ctc-draft where the target has a CTC head (bundled for whisper-base, or "
+                   "given with --ctc) and the speech is English (--language en, --task transcribe), else ar: the "
+                   "same transcripts as ar either way, in fewer target passes where a head drafts")
     g.add_argument("--speculate-max-rows", type=_max_rows, default="auto", metavar="ROWS",
                    help="speculative methods verify drafts only in decoder rounds with at most ROWS live rows; larger "
                         "rounds are plain target steps (as vLLM's disable_by_batch_size; exact methods' transcripts are "
@@ -278,15 +281,37 @@ def speculation_options(args):
     )
 
 
-def decode_options(args):
-    """:class:`~rayspec.decoding.options.DecodeOptions` from parsed CLI arguments."""
+AUTO_METHOD = "auto"
+"""``--method``'s default: :func:`resolve_method` picks the method where the target is known."""
+
+
+def resolve_method(method: str, target: Optional[str], ctc: Optional[str] = None, language: str = "en",
+                   task: str = "transcribe") -> str:
+    """The method ``--method`` names: ``method`` itself, except :data:`AUTO_METHOD`, which is ``ctc-draft`` where the
+    target has a CTC head (``ctc``, a head's directory, or one bundled for ``target``, a registry name; see
+    :data:`~rayspec.models.registry.DRAFTERS`) and the speech is English transcription (the bundled head drafts
+    English tokens), else ``ar``. Both are exact: the transcripts are ``ar``'s either way (``ctc-draft``: fewer
+    target passes, the speculation rule deciding each round whether drafts pay). With no target named (None) auto is
+    ``ar``."""
+    if method != AUTO_METHOD:
+        return method
+    from .models.registry import DRAFTERS
+
+    has_head = bool(ctc) or "ctc" in DRAFTERS.get(target or "", {})
+    return "ctc-draft" if has_head and language == "en" and task == "transcribe" else "ar"
+
+
+def decode_options(args, target: Optional[str] = None):
+    """:class:`~rayspec.decoding.options.DecodeOptions` from parsed CLI arguments; ``--method auto`` resolved for
+    ``target`` (default: ``args.target`` where the parser has model flags; :func:`resolve_method`)."""
     from .decoding.options import DecodeOptions, MedusaOptions, SSDOptions
 
+    method = resolve_method(args.method, target or getattr(args, "target", None), args.ctc, args.language, args.task)
     ssd = SSDOptions(args.tau_ctc, args.tau_slm, args.exact, True, args.fallback, speculation_options(args))
     medusa = MedusaOptions(args.medusa, args.acceptance, args.typical_epsilon, args.typical_delta)
-    return DecodeOptions(args.method, args.max_tokens_per_second,
-                         speculation_options(args) if args.method == "draft" else None,
-                         ssd if args.method == "ssd" else None, medusa if args.method == "medusa" else None,
+    return DecodeOptions(method, args.max_tokens_per_second,
+                         speculation_options(args) if method == "draft" else None,
+                         ssd if method == "ssd" else None, medusa if method == "medusa" else None,
                          vad=not args.no_vad, segments=args.segments, timestamps=args.timestamps,
                          refine_words=args.refine_words, long_form=args.long_form, condition_on_previous_text=args.condition_on_previous_text,
                          language=args.language, task=args.task,
@@ -428,10 +453,11 @@ def decode_option_names() -> set[str]:
     return set(vars(_decode_defaults()))
 
 
-def decode_options_from(values: dict):
+def decode_options_from(values: dict, target: Optional[str] = None):
     """:class:`~rayspec.decoding.options.DecodeOptions` from a mapping of option names (``method``, ``tau_ctc``, ...; see
     :func:`decode_option_names`), every other option at the CLI's default. Strings are converted to the option's
-    type (environment variables arrive as strings; "1"/"true"/"yes"/"on" are true).
+    type (environment variables arrive as strings; "1"/"true"/"yes"/"on" are true). ``method`` auto (the default)
+    is resolved for ``target`` (:func:`resolve_method`; None: ``ar``).
 
     Raises:
         ValueError: an option name the CLI does not have, or a value of the wrong type.
@@ -451,4 +477,4 @@ def decode_options_from(values: dict):
         elif default is not None and value is not None:
             value = type(default)(value)
         setattr(args, key, value)
-    return decode_options(args)
+    return decode_options(args, target)

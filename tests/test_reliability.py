@@ -258,6 +258,25 @@ def test_a_method_means_the_same_in_the_cli_the_job_and_serve():
         decode_options_from({"speculate_max_rows": "-1"})
 
 
+def test_method_auto_is_ctc_draft_where_a_ctc_head_drafts_the_speech():
+    """The default method: ctc-draft for a target with a CTC head (bundled for whisper-base, or --ctc) on English
+    transcription, ar otherwise; the same in the CLI, the job, Serve and the Python call (both are exact)."""
+    from jobs.transcribe import build_parser as job_parser
+    from rayspec.cli import build_parser
+    from rayspec.options import decode_options, decode_options_from, resolve_method
+
+    cli = lambda *f: decode_options(build_parser().parse_args(["transcribe", "x.jsonl", "-o", "y.parquet", *f]))  # noqa: E731
+    assert cli().method == "ctc-draft"  # whisper-base, its bundled head
+    assert cli("--target", "whisper-tiny.en").method == "ar"  # no head bundled
+    assert cli("--target", "my/whisper", "--ctc", "my/head").method == "ctc-draft"
+    assert cli("--language", "fr").method == cli("--task", "translate").method == "ar"
+    assert cli("--method", "ar").method == "ar" and cli("--method", "ssd").method == "ssd"
+    assert decode_options(job_parser().parse_args(["x.jsonl"])).method == "ctc-draft"
+    assert decode_options_from({}, "whisper-base").method == "ctc-draft"
+    assert decode_options_from({}).method == "ar"  # no target named
+    assert resolve_method("medusa", "whisper-tiny.en") == "medusa"
+
+
 def test_bfloat16_models_decode(samples_manifest, tiny_target):
     import torch
 
