@@ -25,7 +25,7 @@ class SamplingOptions:
     Attributes:
         method: "target" (target-only sampling), "sd" (exact speculative sampling), "ssd" (relaxed by ``beta``) or
             "pcg" (group-level acceptance over similarity groups at ``theta``).
-        temperature: softmax temperature of target and draft (> 0).
+        temperature: softmax temperature of target and draft (> 0; the default: see :data:`DEFAULT_SPEED`'s note).
         lookahead: draft tokens per round (the paper's gamma; PCG paper: 3); None: the method's default
             (:data:`DEFAULT_LOOKAHEAD`: 5 for pcg, 3 for sd and ssd).
         beta: ``ssd``'s additive relaxation.
@@ -70,7 +70,8 @@ def add_synthesis_args(p) -> None:
                         "distribution; ssd: relaxed by --beta (lossy); pcg: group-level acceptance over acoustic "
                         "similarity groups at --theta (exact per group; default)")
     s.add_argument("--temperature", type=float, default=SamplingOptions.temperature,
-                   help=f"sampling temperature (default {SamplingOptions.temperature:g})")
+                   help=f"sampling temperature (default {SamplingOptions.temperature:g}, chosen for pcg on dev "
+                        "sentences: bench/tts-dev/sweep.md)")
     s.add_argument("--lookahead", type=int, default=None,
                    help="draft tokens per round (default: 5 for pcg, 3 for sd and ssd)")
     s.add_argument("--beta", type=float, default=0.3, help="ssd: acceptance relaxation (default 0.3)")
