@@ -52,6 +52,7 @@ from starlette.middleware.cors import CORSMiddleware
 from rayspec.audio import DEFAULT_MAX_BYTES, AudioError, AudioLimits, load_audio
 from rayspec.engine import TranscriptionEngine
 from rayspec.manifest import Utterance
+from rayspec.tts.flags import DEFAULT_SPEED
 
 api = FastAPI(title="rayspec", description="Speech recognition with exact, batched speculative decoding")
 FORMATS = ("json", "text", "srt", "vtt", "verbose_json")
@@ -324,7 +325,7 @@ class SpeechRequest(BaseModel):
     input: str
     voice: str = "joe"
     response_format: str = "mp3"
-    speed: float = 1.0
+    speed: float = DEFAULT_SPEED
     stream_format: Optional[str] = None
     instructions: Optional[str] = None
     seed: int = 0

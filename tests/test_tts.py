@@ -112,6 +112,50 @@ def test_sampling_options_default_lookahead_per_method():
         SamplingOptions("sd", lookahead=0)
 
 
+def test_speaking_rate_and_temperature_defaults_reach_every_entry_point():
+    """The defaults chosen on dev sentences (scripts/tts_dev_defaults.py --sweep, bench/tts-dev/sweep.md): the same
+    for rayspec synthesize, the Python API, the speech endpoint and the tts benchmark."""
+    import argparse
+    import inspect
+
+    from actors.serve_app import SpeechRequest
+    from rayspec.bench.tts import run_tts_bench
+    from rayspec.tts.flags import DEFAULT_SPEED, add_synthesis_args, sampling_from_args
+    from rayspec.tts.synthesis import synthesize_chunk
+
+    assert (DEFAULT_SPEED, SamplingOptions().temperature) == (1.0, 0.45)
+    p = argparse.ArgumentParser()
+    add_synthesis_args(p)
+    args = p.parse_args([])
+    assert args.speed == DEFAULT_SPEED and sampling_from_args(args) == SamplingOptions()
+    assert SpeechRequest(input="Hi.").speed == DEFAULT_SPEED
+    for fn in (Synthesizer.synthesize, Synthesizer.stream, Synthesizer.durations, synthesize_chunk, run_synthesis,
+               run_tts_bench):
+        assert inspect.signature(fn).parameters["speed"].default == DEFAULT_SPEED, fn.__name__
+
+
+def test_dev_sweep_picks_the_lowest_wer_then_the_mildest_change_within_the_noise():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "tts_dev_defaults", os.path.join(os.path.dirname(__file__), "..", "scripts", "tts_dev_defaults.py"))
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    runs = [dict(method=m, speed=s, temperature=t, seed=seed, words=100, errors=e, frames=f, target_passes=100,
+                 audio_s=10)
+            for m, s, t, e, f in [("pcg", 1, 0.6, 20, 420), ("pcg", 0.9, 0.6, 16, 415), ("pcg", 0.85, 0.3, 15, 405),
+                                  ("pcg", 0.8, 0.3, 12, 390), ("target", 0.85, 0.3, 10, 100)]
+            for seed in (0, 1)]
+    cells = script.summarize(runs)
+    assert [c["method"] for c in cells] == ["pcg"] * 4 + ["target"]
+    assert cells[0]["wers"] == [20.0, 20.0] and cells[0]["frames_per_pass"] == 4.2
+    # 0.8 has the lowest WER but too few frames per pass; 0.85 is the lowest of the rest; 0.9 is within 1 point
+    assert (lambda c: (c["speed"], c["temperature"]))(script.pick(cells, 4.0, 1.0, 1.0, 0.6)) == (0.9, 0.6)
+    assert (lambda c: (c["speed"], c["temperature"]))(script.pick(cells, 4.0, 0.5, 1.0, 0.6)) == (0.85, 0.3)
+    partial = script.summarize(runs + [dict(runs[0], seed=2)])  # a cell with more seeds than the others
+    assert script.pick(partial, 4.0, 1.0, 1.0, 0.6)["speed"] == 1.0
+
+
 @pytest.mark.parametrize("method", ["target", "sd", "ssd", "pcg"])
 def test_generate_is_batch_invariant_and_counts_passes(method):
     target, draft = _tiny()

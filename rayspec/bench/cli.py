@@ -126,8 +126,8 @@ def add_bench_parser(sub) -> None:
                    help="'dev' (the zoo's 30 held-out LJSpeech clips, default), 'all', or comma-separated ids")
     t.add_argument("--betas", type=float, nargs="+", default=[0.1, 0.3, 0.5], help="ssd betas")
     t.add_argument("--thetas", type=float, nargs="+", default=[0.98, 0.95, 0.9], help="pcg thetas")
-    t.add_argument("--speed", type=float, default=1.0,
-                   help="the student's speaking rate, as rayspec synthesize --speed (default 1; the teacher's stays 1)")
+    t.add_argument("--speed", type=float, default=None,
+                   help="the student's speaking rate (default: rayspec synthesize's; the teacher's stays 1)")
     t.add_argument("--groups", choices=["codec", "target"], default="codec", help="pcg group vectors")
     t.add_argument("--temperature", type=float, help="sampling temperature (default: rayspec synthesize's)")
     t.add_argument("--lookahead", type=int, default=None,

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from .tables import write_table
 from ..metrics import error_rates
-from ..tts.flags import DEFAULT_LOOKAHEAD, SamplingOptions
+from ..tts.flags import DEFAULT_LOOKAHEAD, DEFAULT_SPEED, SamplingOptions
 
 
 @dataclass
@@ -104,7 +104,8 @@ def offline_acceptance(synth, examples, thetas, temperature: float, lookahead: i
 
 def run_tts_bench(synth, texts: list[str], real_audio: list, batch_sizes=(1, 16), betas=(0.1, 0.3, 0.5),
                   thetas=(0.98, 0.95, 0.9), temperature=SamplingOptions.temperature, lookahead=None, seed=0, asr=None,
-                  groups="codec", teacher_audio: list | None = None, repeats: int = 1, speed: float = 1.0):
+                  groups="codec", teacher_audio: list | None = None, repeats: int = 1,
+                  speed: float = DEFAULT_SPEED):
     """Rows for the floors and every configuration (see the module docstring); ``teacher_audio``: the teacher
     voice's 16 kHz audio of ``texts``, the MCD reference when given (else the real recordings). Each configuration
     is timed ``repeats`` times per batch size, round-robin over the configurations; the fastest run counts.
@@ -256,6 +257,7 @@ def cmd_bench_tts(args) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     args.temperature = args.temperature or SamplingOptions.temperature
+    args.speed = args.speed or DEFAULT_SPEED
     synth = Synthesizer(args.tts_target, args.tts_draft, args.codec)
     utts = [u for m in args.manifests for u in read_manifest(m)]
     if args.tts_ids != "all":
@@ -296,7 +298,7 @@ def cmd_bench_tts(args) -> int:
     title = (f"tts: {os.path.basename(synth.target_dir)} + {os.path.basename(synth.draft_dir)}, {len(texts)} "
              f"held-out sentences ({audio_s:.0f} s of {source} speech), temperature {args.temperature:g}, lookahead "
              f"{lookahead}, pcg groups from {args.groups} vectors, {threads} torch thread{'s' * (threads != 1)} + "
-             f"the vocoder's thread, "
-             f"{f'speaking rate {args.speed:g}, ' if args.speed != 1 else ''}seed {args.seed}, fastest of {args.repeats} round-robin runs, MCD against {source} audio")
+             f"the vocoder's thread, the student's speaking rate {args.speed:g}, seed {args.seed}, fastest of "
+             f"{args.repeats} round-robin runs, MCD against {source} audio")
     print(write_tts_outputs(rows, offline, args.output, title, tuple(args.batch_sizes), [u.id for u in utts], texts))
     return 0

@@ -29,7 +29,7 @@ from ..models.speech_lm import SpeechDraft, SpeechLM
 from ..results import ResultWriter
 from .codec import SAMPLE_RATE, LyraCodec
 from .phones import MAX_TEXT_CHARS, TextError, split_sentences, text_to_phones
-from .flags import AUDIO_FORMATS, SamplingOptions
+from .flags import AUDIO_FORMATS, DEFAULT_SPEED, SamplingOptions
 from .speculative import generate, ratio_for
 
 SENTENCE_PAUSE_S = 0.15  # silence between the sentences of one text
@@ -136,7 +136,7 @@ class Synthesizer:
         self._ratios: dict = {}
 
     @torch.no_grad()
-    def durations(self, phones: list[np.ndarray], speed: float = 1.0) -> list[np.ndarray]:
+    def durations(self, phones: list[np.ndarray], speed: float = DEFAULT_SPEED) -> list[np.ndarray]:
         """Predicted frames (20 ms each) per phone, int64 ``[P]`` for each int64 ``[P]`` phone-id row, scaled by
         ``1 / speed``; pauses at the ends capped, a row longer than the target's frames scaled down.
 
@@ -187,7 +187,8 @@ class Synthesizer:
         return out
 
     def synthesize(self, texts: list[str], opts: SamplingOptions = SamplingOptions(), seed: int = 0,
-                   keys: Optional[list[str]] = None, speed: float = 1.0, batch_size: int = 16) -> list[Synthesis]:
+                   keys: Optional[list[str]] = None, speed: float = DEFAULT_SPEED, batch_size: int = 16
+                   ) -> list[Synthesis]:
         """Synthesise texts (batched across all their sentences).
 
         The vocoder runs beside the target: every ``VOCODER_CHUNK_FRAMES`` accepted frames of a sentence go through
@@ -243,7 +244,7 @@ class Synthesizer:
         return out
 
     def stream(self, text: str, on_audio: Callable[[np.ndarray], None], opts: SamplingOptions = SamplingOptions(),
-               seed: int = 0, key: str = "0", speed: float = 1.0, chunk_frames: int = 10) -> Synthesis:
+               seed: int = 0, key: str = "0", speed: float = DEFAULT_SPEED, chunk_frames: int = 10) -> Synthesis:
         """Synthesise one text sentence by sentence, handing audio to ``on_audio`` while it is made: float32 16 kHz
         chunks of ``chunk_frames`` codec frames (20 ms each; the last of a sentence shorter), with the pause between
         sentences as a chunk of its own. A sentence draws what :meth:`synthesize` draws for it (same seed and key).
@@ -396,7 +397,7 @@ class SynthesisSummary:
 
 
 def synthesize_chunk(synth: Synthesizer, items: list[TextItem], opts: SamplingOptions, seed: int = 0,
-                     fmt: str = "flac", speed: float = 1.0, batch_size: int = 16
+                     fmt: str = "flac", speed: float = DEFAULT_SPEED, batch_size: int = 16
                      ) -> list[tuple[SynthesisRow, Optional[bytes]]]:
     """Synthesise a chunk of items: per item its result row and encoded audio (None for an error row). A text that
     cannot be synthesised becomes an error row; the others are batched together."""
@@ -459,7 +460,7 @@ class SynthesisOutput:
 
 
 def run_synthesis(items: list[TextItem], synth: Synthesizer, out_dir: str, opts: SamplingOptions, seed: int = 0,
-                  fmt: str = "flac", speed: float = 1.0, batch_size: int = 16, chunk: int = 64,
+                  fmt: str = "flac", speed: float = DEFAULT_SPEED, batch_size: int = 16, chunk: int = 64,
                   progress: Optional[Callable[[int], None]] = None) -> SynthesisSummary:
     """Synthesise ``items`` in process into ``out_dir`` (see :class:`SynthesisOutput`), ``chunk`` rows at a time.
 
