@@ -368,12 +368,16 @@ def transcriber_spec(args) -> TranscriberSpec:
 
 def build_transcriber(args, announce: bool = False):
     """A :class:`~rayspec.pipeline.Transcriber` from parsed CLI arguments; ``announce``: print the compute type
-    chosen (:func:`compute_type`)."""
+    chosen (:func:`compute_type`) and, for ``--method auto``, the method."""
     import torch
 
     from .pipeline import Transcriber
 
     spec = transcriber_spec(args)
+    if announce and args.method == AUTO_METHOD:
+        why = ("the target's CTC head drafts; the transcripts are ar's" if spec.options.method == "ctc-draft" else
+               "no CTC head drafts for this target or language")
+        print(f"rayspec: method {spec.options.method} (auto: {why})", file=sys.stderr)
     if spec.threads:
         torch.set_num_threads(spec.threads)
     return Transcriber(**dict(spec.kwargs(), dtype=compute_type(args, announce=announce).name))
