@@ -87,6 +87,19 @@ def _low_precision(fp32, compute_type: str) -> WhisperASR:
     return WhisperASR(fp32.model.to(torch.bfloat16), fp32.feature_extractor, fp32.tokenizer, fp32.generation_config)
 
 
+def _flash_rows_invariant(dtype: torch.dtype) -> bool:
+    """Whether this host's CPU flash attention gives a query row the same bits in a 2-row call (a one-token step's
+    padded query) as in a 6-row call (a pass over a draft), at the tiny decoder's shapes. Measured false for float32
+    on a 2-core AMD EPYC (every row differs from 3 rows on), true on the Intel Xeon with AMX of earlier runs."""
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 4, n, 16, generator=g).to(dtype) for n in (6, 9, 9))
+    pair = torch.cat([F.scaled_dot_product_attention(q[:, :, i:i + 1].repeat(1, 1, 2, 1), k, v)[:, :, :1]
+                      for i in range(6)], 2)
+    return torch.equal(pair, F.scaled_dot_product_attention(q, k, v))
+
+
 @pytest.mark.parametrize("compute_type", [pytest.param("bfloat16", marks=native_bf16),
                                           pytest.param("int8", marks=fbgemm)])
 def test_batch_invariant_steps_equal_a_multi_token_pass(tmp_path, compute_type):
@@ -97,6 +110,9 @@ def test_batch_invariant_steps_equal_a_multi_token_pass(tmp_path, compute_type):
 
     from tiny import make_tiny
 
+    if compute_type == "int8" and not _flash_rows_invariant(torch.float32):  # an int8 decoder attends in float32
+        pytest.skip("this CPU's float32 flash attention rounds a query row by the call's row count: an int8 decoder's "
+                    "steps cannot equal a multi-token pass here (see WhisperASR.batch_invariant)")
     fp32 = make_tiny(tmp_path, d_model=64, layers=2, seed=5)
     assert not fp32.batch_invariant
     model = _low_precision(fp32, compute_type)

@@ -302,7 +302,12 @@ class WhisperASR:
         (:attr:`int8`), whose linear layers and output projection are batch-invariant by construction
         (:class:`~rayspec.models.linear.Int8Linear`, :class:`~rayspec.models.linear.Float16RowLinear`) but whose
         attention is not: a last-bit difference there can move an activation across a rounding boundary of the next
-        layer's int8 quantization."""
+        layer's int8 quantization.
+
+        Host-dependent (measured 2026-11-30 on a 2-core AMD EPYC with AVX-512 BF16 and no AMX): PyTorch's CPU flash
+        attention gives a query row other bits by the call's row count (float32: every row from 3 rows on; bfloat16:
+        some rows, at 1,500 keys), so there int8 decoders' steps differ from a multi-token pass and bfloat16
+        speculation matched ``ar`` on 96 of 99 held-out clips; on the Intel Xeon with AMX it was 99/99."""
         if not (self._dtype in (torch.bfloat16, torch.float16) or self.int8):
             return False
         if self._on_cpu is None:  # the model's device is found by walking its parameters: once, not per product
