@@ -360,7 +360,7 @@ def test_the_head_step_gives_the_dynamic_scores_in_one_copy_each_way(tiny_target
     # (measured: 2e-9 to 1.7e-6 relative, depending on the host's load-time kernel choice)
     np.testing.assert_allclose(got[2].view(np.float64)[valid], want[2].view(np.float64)[valid], rtol=1e-5)
     if no_speech is not None:
-        np.testing.assert_allclose(got[3, :, 0].view(np.float64), no_speech.double().numpy(), rtol=1e-6)
+        np.testing.assert_allclose(got[3, :, 0].view(np.float64), no_speech.double().numpy(), rtol=1e-5)  # likewise
 
 
 def test_gpu_smoke_check_runs_on_a_cpu_and_stops_the_bench_script_when_it_fails(tmp_path):

@@ -304,7 +304,8 @@ class WhisperASR:
         attention is not: a last-bit difference there can move an activation across a rounding boundary of the next
         layer's int8 quantization.
 
-        Host-dependent (measured 2026-11-30 on a 2-core AMD EPYC with AVX-512 BF16 and no AMX): PyTorch's CPU flash
+        Host-dependent (measured 2026-11-30 on a 2-core AMD EPYC with AVX-512 BF16 and no AMX): there oneDNN's
+        bfloat16 products give a row other bits at 2 rows already (row blocks cannot help), and PyTorch's CPU flash
         attention gives a query row other bits by the call's row count (float32: every row from 3 rows on; bfloat16:
         some rows, at 1,500 keys), so there int8 decoders' steps differ from a multi-token pass and bfloat16
         speculation matched ``ar`` on 96 of 99 held-out clips; on the Intel Xeon with AMX it was 99/99."""
