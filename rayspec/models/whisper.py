@@ -38,8 +38,9 @@ from .cache import DecoderCache
 from .errors import ModelLoadError
 from . import lean_files
 from .features import log_mel, supports
-from .linear import (Float16RowLinear, Int8Linear, PackedLinear, linear, linear_add, linear_gelu, linear_layer,
-                     pack_linears, quantize_linears)
+from . import invariant
+from .linear import (REDUCTION_BLOCK, Float16RowLinear, Int8Linear, PackedLinear, linear, linear_add, linear_gelu,
+                     linear_in_blocks, linear_layer, pack_linears, quantize_linears)
 from .registry import cache_dir, resolve_model
 from .whisper_modules import load_lean
 from ..spec_decode.timestamps import TimestampTokens
@@ -289,26 +290,21 @@ class WhisperASR:
     def batch_invariant(self) -> bool:
         """Whether the decoder runs its batch-invariant arithmetic: a row's logits are bitwise the same whether it
         takes a one-token step or sits in a multi-token draft verification, and whatever the other rows' lengths, so
-        every exact method equals ``ar`` at the same batch size (checked: whisper-base, 24 held-out LJSpeech clips,
-        every method at batch 1 and 16; 99 held-out clips at batch 16 with ``ctc-draft`` verifying drafts in every
-        round and ``ssd --exact``, 99/99 each, where oneDNN's unblocked products had let 4 of 99 differ; ``ar`` at
-        batch 16 differed from batch 1 on one clip, by a comma, before the row blocks, not rechecked since). On for
-        bfloat16 / float16 decoders on a CPU, where the kernels' last-bit differences are large enough to flip
-        greedy choices: PyTorch's oneDNN bfloat16 linear layers give a row the same result at up to
-        :data:`ROW_BLOCK` rows per product, so larger products run in blocks of that many rows, and attention is made
-        to by reading keys in :data:`KEY_BLOCK` blocks and giving a one-token query a second row (its flash kernel
-        takes another path for one query). float32 keeps the kernels it was measured with (the exact reference; its
-        last-bit differences have not flipped a choice in the exactness tests). On too for int8 decoders
-        (:attr:`int8`), whose linear layers and output projection are batch-invariant by construction
+        every exact method equals ``ar`` at the same batch size. On for bfloat16 / float16 decoders on a CPU, where
+        the kernels' last-bit differences are large enough to flip greedy choices: the decoder's products run in
+        blocks of at most :data:`ROW_BLOCK` rows and :data:`~rayspec.models.linear.REDUCTION_BLOCK` inputs
+        (:func:`~rayspec.models.linear.linear_in_blocks`; the packed decoder is packed in those input blocks),
+        attention runs :func:`~rayspec.models.invariant.attention` over keys read in :data:`KEY_BLOCK` blocks.
+        PyTorch's own kernels were row-invariant within those row blocks on an Intel Xeon with AMX but not on a 2-core
+        AMD EPYC with AVX-512 BF16 and no AMX, where oneDNN's product over 2,048 inputs and the CPU flash attention
+        rounded a row by the call's row count (``ctc-draft``, ``draft`` and ``medusa`` then matched ``ar`` on 96 of 99
+        held-out clips; with these kernels 99/99: ``bench/methods-bf16``). float32 keeps PyTorch's kernels (the exact
+        reference; its last-bit differences have not flipped a choice in the exactness tests). On too for int8
+        decoders (:attr:`int8`), whose linear layers and output projection are batch-invariant by construction
         (:class:`~rayspec.models.linear.Int8Linear`, :class:`~rayspec.models.linear.Float16RowLinear`) but whose
-        attention is not: a last-bit difference there can move an activation across a rounding boundary of the next
-        layer's int8 quantization.
-
-        Host-dependent (measured 2026-11-30 on a 2-core AMD EPYC with AVX-512 BF16 and no AMX): there oneDNN's
-        bfloat16 products give a row other bits at 2 rows already (row blocks cannot help), and PyTorch's CPU flash
-        attention gives a query row other bits by the call's row count (float32: every row from 3 rows on; bfloat16:
-        some rows, at 1,500 keys), so there int8 decoders' steps differ from a multi-token pass and bfloat16
-        speculation matched ``ar`` on 96 of 99 held-out clips; on the Intel Xeon with AMX it was 99/99."""
+        attention runs PyTorch's float32 flash kernel, given a second row for a one-token query (it takes another path
+        for one): row-invariant on the AMX Xeon, not on the AMD EPYC (every row from 3 rows on), where a last-bit
+        difference can move an activation across a rounding boundary of the next layer's int8 quantization."""
         if not (self._dtype in (torch.bfloat16, torch.float16) or self.int8):
             return False
         if self._on_cpu is None:  # the model's device is found by walking its parameters: once, not per product
@@ -892,13 +888,17 @@ class WhisperASR:
                 ) -> torch.Tensor:
         """Attention of ``q`` ``[B, H, N, Dh]`` over ``k``, ``v`` ``[B, H, S, Dh]`` (``mask``: bool, broadcast to
         ``[B, H, N, S]``, or None) through ``attn.out_proj``: ``[B, N, D]``; with ``residual`` ``[B, N, D]``:
-        ``residual + dropout(that)`` (:meth:`_add_product`)."""
+        ``residual + dropout(that)`` (:meth:`_add_product`). Row-invariant attention where :attr:`_row_blocked`
+        (:func:`~rayspec.models.invariant.attention`), else PyTorch's."""
         p = attn.dropout if attn.training else 0.0
         n = q.shape[2]
-        if n == 1 and self.batch_invariant:  # one query runs the flash kernel's other path: give it a second row
-            q = q.repeat(1, 1, 2, 1)
-            mask = None if mask is None else mask.expand(-1, -1, 2, -1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)[:, :, :n]
+        if self._row_blocked and not p:
+            out = invariant.attention(q, k, v, mask)
+        else:
+            if n == 1 and self.batch_invariant:  # one query runs the flash kernel's other path: give it a second row
+                q = q.repeat(1, 1, 2, 1)
+                mask = None if mask is None else mask.expand(-1, -1, 2, -1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)[:, :, :n]
         out = out.transpose(1, 2).reshape(out.shape[0], n, -1)
         if residual is None:
             return self._linear(attn.out_proj, out)
@@ -906,7 +906,9 @@ class WhisperASR:
 
     @property
     def _row_blocked(self) -> bool:
-        """Whether the decoder's products run in row blocks (:meth:`_linear`)."""
+        """Whether the decoder's products run in row and input blocks (:meth:`_linear`) and its attention through
+        :func:`~rayspec.models.invariant.attention` (:meth:`_attend`): a :attr:`batch_invariant` decoder not in
+        int8."""
         return self.batch_invariant and not self.int8
 
     def _add_product(self, layer: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor, dropout: float = 0.0
@@ -926,11 +928,13 @@ class WhisperASR:
 
     def _linear(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """A decoder product, :func:`~rayspec.models.linear.linear_layer` (``[..., in]`` -> ``[..., out]``), in blocks
-        of at most :data:`ROW_BLOCK` rows where the decoder is :attr:`batch_invariant` (an int8 decoder's products are
-        row-invariant by construction)."""
-        if self._row_blocked and x.numel() > ROW_BLOCK * x.shape[-1]:
-            return _in_row_blocks(lambda rows: linear_layer(layer, rows), x)
-        return linear_layer(layer, x)
+        of at most :data:`ROW_BLOCK` rows and :data:`~rayspec.models.linear.REDUCTION_BLOCK` inputs where the decoder
+        is :attr:`_row_blocked` (an int8 decoder's products are row-invariant by construction)."""
+        if not self._row_blocked:
+            return linear_layer(layer, x)
+        if x.numel() > ROW_BLOCK * x.shape[-1]:
+            return _in_row_blocks(lambda rows: linear_in_blocks(layer, rows), x)
+        return linear_in_blocks(layer, x)
 
     def project(self, hidden: torch.Tensor) -> torch.Tensor:
         """Output projection: decoder hidden states ``[..., D]`` -> logits ``[..., V]`` in the model's dtype.
@@ -1092,6 +1096,15 @@ class WhisperASR:
             raise RuntimeError(f"this model's {part} {why}")
         return module
 
+    def _pack_linears(self, decoder) -> int:
+        """:func:`~rayspec.models.linear.pack_linears` over the model, the decoder's in blocks of
+        :data:`~rayspec.models.linear.REDUCTION_BLOCK` inputs where its products are row-blocked; returns how many
+        layers were packed."""
+        blocks = REDUCTION_BLOCK if self._row_blocked else None
+        if decoder is None or blocks is None:
+            return pack_linears(self.model.model)
+        return pack_linears(decoder, blocks) + pack_linears(self.model.model)
+
     def decode_text(self, ids: Sequence[int]) -> str:
         """Text of generated ids (special and timestamp tokens dropped)."""
         tt = self.timestamp_tokens
@@ -1143,7 +1156,8 @@ class WhisperASR:
             if getattr(self.model, "proj_out", None) is not None:  # packed in a thread while the rest loads
                 self._half_projection = Float16RowLinear(self.model.proj_out, background=True)
             self.int8 = quantize_linears(self.model.model, _int8_fuse, self._int8_cache()) > 0
-        if self.device.type == "cpu" and (pack_linears(self.model.model) or self.int8):
+        decoder = getattr(self.model.model, "decoder", None)
+        if self.device.type == "cpu" and (self._pack_linears(decoder) or self.int8):
             # The weights left (embeddings, norms, biases, convolutions) may still be views into the checkpoint file's
             # memory map, which then stays mapped with the replaced weights' pages: copy them out so it is released.
             with torch.no_grad():

@@ -186,9 +186,11 @@ class _Means:
         """Mean measured / seed seconds of the rounds so far (1 before any)."""
         return self.ratio_sum / self.ratio_n if self.ratio_n else 1.0
 
-    def estimate(self, rows: int, seed: float) -> float:
+    def estimate(self, rows: int, seed: float, ratio: Optional[float] = None) -> float:
+        """Expected seconds of a round of ``rows`` rows: the bucket's measured mean, its seed times ``ratio``
+        (default: this kind's measured / seed ratio) counting as :data:`PRIOR_WEIGHT` rounds."""
         b = bucket(rows)
-        prior = seed * self.ratio()
+        prior = seed * (self.ratio() if ratio is None else ratio)
         return (PRIOR_WEIGHT * prior + self.sums.get(b, 0.0)) / (PRIOR_WEIGHT + self.counts.get(b, 0))
 
 
@@ -212,13 +214,19 @@ class RoundCosts:
 
     def estimate(self, rows: int, speculating: bool) -> float:
         """Expected seconds of a round of ``rows`` live rows (bucketed), speculating or not."""
-        table = self.spec if speculating else self.plain
-        return table.estimate(rows, self.seed(rows, speculating))
+        if not speculating:
+            return self.plain.estimate(rows, self.seed(rows, False))
+        return self.spec.estimate(rows, self.seed(rows, True), self.spec_ratio())
+
+    def spec_ratio(self) -> float:
+        """Measured / seed seconds of speculating rounds; before any was measured, of plain rounds (the seeds are
+        float32 costs on one CPU: a faster host or compute type scales both kinds of round)."""
+        return self.spec.ratio() if self.spec.ratio_n else self.plain.ratio()
 
     def start(self) -> float:
         """Expected seconds a row's first speculating round adds (its start cost; before it was measured, the seed's
-        scaled as speculating rounds measured against theirs)."""
-        prior = float(getattr(self.seed, "start", 0.0)) * self.spec.ratio()
+        scaled as speculating rounds measured against theirs, :meth:`spec_ratio`)."""
+        prior = float(getattr(self.seed, "start", 0.0)) * self.spec_ratio()
         if prior <= 0:
             return 0.0
         return (PRIOR_WEIGHT * prior + self.start_sum) / (PRIOR_WEIGHT + self.start_n)

@@ -1,0 +1,55 @@
+"""Row-invariant decoder arithmetic for bfloat16 / float16 on a CPU: a query row's result does not depend on how many
+rows share the call, where it sits among them, or how their memory is laid out.
+
+Exact speculation needs it: a draft verified in one multi-token pass must give each token the logits its own
+one-token step gives (:attr:`~rayspec.models.whisper.WhisperASR.batch_invariant`). PyTorch's kernels do not promise
+it, and on some hosts do not give it (measured on a 2-core AMD EPYC with AVX-512 BF16 and no AMX, 2 threads,
+bfloat16): its CPU flash attention rounds a query row by the number of query rows at 1,500 keys (cross-attention)
+and at batch > 1 at 64-448 keys, and oneDNN's product over a 2,048-input weight (whisper-base's ``fc2``) rounds a row
+by the row count and its offset from 2 rows on, while every product over at most 1,024 inputs gave a row its one-row
+bits at 1 to 40 rows and any offset. Hence:
+
+- :func:`attention` here: attention as two products around a float32 softmax, the second summed over key blocks of
+  at most :data:`KEY_CHUNK` keys (one product over all 1,500 keys was not row-invariant either);
+- products over more than :data:`~rayspec.models.linear.REDUCTION_BLOCK` inputs as the sum of products over blocks
+  of at most that many (:class:`~rayspec.models.linear.PackedLinear`, :func:`~rayspec.models.linear.linear_in_blocks`).
+
+Both change a bfloat16 result's last bits against PyTorch's kernels (the attention rounds its scores to bfloat16
+before the softmax, as eager attention does; the blocked product rounds each block's partial sum), the same way for
+every row, so ``ar`` and every exact method compute the same bits.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+KEY_CHUNK = 512
+"""Most keys per product of the attention probabilities with the values (:func:`attention`)."""
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """Scaled-dot-product attention with the scale already in ``q``, row-invariant (see the module docstring).
+
+    Args:
+        q: ``[B, H, N, Dh]`` queries, scaled; any strides.
+        k, v: ``[B, H, S, Dh]`` keys and values, ``q``'s dtype.
+        mask: bool, broadcastable to ``[B, H, N, S]`` (True: attend), or None. A masked key adds an exact zero, so a
+            row reads the same result whatever masked keys follow its own (``KEY_BLOCK`` padding).
+
+    Returns:
+        ``[B, H, N, Dh]`` in ``q``'s dtype: ``softmax(q k^T) v``, the softmax in float32.
+    """
+    scores = torch.matmul(q, k.transpose(-1, -2)).float()
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    p = torch.softmax(scores, -1).to(q.dtype)
+    s = k.shape[2]
+    if s <= KEY_CHUNK:
+        return torch.matmul(p, v)
+    out = None
+    for a in range(0, s, KEY_CHUNK):
+        part = torch.matmul(p[..., a:a + KEY_CHUNK], v[:, :, a:a + KEY_CHUNK]).float()
+        out = part if out is None else out.add_(part)
+    return out.to(q.dtype)
