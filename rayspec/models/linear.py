@@ -94,7 +94,7 @@ def _fusable(layer: torch.nn.Module, x: torch.Tensor) -> Optional[torch.Tensor]:
     if torch.is_grad_enabled() or x.dtype != torch.float32:
         return None
     if type(layer) is PackedLinear:
-        return layer.packed if layer.packed.dtype == torch.float32 else None
+        return layer.packed if layer.packed.dtype == torch.float32 and layer.reduction_block is None else None
     if type(layer) is torch.nn.Linear and _uses_onednn(x, layer.weight):
         return _packed(layer.weight)
     return None
