@@ -1096,10 +1096,11 @@ class WhisperASR:
             raise RuntimeError(f"this model's {part} {why}")
         return module
 
-    def _pack_linears(self, decoder) -> int:
+    def _pack_linears(self) -> int:
         """:func:`~rayspec.models.linear.pack_linears` over the model, the decoder's in blocks of
         :data:`~rayspec.models.linear.REDUCTION_BLOCK` inputs where its products are row-blocked; returns how many
         layers were packed."""
+        decoder = getattr(self.model.model, "decoder", None)
         blocks = REDUCTION_BLOCK if self._row_blocked else None
         if decoder is None or blocks is None:
             return pack_linears(self.model.model)
@@ -1156,8 +1157,7 @@ class WhisperASR:
             if getattr(self.model, "proj_out", None) is not None:  # packed in a thread while the rest loads
                 self._half_projection = Float16RowLinear(self.model.proj_out, background=True)
             self.int8 = quantize_linears(self.model.model, _int8_fuse, self._int8_cache()) > 0
-        decoder = getattr(self.model.model, "decoder", None)
-        if self.device.type == "cpu" and (self._pack_linears(decoder) or self.int8):
+        if self.device.type == "cpu" and (self._pack_linears() or self.int8):
             # The weights left (embeddings, norms, biases, convolutions) may still be views into the checkpoint file's
             # memory map, which then stays mapped with the replaced weights' pages: copy them out so it is released.
             with torch.no_grad():
