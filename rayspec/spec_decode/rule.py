@@ -122,7 +122,8 @@ class LinearSeed:
 
 CPU_SEEDS = {
     "draft": LinearSeed(0.012, 0.0048, 0.020, 0.020, start=0.045, accepted=2.7),
-    "fallback": LinearSeed(0.012, 0.0048, 0.020, 0.020, start=0.045, accepted=2.7),  # SSD's draft-model fallback
+    # SSD's CTC fallback (its draft-model fallback runs as "draft"): the draft method's seed
+    "fallback": LinearSeed(0.012, 0.0048, 0.020, 0.020, start=0.045, accepted=2.7),
     "medusa": LinearSeed(0.012, 0.0048, 0.010, 0.012, accepted=0.55),
     "ctc-draft": LinearSeed(0.012, 0.0048, 0.016, 0.012, accepted=1.1),
 }
