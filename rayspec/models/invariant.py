@@ -47,7 +47,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[
     """
     scores = torch.matmul(q, k.transpose(-1, -2))
     if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores = torch.where(mask, scores, float("-inf"))
     p = torch.softmax(scores, -1, dtype=torch.float32).to(q.dtype)
     b, h, n, s = p.shape
     if s <= KEY_CHUNK:

@@ -158,25 +158,27 @@ def _sum_blocks(parts: list[torch.Tensor]) -> torch.Tensor:
     return out
 
 
-def linear_in_blocks(layer: torch.nn.Module, x: torch.Tensor, block: Optional[int] = None) -> torch.Tensor:
-    """``linear_layer(layer, x)`` with the inputs reduced in blocks of at most ``block`` (default
-    :data:`REDUCTION_BLOCK`) inputs, one product per block, the blocks' results summed in order (the bias in the
-    first): float ``[..., in]`` -> ``[..., out]``. A row then gets the same bits whatever rows share the product where
-    products over ``block`` inputs are row-invariant and larger ones are not (:mod:`rayspec.models.invariant`).
+def linear_in_blocks(layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``linear_layer(layer, x)`` with the inputs reduced in blocks of at most :data:`REDUCTION_BLOCK` inputs, one
+    product per block, the blocks' results summed in order (the bias in the first): float ``[..., in]`` ->
+    ``[..., out]``. A row then gets the same bits whatever rows share the product where products over that many
+    inputs are row-invariant and larger ones are not (:mod:`rayspec.models.invariant`).
 
     Raises:
-        ValueError: a :class:`PackedLinear` with more inputs than ``block`` packed without those blocks.
+        ValueError: a :class:`PackedLinear` with more inputs than :data:`REDUCTION_BLOCK` packed without blocks.
     """
-    block = block or REDUCTION_BLOCK
-    if layer.in_features <= block or type(layer) is Int8Linear:  # int8 products are row-invariant as they are
+    if layer.in_features <= REDUCTION_BLOCK or type(layer) is Int8Linear:  # int8 products are row-invariant as they are
         return linear_layer(layer, x)
     if type(layer) is PackedLinear:
-        if layer.reduction_block is None or layer.reduction_block > block:
-            raise ValueError(f"a layer of {layer.in_features} inputs packed without reduction blocks of {block}")
+        if layer.reduction_block is None:
+            raise ValueError(f"a layer of {layer.in_features} inputs packed without reduction blocks of "
+                             f"{REDUCTION_BLOCK}")
         return layer.forward(x)
-    parts = [linear(xb, wb, layer.bias if i == 0 else None)
-             for i, (xb, wb) in enumerate(zip(x.split(block, -1), _weight_blocks(layer.weight, block)))]
-    return _sum_blocks(parts)
+    # with gradients: views of the weight (gradients flow to it); without: contiguous copies, packed once each
+    weights = (layer.weight.split(REDUCTION_BLOCK, 1) if torch.is_grad_enabled() else
+               _weight_blocks(layer.weight, REDUCTION_BLOCK))
+    return _sum_blocks([linear(xb, wb, layer.bias if i == 0 else None)
+                        for i, (xb, wb) in enumerate(zip(x.split(REDUCTION_BLOCK, -1), weights))])
 
 
 def _weight_blocks(weight: torch.Tensor, block: int) -> list[torch.Tensor]:

@@ -820,8 +820,10 @@ class WhisperASR:
         positions, slots, top, visible = cache.attention_layout(q, ancestors, depths, self.max_target_positions,
                                                                 KEY_BLOCK if self.batch_invariant else 1)
         cross_k, cross_v, cross_mask = cache.cross()
-        if self.batch_invariant and cross_mask is None and cross_k:  # one attention path whether or not a batch
-            cross_mask = cross_k[0].new_ones((b, 1, 1, cross_k[0].shape[2]), dtype=torch.bool)  # has masked rows
+        # PyTorch's attention (an int8 decoder's): one kernel path whether or not a batch has masked rows (rayspec's
+        # row-invariant attention gives a row the same bits with or without a mask that hides nothing)
+        if self.batch_invariant and not self._row_blocked and cross_mask is None and cross_k:
+            cross_mask = cross_k[0].new_ones((b, 1, 1, cross_k[0].shape[2]), dtype=torch.bool)
         with decode_attention(tokens.device):
             hidden = self.decoder_layers(tokens, positions, slots, visible, cache.self_k, cache.self_v, top, cross_k,
                                          cross_v, cross_mask, cross_heads, cross_out)
