@@ -17,6 +17,11 @@ number of live rows and how many drafted tokens the target accepts. Instead of a
   values and its catch-up over the row's tokens so far), so a row that would start in the tail of a batch with few
   tokens left does not.
 * :func:`expected_remaining`: the mean remaining length of finished rows that were longer than the row is now.
+* Exploration: a bucket that has gone :data:`EXPLORE_AFTER` plain rounds in a row speculates once anyway, and the
+  wait doubles each time until the rule chooses to speculate there by itself, so that one unlucky early round (e.g.
+  a first draft the target rejects whole, which halves the acceptance prior) cannot switch speculation off for the
+  rest of the process: the estimates keep being measured, at a cost that shrinks as the run goes on (at most
+  ``log2(rounds / EXPLORE_AFTER)`` extra speculating rounds per bucket).
 
 The rule only decides which rounds and rows verify drafts; tokens never depend on it (every exact method equals
 ``ar``).
@@ -33,6 +38,7 @@ PRIOR_REMAINING = 16.0  # expected tokens left of a row before any row has finis
 TAIL_REMAINING = 2.0  # expected tokens left of a row already longer than every finished row
 MAX_LENGTHS = 512  # finished lengths kept for expected_remaining
 EXPLORE_PLAIN = 2  # plain rounds measured in a live-rows bucket before its first speculating round there
+EXPLORE_AFTER = 16  # consecutive plain rounds in a bucket before it speculates once anyway (doubling each time)
 
 
 def bucket(rows: int) -> int:
@@ -122,17 +128,18 @@ class LinearSeed:
 
 CPU_SEEDS = {
     "draft": LinearSeed(0.012, 0.0048, 0.020, 0.020, start=0.045, accepted=2.7),
-    # SSD's CTC fallback (its draft-model fallback runs as "draft"): the draft method's seed
-    "fallback": LinearSeed(0.012, 0.0048, 0.020, 0.020, start=0.045, accepted=2.7),
     "medusa": LinearSeed(0.012, 0.0048, 0.010, 0.012, accepted=0.55),
     "ctc-draft": LinearSeed(0.012, 0.0048, 0.016, 0.012, accepted=1.1),
 }
 ACCELERATOR_SEEDS = {  # a launch-bound device: a step costs about the same at 1 and 64 rows
     "draft": LinearSeed(0.005, 0.00005, 0.015, 0.0005, start=0.004, accepted=2.7),
-    "fallback": LinearSeed(0.005, 0.00005, 0.015, 0.0005, start=0.004, accepted=2.7),
     "medusa": LinearSeed(0.005, 0.00005, 0.006, 0.0002, accepted=0.55),
     "ctc-draft": LinearSeed(0.005, 0.00005, 0.006, 0.0002, accepted=1.1),
 }
+for _table in (CPU_SEEDS, ACCELERATOR_SEEDS):
+    # SSD's CTC fallback (route "fallback"; its draft-model fallback runs as "draft") verifies the same CTCProposer
+    # drafts as ctc-draft, in a cost table of its own (its rows start after a verified prefix)
+    _table["fallback"] = _table["ctc-draft"]
 
 
 def seed_costs(device_type: str, route: str, steps=None, max_nodes: int = 0) -> LinearSeed | Seed:
@@ -212,6 +219,8 @@ class RoundCosts:
         # drafted tokens accepted, speculating row-rounds (the seed's prior counts as one round)
         self.accepted = [float(getattr(seed, "accepted", 1.0)), 1]
         self.lengths: list[int] = []  # tokens of the rows finished so far (the last MAX_LENGTHS)
+        self.streak: dict[int, int] = {}  # per bucket: plain rounds since its last speculating round
+        self.wait: dict[int, int] = {}  # per bucket: the streak after which it explores (EXPLORE_AFTER, doubling)
 
     def estimate(self, rows: int, speculating: bool) -> float:
         """Expected seconds of a round of ``rows`` live rows (bucketed), speculating or not."""
@@ -240,6 +249,8 @@ class RoundCosts:
     def record(self, rows: int, speculating: bool, seconds: float, starters: int = 0) -> None:
         """Add a measured round: ``rows`` live rows, ``seconds`` of wall time; ``starters``: rows that speculated for
         the first time in it (their share beyond a steady speculating round is the start cost)."""
+        b = bucket(rows)
+        self.streak[b] = 0 if speculating else self.streak.get(b, 0) + 1
         if not speculating:
             self.plain.add(rows, seconds, self.seed(rows, False))
             return
@@ -249,6 +260,20 @@ class RoundCosts:
             self.start_n += 1
             return
         self.spec.add(rows, seconds, self.seed(rows, True))
+
+    def explore(self, rows: int, chosen: bool) -> bool:
+        """Whether a round of ``rows`` live rows that the estimates keep plain (``chosen``: they speculate) speculates
+        anyway to re-measure them: after :data:`EXPLORE_AFTER` plain rounds in a row in its bucket, that wait
+        doubling with each exploration there and starting over once the estimates choose to speculate."""
+        b = bucket(rows)
+        if chosen:
+            self.wait[b] = EXPLORE_AFTER
+            return False
+        wait = self.wait.get(b, EXPLORE_AFTER)
+        if self.streak.get(b, 0) < wait:
+            return False
+        self.wait[b] = 2 * wait
+        return True
 
 
 _COSTS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
@@ -280,7 +305,8 @@ def plan_round(costs: RoundCosts, rows: Sequence[RowState], accepted: float, len
     Rows that speculated before go on while the round pays (:func:`round_pays`); a row that has not yet starts only
     where :func:`start_pays` says so for its :func:`expected_remaining` tokens; the round speculates iff it pays for
     the rows that would. Before its first speculating round in a live-rows bucket, :data:`EXPLORE_PLAIN` plain
-    rounds there are measured (the cost speculation is weighed against).
+    rounds there are measured (the cost speculation is weighed against). A round the estimates keep plain
+    speculates anyway for every row with room where :meth:`RoundCosts.explore` says it is time to re-measure.
 
     Args:
         costs: the method's :class:`RoundCosts`.
@@ -291,15 +317,17 @@ def plan_round(costs: RoundCosts, rows: Sequence[RowState], accepted: float, len
     n = len(rows)
     if n == 0:
         return []
-    plain, spec = costs.estimate(n, False), costs.estimate(n, True)
-    saving = token_saving(plain, spec, n, accepted)
-    if saving <= 0:
-        return [False] * n
-    start = costs.start()
-    go = [r.room > 0 and (r.started or start <= 0 or start_pays(expected_remaining(lengths, r.emitted, r.room),
-                                                                saving, start)) for r in rows]
-    if not round_pays(plain, spec, n, sum(go), accepted):
-        return [False] * n
     if costs.plain.counts.get(bucket(n), 0) < EXPLORE_PLAIN:
         return [False] * n
+    plain, spec = costs.estimate(n, False), costs.estimate(n, True)
+    saving = token_saving(plain, spec, n, accepted)
+    go = [False] * n
+    if saving > 0:
+        start = costs.start()
+        go = [r.room > 0 and (r.started or start <= 0 or start_pays(expected_remaining(lengths, r.emitted, r.room),
+                                                                    saving, start)) for r in rows]
+        if not round_pays(plain, spec, n, sum(go), accepted):
+            go = [False] * n
+    if costs.explore(n, any(go)):
+        return [r.room > 0 for r in rows]
     return go
