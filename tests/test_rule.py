@@ -13,7 +13,7 @@ from rayspec.decoding.speculative import SpeculationOptions
 from rayspec.spec_decode import loop as loop_module
 from rayspec.spec_decode import rule
 from rayspec.spec_decode.loop import VerifyLoop
-from rayspec.spec_decode.rule import (CPU_SEEDS, EXPLORE_AFTER, EXPLORE_PLAIN, PRIOR_REMAINING, TAIL_REMAINING, LinearSeed,
+from rayspec.spec_decode.rule import (CPU_SEEDS, EXPLORE_BUDGET, EXPLORE_PLAIN, PRIOR_REMAINING, TAIL_REMAINING, LinearSeed,
                                       RoundCosts, RowState, bucket, costs_for, expected_remaining, plan_round,
                                       round_pays, seed_costs, start_pays, token_saving)
 from test_continuous import CAPS, _admissions, _encode, _record_cross, _Recorder, _static
@@ -89,7 +89,7 @@ def _recorded(plain=((1, AN4["plain1"]), (2, 0.021), (16, AN4["plain16"])), spec
         for rows, s in spec:
             costs.record(rows, True, s)
     costs.add_lengths(list(lengths))
-    costs.streak.clear()  # the estimates' own choices, not exploration (bucket 2 never speculated here)
+    costs.plain_since.clear()  # the estimates' own choices, not exploration (bucket 2 never speculated here)
     return costs
 
 
@@ -128,11 +128,12 @@ def test_plan_round_measures_plain_rounds_first():
     assert plan_round(costs, [row] * 16, 2.7, []) == [False] * 16
 
 
-def test_plan_round_explores_after_a_streak_of_plain_rounds():
+def test_plan_round_explores_once_plain_rounds_took_their_budget():
     """One unlucky speculating round (a first draft rejected whole: acceptance prior 1.1 -> 0.55 tokens) keeps the
-    estimates plain; the bucket speculates once anyway after EXPLORE_AFTER plain rounds in a row, then after twice
-    that, and waits EXPLORE_AFTER again once the estimates choose speculation by themselves (the 99-clip SSD run in
-    which the CTC fallback drafted 27 tokens in all, against 2,730 on its first 40 clips alone)."""
+    estimates plain; the bucket speculates once anyway when its plain rounds since then took EXPLORE_BUDGET times a
+    speculating round's expected cost, then after twice that, and the budget starts over once the estimates choose
+    speculation by themselves (the 99-clip SSD run in which the CTC fallback drafted 27 tokens in all, against 2,730
+    on its first 40 clips alone)."""
     costs = RoundCosts(CPU_SEEDS["ctc-draft"])
     row = RowState(True, 3, 100)
     for _ in range(EXPLORE_PLAIN):
@@ -140,16 +141,22 @@ def test_plan_round_explores_after_a_streak_of_plain_rounds():
     assert plan_round(costs, [row], 1.1, []) == [True]
     costs.record(1, True, 0.030)
     costs.accepted[:] = [1.1, 2]  # the round's draft: none accepted
-    plans = []
-    for _ in range(3 * EXPLORE_AFTER + 2):
-        plans.append(plan_round(costs, [row], 0.55, [])[0])
-        costs.record(1, plans[-1], 0.030 if plans[-1] else 0.016)
-    assert [k for k, p in enumerate(plans) if p] == [EXPLORE_AFTER, 3 * EXPLORE_AFTER + 1]
-    # good acceptance again: the estimates speculate, and the wait starts over
+    explored, plain = [], 0.0
+    for k in range(400):
+        spec = costs.estimate(1, True)
+        flag = plan_round(costs, [row], 0.55, [])[0]
+        if flag:
+            explored.append((k, plain / spec))
+            plain = 0.0
+        costs.record(1, flag, spec if flag else 0.016)
+        plain += 0.0 if flag else 0.016
+    assert [round(r) for _, r in explored[:2]] == [EXPLORE_BUDGET, 2 * EXPLORE_BUDGET]
+    assert all(r < 1.1 * EXPLORE_BUDGET * 2 ** i for i, (_, r) in enumerate(explored))
+    # good acceptance again: the estimates speculate, and the budget starts over
     assert plan_round(costs, [row], 3.0, []) == [True]
-    assert costs.wait[1] == EXPLORE_AFTER
+    assert costs.budget[1] == EXPLORE_BUDGET
     # a row without room never explores
-    for _ in range(EXPLORE_AFTER):
+    for _ in range(400):
         costs.record(1, False, 0.016)
     assert plan_round(costs, [RowState(True, 3, 0)], 0.55, []) == [False]
 
@@ -181,9 +188,9 @@ def test_costs_persist_per_target_and_method():
 def test_verify_loop_under_the_rule_keeps_the_tokens(tiny_target, tiny_draft, monkeypatch, scenario):
     """The rule on, with recorded costs: every row equals greedy decoding whichever rounds and rows speculate, and
     every round is costed; where speculation was recorded too dear no draft pass (and no draft cross-attention)
-    runs at all (exploration off: test_plan_round_explores_after_a_streak_of_plain_rounds covers it)."""
+    runs at all (exploration off: test_plan_round_explores_once_plain_rounds_took_their_budget covers it)."""
     monkeypatch.setattr(loop_module, "COST_RULE", True)
-    monkeypatch.setattr(rule, "EXPLORE_AFTER", 10**9)
+    monkeypatch.setattr(rule, "EXPLORE_BUDGET", float("inf"))
     monkeypatch.setattr(rule, "_COSTS", weakref.WeakKeyDictionary())  # no costs recorded by other tests
     opt = SpeculationOptions(tree=True)
     crossed = _record_cross(tiny_draft, monkeypatch)

@@ -17,11 +17,11 @@ number of live rows and how many drafted tokens the target accepts. Instead of a
   values and its catch-up over the row's tokens so far), so a row that would start in the tail of a batch with few
   tokens left does not.
 * :func:`expected_remaining`: the mean remaining length of finished rows that were longer than the row is now.
-* Exploration: a bucket that has gone :data:`EXPLORE_AFTER` plain rounds in a row speculates once anyway, and the
-  wait doubles each time until the rule chooses to speculate there by itself, so that one unlucky early round (e.g.
-  a first draft the target rejects whole, which halves the acceptance prior) cannot switch speculation off for the
-  rest of the process: the estimates keep being measured, at a cost that shrinks as the run goes on (at most
-  ``log2(rounds / EXPLORE_AFTER)`` extra speculating rounds per bucket).
+* Exploration: a bucket whose plain rounds since its last speculating round took :data:`EXPLORE_BUDGET` times what
+  a speculating round there is expected to cost speculates once anyway, and that budget doubles each time until the
+  rule chooses to speculate there by itself, so that one unlucky early round (e.g. a first draft the target rejects
+  whole, which halves the acceptance prior) cannot switch speculation off for the rest of the process: the
+  estimates keep being measured, for at most ``1 / EXPLORE_BUDGET`` of the time spent, less as the run goes on.
 
 The rule only decides which rounds and rows verify drafts; tokens never depend on it (every exact method equals
 ``ar``).
@@ -38,7 +38,8 @@ PRIOR_REMAINING = 16.0  # expected tokens left of a row before any row has finis
 TAIL_REMAINING = 2.0  # expected tokens left of a row already longer than every finished row
 MAX_LENGTHS = 512  # finished lengths kept for expected_remaining
 EXPLORE_PLAIN = 2  # plain rounds measured in a live-rows bucket before its first speculating round there
-EXPLORE_AFTER = 16  # consecutive plain rounds in a bucket before it speculates once anyway (doubling each time)
+EXPLORE_BUDGET = 32.0  # plain seconds in a bucket since it last speculated, per expected second of a speculating
+# round there, before it speculates once anyway (doubling with each such round)
 
 
 def bucket(rows: int) -> int:
@@ -219,8 +220,8 @@ class RoundCosts:
         # drafted tokens accepted, speculating row-rounds (the seed's prior counts as one round)
         self.accepted = [float(getattr(seed, "accepted", 1.0)), 1]
         self.lengths: list[int] = []  # tokens of the rows finished so far (the last MAX_LENGTHS)
-        self.streak: dict[int, int] = {}  # per bucket: plain rounds since its last speculating round
-        self.wait: dict[int, int] = {}  # per bucket: the streak after which it explores (EXPLORE_AFTER, doubling)
+        self.plain_since: dict[int, float] = {}  # per bucket: seconds of plain rounds since its last speculating one
+        self.budget: dict[int, float] = {}  # per bucket: EXPLORE_BUDGET, doubled by each exploration there
 
     def estimate(self, rows: int, speculating: bool) -> float:
         """Expected seconds of a round of ``rows`` live rows (bucketed), speculating or not."""
@@ -250,7 +251,7 @@ class RoundCosts:
         """Add a measured round: ``rows`` live rows, ``seconds`` of wall time; ``starters``: rows that speculated for
         the first time in it (their share beyond a steady speculating round is the start cost)."""
         b = bucket(rows)
-        self.streak[b] = 0 if speculating else self.streak.get(b, 0) + 1
+        self.plain_since[b] = 0.0 if speculating else self.plain_since.get(b, 0.0) + seconds
         if not speculating:
             self.plain.add(rows, seconds, self.seed(rows, False))
             return
@@ -263,16 +264,17 @@ class RoundCosts:
 
     def explore(self, rows: int, chosen: bool) -> bool:
         """Whether a round of ``rows`` live rows that the estimates keep plain (``chosen``: they speculate) speculates
-        anyway to re-measure them: after :data:`EXPLORE_AFTER` plain rounds in a row in its bucket, that wait
-        doubling with each exploration there and starting over once the estimates choose to speculate."""
+        anyway to re-measure them: once the bucket's plain rounds since it last speculated took its budget
+        (:data:`EXPLORE_BUDGET`, doubled by each exploration there, reset once the estimates choose to speculate)
+        times a speculating round's expected cost."""
         b = bucket(rows)
         if chosen:
-            self.wait[b] = EXPLORE_AFTER
+            self.budget[b] = EXPLORE_BUDGET
             return False
-        wait = self.wait.get(b, EXPLORE_AFTER)
-        if self.streak.get(b, 0) < wait:
+        budget = self.budget.get(b, EXPLORE_BUDGET)
+        if self.plain_since.get(b, 0.0) < budget * self.estimate(rows, True):
             return False
-        self.wait[b] = 2 * wait
+        self.budget[b] = 2 * budget
         return True
 
 
