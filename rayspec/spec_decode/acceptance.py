@@ -34,7 +34,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from .gumbel import token_logprobs
+from .gumbel import token_logprobs, vocab_argmax
 from .timestamps import apply_rules
 from .tree import DeviceTrees
 
@@ -90,7 +90,7 @@ def score_tree(logits: torch.Tensor, trees: DeviceTrees, rule: AcceptanceRule,
         int64 ``[2 (+ K), B, Q]`` on the host: ``[0]`` 1 where the node's token passes at its parent (meaningless for
         context nodes and padding), ``[1]`` the argmax token at the node, then ``extra``. One device-to-host transfer.
     """
-    best = logits.argmax(-1) if best is None else best  # [B, Q]
+    best = vocab_argmax(logits) if best is None else best  # [B, Q]
     at_parent = best.gather(1, trees.parents)  # [B, Q]
     if rule.kind == "greedy":
         ok = trees.tokens == at_parent
@@ -175,7 +175,7 @@ def score_greedy_lazily(hidden: torch.Tensor, trees: DeviceTrees, head, rules=No
         picked = np.flatnonzero(matters)
         logits = apply_rules(logits[None].contiguous(), rules[0].reshape(4, -1)[:, picked][:, None], rules[1])[0]
     best = np.full(b * q, -1, dtype=np.int64)
-    top = logits.argmax(-1)
+    top = vocab_argmax(logits)
     best[flat.cpu().numpy()] = top.cpu().numpy()
     best = best.reshape(b, q)
     logprob = np.full(b * q, np.nan)

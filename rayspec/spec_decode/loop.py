@@ -41,7 +41,7 @@ from ..models.cache import DecoderCache
 from ..models.encoded import EncoderOutput
 from ..models.whisper import WhisperASR
 from .acceptance import GREEDY, AcceptanceRule, accept_tree, score_greedy_lazily, score_tree
-from .gumbel import perturb, token_logprobs
+from .gumbel import perturb, token_logprobs, vocab_argmax
 from .rule import RoundCosts, RowState, costs_for, plan_round, seed_costs
 from .timestamps import EXTRA_NODES, apply_rules, rule_bounds, wrap_proposer
 from .tree import DraftTree, TokenTrees
@@ -508,7 +508,7 @@ class VerifyLoop:
                     positions = dev.depths + torch.from_numpy(made).to(cache.device)[:, None]  # [B, Q] generated index
                     scored = perturb(masked, sampling, [live[k].temperature for k in sampling],
                                      [live[k].seed for k in sampling], positions)
-                best = scored.argmax(-1)  # [B, Q], once for both
+                best = vocab_argmax(scored)  # [B, Q], once for both
                 logprob = token_logprobs(masked, best).view(torch.int64)[None]  # read back as float64 bits
                 # a round without draft nodes reads no verdict (only each root's argmax): any rule gives its tokens,
                 # and the greedy one needs no log-softmax over the vocabulary (SSD's plain rounds at batch 16)
