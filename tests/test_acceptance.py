@@ -203,3 +203,17 @@ def test_host_syncs_one_per_ar_step_and_one_per_verification(tiny_target, tiny_d
     # drafting decides on the host); + 1 per batch and model: the cross-attention mask; + 1 in the first round: the
     # no-speech probabilities
     assert reads["n"] <= calls["target"] + calls["draft"] + 3
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_vocab_argmax_is_the_first_maximum_at_any_precision(dtype):
+    """The vocabulary argmax upcasts half-precision logits on a CPU (faster there): the same index as PyTorch's own
+    argmax at that precision, the first one among ties."""
+    from rayspec.spec_decode.gumbel import vocab_argmax
+
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(3, 5, 51865, generator=g).to(dtype)
+    x[0, 0, 7] = x[0, 0, 9] = x[0, 0].max() + 1  # a tie: the first index wins
+    got = vocab_argmax(x)
+    assert got.dtype == torch.int64 and got.shape == (3, 5)
+    assert torch.equal(got, x.argmax(-1)) and int(got[0, 0]) == 7
