@@ -87,19 +87,6 @@ def _low_precision(fp32, compute_type: str) -> WhisperASR:
     return WhisperASR(fp32.model.to(torch.bfloat16), fp32.feature_extractor, fp32.tokenizer, fp32.generation_config)
 
 
-def _flash_rows_invariant(dtype: torch.dtype) -> bool:
-    """Whether this host's CPU flash attention gives a query row the same bits in a 2-row call (a one-token step's
-    padded query) as in a 6-row call (a pass over a draft), at the tiny decoder's shapes. Measured false for float32
-    on a 2-core AMD EPYC (every row differs from 3 rows on), true on the Intel Xeon with AMX of earlier runs."""
-    import torch.nn.functional as F
-
-    g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, 4, n, 16, generator=g).to(dtype) for n in (6, 9, 9))
-    pair = torch.cat([F.scaled_dot_product_attention(q[:, :, i:i + 1].repeat(1, 1, 2, 1), k, v)[:, :, :1]
-                      for i in range(6)], 2)
-    return torch.equal(pair, F.scaled_dot_product_attention(q, k, v))
-
-
 @pytest.mark.parametrize("compute_type", [pytest.param("bfloat16", marks=native_bf16),
                                           pytest.param("int8", marks=fbgemm)])
 def test_batch_invariant_steps_equal_a_multi_token_pass(tmp_path, compute_type):
@@ -110,9 +97,6 @@ def test_batch_invariant_steps_equal_a_multi_token_pass(tmp_path, compute_type):
 
     from tiny import make_tiny
 
-    if compute_type == "int8" and not _flash_rows_invariant(torch.float32):  # an int8 decoder attends in float32
-        pytest.skip("this CPU's float32 flash attention rounds a query row by the call's row count: an int8 decoder's "
-                    "steps cannot equal a multi-token pass here (see WhisperASR.batch_invariant)")
     fp32 = make_tiny(tmp_path, d_model=64, layers=2, seed=5)
     assert not fp32.batch_invariant
     model = _low_precision(fp32, compute_type)
@@ -170,18 +154,19 @@ def test_batch_invariant_products_give_a_row_its_one_row_result_at_any_row_count
         model._linear(PackedLinear(dense), x)
 
 
-@native_bf16
+@pytest.mark.parametrize("dtype", [pytest.param(torch.bfloat16, marks=native_bf16), torch.float32])
 @pytest.mark.parametrize("keys", [1500, 64])
-def test_invariant_attention_gives_a_query_row_its_one_row_result(keys):
-    """rayspec.models.invariant.attention (bfloat16, whisper-base's head shapes): a query row gets bitwise its
-    one-query result whatever rows share the call, at which offset, in which memory layout, and whatever masked keys
-    follow its own (KEY_BLOCK padding); and it stays within bfloat16 rounding of PyTorch's attention."""
+def test_invariant_attention_gives_a_query_row_its_one_row_result(keys, dtype):
+    """rayspec.models.invariant.attention (bfloat16, or float32 as an int8 decoder attends; whisper-base's head
+    shapes): a query row gets bitwise its one-query result whatever rows share the call, at which offset, in which
+    memory layout, and whatever masked keys follow its own (KEY_BLOCK padding), with a mask per key or per query
+    (a draft tree's); and it stays within rounding of PyTorch's attention."""
     import torch.nn.functional as F
 
     from rayspec.models.invariant import KEY_CHUNK, attention
 
     g = torch.Generator().manual_seed(0)
-    bf = torch.bfloat16
+    bf = dtype
     b, h, dh = 2, 8, 64
     pad = 64 if keys + 64 <= KEY_CHUNK else 0  # a self-attention's KEY_BLOCK padding; audio keys are never padded
     k, v = (torch.randn(b, h, keys + pad, dh, generator=g).to(bf) for _ in range(2))
@@ -197,8 +182,15 @@ def test_invariant_attention_gives_a_query_row_its_one_row_result(keys):
             assert torch.equal(attention(rows, k, v, mask), alone[:, :, offset:offset + n])  # padded keys, if any
             assert torch.equal(attention(rows.contiguous(), k[:, :, :keys], v[:, :, :keys], mask[..., :keys]),
                                alone[:, :, offset:offset + n])
+        tree = mask.expand(b, 1, 12, keys + pad).clone()
+        tree[0, :, 5, 3] = False  # a node that does not see key 3
+        alone = torch.cat([attention(q[:, :, i:i + 1].contiguous(), k, v, tree[:, :, i:i + 1]) for i in range(12)], 2)
+        for n, offset in ((1, 5), (3, 4), (7, 5), (12, 0)):
+            got = attention(q[:, :, offset:offset + n], k, v, tree[:, :, offset:offset + n])
+            assert torch.equal(got, alone[:, :, offset:offset + n])
         sdpa = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=1.0)
-        assert torch.allclose(attention(q, k, v, mask).float(), sdpa, atol=0.03, rtol=0.02)
+        tol = dict(atol=0.03, rtol=0.02) if dtype == torch.bfloat16 else dict(atol=1e-5, rtol=1e-5)
+        assert torch.allclose(attention(q, k, v, mask).float(), sdpa, **tol)
 
 
 @fbgemm

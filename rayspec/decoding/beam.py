@@ -187,8 +187,6 @@ def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torc
                                                                 KEY_BLOCK if t.batch_invariant else 1)
         write = slots[:, None, :, None].expand(b, t.num_heads, q, t.head_dim)
     cross_k, cross_v, cross_mask = cross.cut()
-    if t.batch_invariant and cross_mask is None and cross_k:  # one attention path, as decode_hidden
-        cross_mask = cross_k[0].new_ones((len(groups), 1, 1, cross_k[0].shape[2]), dtype=torch.bool)
     order = [r for g in groups for r in g]
     even = len({len(g) for g in groups}) == 1
     grouped = order != list(range(b))  # rows to put in group order for cross-attention (and back)

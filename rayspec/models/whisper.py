@@ -301,10 +301,11 @@ class WhisperASR:
         held-out clips; with these kernels 99/99: ``bench/methods-bf16``). float32 keeps PyTorch's kernels (the exact
         reference; its last-bit differences have not flipped a choice in the exactness tests). On too for int8
         decoders (:attr:`int8`), whose linear layers and output projection are batch-invariant by construction
-        (:class:`~rayspec.models.linear.Int8Linear`, :class:`~rayspec.models.linear.Float16RowLinear`) but whose
-        attention runs PyTorch's float32 flash kernel, given a second row for a one-token query (it takes another path
-        for one): row-invariant on the AMX Xeon, not on the AMD EPYC (every row from 3 rows on), where a last-bit
-        difference can move an activation across a rounding boundary of the next layer's int8 quantization."""
+        (:class:`~rayspec.models.linear.Int8Linear`, :class:`~rayspec.models.linear.Float16RowLinear`) and whose
+        float32 attention runs in fixed blocks of query rows (:func:`~rayspec.models.invariant.attention`: PyTorch's
+        float32 flash kernel, even given a second row for a one-token query, rounded a row by the call's row count on
+        the AMD EPYC from 3 rows on, and a last-bit difference can move an activation across a rounding boundary of
+        the next layer's int8 quantization)."""
         if not (self._dtype in (torch.bfloat16, torch.float16) or self.int8):
             return False
         if self._on_cpu is None:  # the model's device is found by walking its parameters: once, not per product
@@ -815,15 +816,11 @@ class WhisperASR:
         """
         if cross_heads is None and self.static_steps is not None and self.static_steps.accepts(cache, tokens.shape):
             return self.static_steps.decode_hidden(cache, tokens, ancestors, depths, hidden_from)
-        b, q = tokens.shape
+        q = tokens.shape[1]
         # Callers cap real tokens below max_target_positions; only padding may reach past it, and is clamped.
         positions, slots, top, visible = cache.attention_layout(q, ancestors, depths, self.max_target_positions,
                                                                 KEY_BLOCK if self.batch_invariant else 1)
         cross_k, cross_v, cross_mask = cache.cross()
-        # PyTorch's attention (an int8 decoder's): one kernel path whether or not a batch has masked rows (rayspec's
-        # row-invariant attention gives a row the same bits with or without a mask that hides nothing)
-        if self.batch_invariant and not self._row_blocked and cross_mask is None and cross_k:
-            cross_mask = cross_k[0].new_ones((b, 1, 1, cross_k[0].shape[2]), dtype=torch.bool)
         with decode_attention(tokens.device):
             hidden = self.decoder_layers(tokens, positions, slots, visible, cache.self_k, cache.self_v, top, cross_k,
                                          cross_v, cross_mask, cross_heads, cross_out)
@@ -890,17 +887,14 @@ class WhisperASR:
                 ) -> torch.Tensor:
         """Attention of ``q`` ``[B, H, N, Dh]`` over ``k``, ``v`` ``[B, H, S, Dh]`` (``mask``: bool, broadcast to
         ``[B, H, N, S]``, or None) through ``attn.out_proj``: ``[B, N, D]``; with ``residual`` ``[B, N, D]``:
-        ``residual + dropout(that)`` (:meth:`_add_product`). Row-invariant attention where :attr:`_row_blocked`
-        (:func:`~rayspec.models.invariant.attention`), else PyTorch's."""
+        ``residual + dropout(that)`` (:meth:`_add_product`). Row-invariant attention where :attr:`batch_invariant`
+        (:func:`~rayspec.models.invariant.attention`; an int8 decoder's in float32), else PyTorch's."""
         p = attn.dropout if attn.training else 0.0
         n = q.shape[2]
-        if self._row_blocked and not p:
+        if self.batch_invariant and not p:
             out = invariant.attention(q, k, v, mask)
         else:
-            if n == 1 and self.batch_invariant:  # one query runs the flash kernel's other path: give it a second row
-                q = q.repeat(1, 1, 2, 1)
-                mask = None if mask is None else mask.expand(-1, -1, 2, -1)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)[:, :, :n]
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, scale=1.0)
         out = out.transpose(1, 2).reshape(out.shape[0], n, -1)
         if residual is None:
             return self._linear(attn.out_proj, out)
@@ -908,9 +902,8 @@ class WhisperASR:
 
     @property
     def _row_blocked(self) -> bool:
-        """Whether the decoder's products run in row and input blocks (:meth:`_linear`) and its attention through
-        :func:`~rayspec.models.invariant.attention` (:meth:`_attend`): a :attr:`batch_invariant` decoder not in
-        int8."""
+        """Whether the decoder's products run in row and input blocks (:meth:`_linear`): a :attr:`batch_invariant`
+        decoder not in int8 (whose products are exact integer sums)."""
         return self.batch_invariant and not self.int8
 
     def _add_product(self, layer: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor, dropout: float = 0.0
