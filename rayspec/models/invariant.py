@@ -86,7 +86,7 @@ def _in_query_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Op
     repeated, and its mask row), then ``softmax(q k^T) v`` per block of that many rows."""
     b, h, n, d = q.shape
     padded = -(-n // QUERY_BLOCK) * QUERY_BLOCK
-    per_query = mask is not None and mask.dim() >= 2 and mask.shape[-2] > 1
+    per_query = mask is not None and mask.shape[-2] > 1  # a mask row per query (a draft tree's), else one for all
     if padded > n:
         q = torch.cat([q, q[:, :, -1:].expand(b, h, padded - n, d)], 2)
         if per_query:
@@ -98,4 +98,4 @@ def _in_query_blocks(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Op
         if mask is not None:
             scores = torch.where(mask[..., lo : lo + QUERY_BLOCK, :] if per_query else mask, scores, float("-inf"))
         out.append(torch.matmul(torch.softmax(scores, -1), v))
-    return torch.cat(out, 2)[:, :, :n] if len(out) > 1 or padded > n else out[0]
+    return (torch.cat(out, 2) if len(out) > 1 else out[0])[:, :, :n]

@@ -175,7 +175,7 @@ def score_greedy_lazily(hidden: torch.Tensor, trees: DeviceTrees, head, rules=No
         picked = np.flatnonzero(matters)
         logits = apply_rules(logits[None].contiguous(), rules[0].reshape(4, -1)[:, picked][:, None], rules[1])[0]
     best = np.full(b * q, -1, dtype=np.int64)
-    top = vocab_argmax(logits)
+    top = logits.argmax(-1)
     best[flat.cpu().numpy()] = top.cpu().numpy()
     best = best.reshape(b, q)
     logprob = np.full(b * q, np.nan)
