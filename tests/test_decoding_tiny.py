@@ -281,11 +281,11 @@ def test_fused_post_ops_leave_encoder_and_decoder_states_unchanged(tiny_target, 
             cache = target.new_cache(enc, 8)
             return enc.states, target.decode(cache, torch.tensor([target.prompt_ids] * 3))
 
-    import rayspec.models.whisper as whisper
+    import rayspec.models.whisper_layers as layers
 
     layer_inputs = []
-    encoder_layer = whisper._encoder_layer
-    monkeypatch.setattr(whisper, "_encoder_layer", lambda layer, x, bias: (
+    encoder_layer = layers.encoder_layer
+    monkeypatch.setattr(layers, "encoder_layer", lambda layer, x, bias: (
         layer_inputs.append(x.is_contiguous()), encoder_layer(layer, x, bias))[1])
     fused = run()
     # the encoder's layers see contiguous states: a permuted layout would reach every layer and keep each residual

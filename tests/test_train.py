@@ -126,7 +126,7 @@ def test_spec_augment_frequency_mask_covers_the_same_mel_bins_in_every_stacked_f
     import numpy as np
     import torch
 
-    from rayspec.models.whisper import stack_frames
+    from rayspec.models.features import stack_frames
     from rayspec.train.recipe import TrainOptions, _spec_augment
 
     mel = torch.arange(1, 81, dtype=torch.float32)[:, None].expand(80, 40)  # every cell holds its mel bin (1-based)

@@ -37,11 +37,11 @@ from typing import Optional, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from ..models.cache import DecoderCache
 from ..models.encoded import EncoderOutput
-from ..models.whisper import KEY_BLOCK, WhisperASR, attention_inputs
+from ..models.whisper import KEY_BLOCK, WhisperASR
+from ..models.whisper_layers import attention_inputs, layer_norm
 from ..runner.attention import decode_attention
 from ..spec_decode.timestamps import apply_rules, rule_bounds
 from .common import DecodeStats, Hypothesis
@@ -195,7 +195,6 @@ def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torc
         back = torch.empty_like(perm)
         back[perm] = torch.arange(b, device=dev)
     dec = t._half("decoder")
-    norm = lambda m, x: F.layer_norm(x, m.normalized_shape, m.weight, m.bias, m.eps)  # noqa: E731
     with decode_attention(dev):
         if level:
             x = dec.embed_tokens(tokens) * dec.embed_scale + dec.embed_positions.weight[position]
@@ -203,7 +202,7 @@ def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torc
             x = dec.embed_tokens(tokens) * dec.embed_scale + dec.embed_positions.weight[positions]
         for i, layer in enumerate(dec.layers):
             attn = layer.self_attn
-            qh, kh, vh = attention_inputs(attn, norm(layer.self_attn_layer_norm, x), t._linear)
+            qh, kh, vh = attention_inputs(attn, layer_norm(layer.self_attn_layer_norm, x), t._linear)
             qh = t._heads(qh * attn.scaling)
             if level:
                 cache.self_k[i][:, :, at:top] = t._heads(kh)
@@ -214,7 +213,7 @@ def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torc
             x = t._attend(attn, qh, cache.self_k[i][:, :, :top], cache.self_v[i][:, :, :top], visible, residual=x)
 
             xattn = layer.encoder_attn
-            h = norm(layer.encoder_attn_layer_norm, x)
+            h = layer_norm(layer.encoder_attn_layer_norm, x)
             if grouped:
                 h = h.index_select(0, perm)  # rows in group order
             if even:  # [N, G * Q, D]: each audio's beams as one block of queries
@@ -232,8 +231,8 @@ def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torc
                 out = torch.cat(outs, 1).reshape(b, q, -1)
             x = x + (out.index_select(0, back) if grouped else out)
 
-            x = t._add_product(layer.fc2, t._activation_product(layer, norm(layer.final_layer_norm, x)), x)
-        hidden = norm(dec.layer_norm, x)
+            x = t._add_product(layer.fc2, t._activation_product(layer, layer_norm(layer.final_layer_norm, x)), x)
+        hidden = layer_norm(dec.layer_norm, x)
     cache.pending = q
     return hidden
 

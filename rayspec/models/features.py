@@ -78,3 +78,18 @@ def window_and_filters(feature_extractor, device) -> tuple[torch.Tensor, torch.T
             torch.as_tensor(np.asarray(feature_extractor.mel_filters), dtype=torch.float32, device=device),
         )
     return per_device[device]
+
+
+def stack_frames(features: torch.Tensor | np.ndarray, k: int):
+    """Stack ``k`` consecutive log-mel frames into one: ``[..., M, T]`` -> ``[..., k * M, T // k]``.
+
+    Stacked bin ``m * k + j`` of output frame ``t`` is bin ``m`` of input frame ``t * k + j`` (a trailing partial
+    group is dropped). With a 10 ms hop and ``k = 2`` Whisper's stride-2 convolution then yields 25 encoder positions
+    per second (4x time subsampling, as ESPnet's conv2d front-end) without discarding the 10 ms resolution.
+    """
+    if k == 1:
+        return features
+    *lead, m, t = features.shape
+    x = features[..., : t - t % k].reshape(*lead, m, t // k, k)
+    x = x.swapaxes(-1, -2) if isinstance(x, np.ndarray) else x.transpose(-1, -2)
+    return x.reshape(*lead, k * m, t // k)

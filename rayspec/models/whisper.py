@@ -36,46 +36,15 @@ import torch.nn.functional as F
 from ..runner.attention import decode_attention
 from .cache import DecoderCache
 from .errors import ModelLoadError
-from . import lean_files
-from .features import log_mel, supports
+from .features import log_mel, stack_frames, supports
 from . import invariant
-from .linear import (REDUCTION_BLOCK, Float16RowLinear, Int8Linear, PackedLinear, linear, linear_add, linear_gelu,
-                     linear_in_blocks, linear_layer, pack_linears, quantize_linears)
-from .registry import cache_dir, resolve_model
-from .whisper_modules import load_lean
+from .linear import (REDUCTION_BLOCK, Float16RowLinear, Int8Linear, PackedLinear, linear, linear_in_blocks, linear_layer,
+                     pack_linears, quantize_linears)
+from .registry import cache_dir
+from . import whisper_layers as layers
+from .whisper_loading import load_parts
 from ..spec_decode.timestamps import TimestampTokens
 from .encoded import EncoderOutput
-
-
-def _layer_norm(layer: torch.nn.LayerNorm, x: torch.Tensor) -> torch.Tensor:
-    """``layer(x)`` without the module call (what ``nn.LayerNorm.forward`` computes)."""
-    return F.layer_norm(x, layer.normalized_shape, layer.weight, layer.bias, layer.eps)
-
-
-def _dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
-    """``F.dropout(x, p, training)``, skipped (no call) where it is the identity."""
-    return F.dropout(x, p=p, training=True) if training and p else x
-
-
-def _is_gelu(fn) -> bool:
-    """Whether an activation is exact (erf) GELU: ``F.gelu`` itself or transformers' ``GELUActivation`` around it."""
-    return fn is F.gelu or getattr(fn, "act", None) is F.gelu
-
-
-def _add_product(layer, x: torch.Tensor, residual: torch.Tensor, dropout: float = 0.0) -> torch.Tensor:
-    """``residual + dropout(linear_layer(layer, x))``: without dropout the add runs as the product's post-op where that
-    gives the same bits (:func:`~rayspec.models.linear.linear_add`)."""
-    if dropout:
-        return residual + _dropout(linear_layer(layer, x), dropout, True)
-    return linear_add(layer, x, residual)
-
-
-def _activation_product(layer, h: torch.Tensor) -> torch.Tensor:
-    """``layer.activation_fn(linear_layer(layer.fc1, h))`` of an encoder or decoder layer: an exact GELU as the
-    product's post-op where that gives the same bits (:func:`~rayspec.models.linear.linear_gelu`)."""
-    if _is_gelu(layer.activation_fn):
-        return linear_gelu(layer.fc1, h)
-    return layer.activation_fn(linear_layer(layer.fc1, h))
 
 
 def _in_row_blocks(product, x: torch.Tensor) -> torch.Tensor:
@@ -86,138 +55,11 @@ def _in_row_blocks(product, x: torch.Tensor) -> torch.Tensor:
     return out.reshape(*x.shape[:-1], out.shape[-1])
 
 
-def _encoder_layer(layer, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """A transformers ``WhisperEncoderLayer`` over ``x`` ``[B, S, D]`` (``bias``: additive attention mask
-    ``[B, 1, 1, S]`` or None): the same operations in the same order as its ``forward`` with SDPA attention, with the
-    products through :func:`~rayspec.models.linear.linear_layer` (packed weights on a CPU without autograd:
-    whisper-base's encoder layers, 1,500 positions, 2 threads: 10-14% faster products than MKL's) and, in inference,
-    the residual adds and the GELU fused into them where that gives the same bits (:func:`~rayspec.models.linear.
-    linear_add`, :func:`~rayspec.models.linear.linear_gelu`)."""
-    attn = layer.self_attn
-    b, s, d = x.shape
-
-    def heads(t: torch.Tensor) -> torch.Tensor:  # [B, S, D] -> [B, H, S, Dh] (a view: SDPA reads the strides)
-        return t.view(b, s, attn.num_heads, -1).transpose(1, 2)
-
-    q, k, v = attention_inputs(attn, _layer_norm(layer.self_attn_layer_norm, x))
-    q, k, v = heads(q * attn.scaling), heads(k), heads(v)
-    p = attn.dropout if attn.training else 0.0
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=p, scale=1.0)
-    drop = layer.dropout if layer.training else 0.0
-    x = _add_product(attn.out_proj, out.transpose(1, 2).reshape(b, s, d), x, drop)
-    h = _activation_product(layer, _layer_norm(layer.final_layer_norm, x))
-    h = _dropout(h, layer.activation_dropout, layer.training)
-    x = _add_product(layer.fc2, h, x, drop)
-    if x.dtype == torch.float16:  # as transformers: keep float16 activations finite
-        big = torch.finfo(x.dtype).max - 1000
-        x = x.clamp(min=-big, max=big)
-    return x
-
-
-def attention_inputs(attn, h: torch.Tensor, product=linear_layer) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A self-attention's query, key and value products of ``h`` ``[..., D]`` (each ``[..., D]``, the query not yet
-    scaled): one product through ``attn.qkv_proj`` where an int8 model fused them (:data:`INT8_FUSED`), else three
-    through ``product(layer, h)`` (default :func:`~rayspec.models.linear.linear_layer`; a decoder passes its
-    row-blocked products, ``WhisperASR._linear``)."""
-    fused = getattr(attn, "qkv_proj", None)
-    if fused is not None:
-        return fused(h).chunk(3, -1)
-    return product(attn.q_proj, h), product(attn.k_proj, h), product(attn.v_proj, h)
-
-
-def cross_inputs(attn, states: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """A cross-attention's key and value products of encoder states ``[..., D]``: one product through
-    ``attn.kv_proj`` where an int8 model fused them (:data:`INT8_FUSED`), else two."""
-    fused = getattr(attn, "kv_proj", None)
-    if fused is not None:
-        return fused(states).chunk(2, -1)
-    return linear_layer(attn.k_proj, states), linear_layer(attn.v_proj, states)
-
-
-INT8_FUSED = {"self_attn": {"qkv_proj": ("q_proj", "k_proj", "v_proj")},
-              "encoder_attn": {"kv_proj": ("k_proj", "v_proj")}}
-"""The linear layers an int8 model runs as one product (:func:`~rayspec.models.linear.quantize_linears`' ``fuse``),
-by the attention module's name: each output bitwise what the separate layers give, with one activation quantization
-and one call instead of three (two)."""
-
 INT8_CACHE_FORMAT = 1
 """Version of the int8 weight cache (:meth:`WhisperASR.pack_for_inference`): raised whenever the quantization or the
 fusion changes, so that older entries are not read."""
 
 
-def _int8_fuse(name: str, module) -> dict[str, tuple[str, ...]]:
-    return INT8_FUSED.get(name.rsplit(".", 1)[-1], {})
-
-
-def stack_frames(features: torch.Tensor | np.ndarray, k: int):
-    """Stack ``k`` consecutive log-mel frames into one: ``[..., M, T]`` -> ``[..., k * M, T // k]``.
-
-    Stacked bin ``m * k + j`` of output frame ``t`` is bin ``m`` of input frame ``t * k + j`` (a trailing partial
-    group is dropped). With a 10 ms hop and ``k = 2`` Whisper's stride-2 convolution then yields 25 encoder positions
-    per second (4x time subsampling, as ESPnet's conv2d front-end) without discarding the 10 ms resolution.
-    """
-    if k == 1:
-        return features
-    *lead, m, t = features.shape
-    x = features[..., : t - t % k].reshape(*lead, m, t // k, k)
-    x = x.swapaxes(-1, -2) if isinstance(x, np.ndarray) else x.transpose(-1, -2)
-    return x.reshape(*lead, k * m, t // k)
-
-
-def _target_embedding(path: str, config) -> torch.Tensor:
-    """The token embedding ``[V, D]`` of the model ``path``'s config names in ``rayspec_embedding_from`` (a draft
-    decoder shipped without it, :func:`~rayspec.train.draft_decoder.export_draft_decoder`).
-
-    Raises:
-        ModelLoadError: that model has no ``model.safetensors``, or an embedding of another shape.
-    """
-    from safetensors import safe_open
-
-    ref = config.rayspec_embedding_from
-    src = os.path.join(resolve_model(ref), "model.safetensors")
-    if not os.path.isfile(src):
-        raise ModelLoadError(f"{path} takes its token embedding from {ref}, which has no model.safetensors")
-    with safe_open(src, "pt") as f:
-        embedding = f.get_tensor(EMBEDDING_KEY)
-    if embedding.shape != (config.vocab_size, config.d_model):
-        raise ModelLoadError(f"{path} needs a {config.vocab_size} x {config.d_model} token embedding; {ref} has "
-                             f"{tuple(embedding.shape)}")
-    return embedding
-
-
-def _with_target_embedding(path: str, config, dtype: torch.dtype, embedding: torch.Tensor):
-    """transformers' ``WhisperForCausalLM`` from ``path``'s weights plus the token ``embedding`` of its target."""
-    from safetensors.torch import load_file
-    from transformers import WhisperForCausalLM
-
-    state = load_file(os.path.join(path, "model.safetensors"))
-    state[EMBEDDING_KEY] = embedding
-    config._attn_implementation = "sdpa"
-    model = WhisperForCausalLM(config)
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected or set(missing) - {"proj_out.weight"}:
-        raise ModelLoadError(f"{path}: weights do not match its config (missing {missing}, unexpected {unexpected})")
-    model.tie_weights()
-    return model.to(dtype)
-
-
-def _auto_config(path: str):
-    """transformers' ``AutoConfig`` of the model directory ``path``."""
-    from transformers import AutoConfig
-
-    return AutoConfig.from_pretrained(path)
-
-
-def _require_files(path: str) -> None:
-    if not os.path.isdir(path):
-        raise ModelLoadError(f"model directory not found: {path} (rayspec loads local directories only)")
-    if not os.path.exists(os.path.join(path, "config.json")):
-        raise ModelLoadError(f"{path} has no config.json: not a transformers model directory")
-
-
-EMBEDDING_KEY = "model.decoder.embed_tokens.weight"
-"""State-dict key of the decoder's token embedding (tied to the output projection) in
-``WhisperForConditionalGeneration`` and ``WhisperForCausalLM`` alike."""
 CPU_ENCODER_POSITIONS = 1500  # encoder positions per call on a CPU (see WhisperASR.encode)
 SHORT_WINDOW_MARGIN_S = 2.0  # padding kept after a batch's longest row in a short encoder window (short_window)
 SHORTLIST_TOKENS = 4096  # token ids whose logits bound a row's largest one in lazy greedy verification
@@ -343,52 +185,9 @@ class WhisperASR:
                 with :mod:`rayspec.models.lean_files`, each where the checkpoint allows, else through transformers:
                 seconds less start-up, as a checkpoint with the usual files loads without importing transformers.
         """
-        name = os.path.basename(os.fspath(path).rstrip("/"))
-        path = resolve_model(os.fspath(path))
-        _require_files(path)
-        checkpoint = os.path.join(path, "model.safetensors")  # this model's own weights (int8 cache key)
-        config = (lean_files.read_model_config(path) if lean else None) or _auto_config(path)
-        decoder_only = "WhisperForCausalLM" in (getattr(config, "architectures", None) or [])
-        shared = getattr(config, "rayspec_embedding_from", None) if decoder_only else None
-        if shared:  # a draft decoder shipped without the embedding it shares with its target
-            embedding = _target_embedding(path, config)
-            model = load_lean(path, config, dtype, device, embedding) if lean else None
-            model = model or _with_target_embedding(path, _auto_config(path), dtype, embedding)
-            path = resolve_model(shared)
-        else:
-            model = load_lean(path, config, dtype, device) if lean else None
-            if model is None:
-                import transformers
-
-                cls_ = transformers.WhisperForCausalLM if decoder_only else transformers.WhisperForConditionalGeneration
-                model = cls_.from_pretrained(path, dtype=dtype, attn_implementation="sdpa")
-        model.to(device).eval()
-        if encoder_dtype is not None and not decoder_only:
-            model.model.encoder.to(encoder_dtype)
-        feature_extractor = None
-        if not decoder_only:
-            feature_extractor = lean_files.load_feature_extractor(path) if lean else None
-            if feature_extractor is None:
-                from transformers import WhisperFeatureExtractor
-
-                feature_extractor = WhisperFeatureExtractor.from_pretrained(path)
-        tokenizer = lean_files.load_tokenizer(path) if lean else None
-        if tokenizer is None:
-            from transformers import AutoTokenizer
-
-            tokenizer = AutoTokenizer.from_pretrained(path)
-        if len(tokenizer) == 0:
-            raise ModelLoadError(f"the tokenizer in {path} loaded empty: tokenizer files are missing")
-        generation_config = lean_files.read_generation_config(path) if lean else None
-        if generation_config is None:
-            from transformers import GenerationConfig
-
-            try:
-                generation_config = GenerationConfig.from_pretrained(path)
-            except OSError:
-                generation_config = GenerationConfig.from_model_config(model.config)
-        asr = cls(model, feature_extractor, tokenizer, generation_config, name=name)
-        asr._checkpoint = checkpoint if os.path.isfile(checkpoint) else None
+        parts = load_parts(path, device, dtype, encoder_dtype, lean)
+        asr = cls(parts.model, parts.feature_extractor, parts.tokenizer, parts.generation_config, name=parts.name)
+        asr._checkpoint = parts.checkpoint
         return asr
 
     @property
@@ -564,7 +363,7 @@ class WhisperASR:
 
         Returns:
             ``(features, frame_lengths)``: features ``[B, n_mels * frame_stack, T]`` in the model dtype (``T`` in
-            stacked frames, see :func:`stack_frames`), zero-padded to the longest
+            stacked frames, see :func:`~rayspec.models.features.stack_frames`), zero-padded to the longest
             row (masking models) or to :attr:`max_frames` (fixed-window models); frame_lengths int64 ``[B]``, the
             real (unpadded) frames of each row.
 
@@ -675,8 +474,8 @@ class WhisperASR:
             bias = torch.zeros(keep.shape, dtype=x.dtype, device=x.device).masked_fill(~keep, torch.finfo(x.dtype).min)
             bias = bias[:, None, None, :]
         for layer in enc.layers:
-            x = _encoder_layer(layer, x, bias)
-        return _layer_norm(enc.layer_norm, x).to(self.dtype)
+            x = layers.encoder_layer(layer, x, bias)
+        return layers.layer_norm(enc.layer_norm, x).to(self.dtype)
 
     def short_window(self, features: torch.Tensor, frame_lengths: torch.Tensor, min_seconds: float) -> torch.Tensor:
         """Cut fixed-window features to a shorter encoder window (lossy; whisper.cpp's ``audio_ctx``, chosen per
@@ -765,7 +564,7 @@ class WhisperASR:
         attn = self._half("decoder").layers[layer].encoder_attn
         # contiguous [B, H, S, Dh]: attention of a few new tokens over S positions reads the keys/values of
         # one head as one block (tiny.en, batch 8, 1,500 positions: 0.93 vs 1.94 ms per layer as a strided view)
-        k, v = cross_inputs(attn, states)
+        k, v = layers.cross_inputs(attn, states)
         return self._heads(k).contiguous(), self._heads(v).contiguous()
 
     def decode(
@@ -850,14 +649,14 @@ class WhisperASR:
         dec = self._half("decoder")
         b, q = tokens.shape
         x = dec.embed_tokens(tokens) * dec.embed_scale + dec.embed_positions.weight[positions]
-        x = _dropout(x, dec.dropout, dec.training)
+        x = layers.apply_dropout(x, dec.dropout, dec.training)
         write = slots[:, None, :, None].expand(b, self.num_heads, q, self.head_dim)
         # Layers are run through their weights (linear_layer / F.layer_norm), not their modules' __call__: the same
         # arithmetic, without the module-call overhead that dominates a CPU decoder step of a small model at batch 1,
         # and with the products through packed weights on a CPU (rayspec.models.linear).
         for i, layer in enumerate(dec.layers):
             attn = layer.self_attn
-            qh, kh, vh = attention_inputs(attn, _layer_norm(layer.self_attn_layer_norm, x), self._linear)
+            qh, kh, vh = layers.attention_inputs(attn, layers.layer_norm(layer.self_attn_layer_norm, x), self._linear)
             qh = self._heads(qh * attn.scaling)
             self_k[i].scatter_(2, write, self._heads(kh))
             self_v[i].scatter_(2, write, self._heads(vh))
@@ -867,17 +666,17 @@ class WhisperASR:
             x = self._attend(attn, qh, k, v, visible, residual=x, dropout=drop)
 
             cross = layer.encoder_attn
-            h = _layer_norm(layer.encoder_attn_layer_norm, x)
+            h = layers.layer_norm(layer.encoder_attn_layer_norm, x)
             qh = self._heads(self._linear(cross.q_proj, h) * cross.scaling)
             if cross_heads is not None and i in cross_heads:
                 pick = torch.tensor(cross_heads[i], device=qh.device)
                 cross_out.append(qh.index_select(1, pick) @ cross_k[i].index_select(1, pick).transpose(-1, -2))
             x = self._attend(cross, qh, cross_k[i], cross_v[i], cross_mask, residual=x, dropout=drop)
 
-            h = self._activation_product(layer, _layer_norm(layer.final_layer_norm, x))
-            h = _dropout(h, layer.activation_dropout, layer.training)
+            h = self._activation_product(layer, layers.layer_norm(layer.final_layer_norm, x))
+            h = layers.apply_dropout(h, layer.activation_dropout, layer.training)
             x = self._add_product(layer.fc2, h, x, drop)
-        return _layer_norm(dec.layer_norm, x)
+        return layers.layer_norm(dec.layer_norm, x)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
         b, q, _ = x.shape
@@ -908,18 +707,18 @@ class WhisperASR:
 
     def _add_product(self, layer: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor, dropout: float = 0.0
                      ) -> torch.Tensor:
-        """``residual + dropout(self._linear(layer, x))``: the module's :func:`_add_product` where the products are
+        """``residual + dropout(self._linear(layer, x))``: the module's :func:`~rayspec.models.whisper_layers.add_product` where the products are
         not row-blocked."""
         if self._row_blocked:
-            return residual + _dropout(self._linear(layer, x), dropout, True)
-        return _add_product(layer, x, residual, dropout)
+            return residual + layers.apply_dropout(self._linear(layer, x), dropout, True)
+        return layers.add_product(layer, x, residual, dropout)
 
     def _activation_product(self, layer, h: torch.Tensor) -> torch.Tensor:
         """``layer.activation_fn(self._linear(layer.fc1, h))`` of a decoder layer: the module's
-        :func:`_activation_product` where the products are not row-blocked."""
+        :func:`~rayspec.models.whisper_layers.activation_product` where the products are not row-blocked."""
         if self._row_blocked:
             return layer.activation_fn(self._linear(layer.fc1, h))
-        return _activation_product(layer, h)
+        return layers.activation_product(layer, h)
 
     def _linear(self, layer: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
         """A decoder product, :func:`~rayspec.models.linear.linear_layer` (``[..., in]`` -> ``[..., out]``), in blocks
@@ -1135,7 +934,7 @@ class WhisperASR:
 
         ``int8`` (compute type ``int8``, a float32 model on a CPU): those layers become
         :class:`~rayspec.models.linear.Int8Linear` instead (weights per channel, activations per row in int8; a
-        quarter of float32's weight memory; an attention's input products fused, :data:`INT8_FUSED`), and the output
+        quarter of float32's weight memory; an attention's input products fused, :data:`~rayspec.models.whisper_layers.INT8_FUSED`), and the output
         projection gets a float16 copy beside the float32 token embedding it is tied to (:meth:`project`); the
         embeddings, the convolutions and attention stay float32. A model loaded by :meth:`from_pretrained` from a
         safetensors checkpoint keeps its quantized weights in a cache folder (``$RAYSPEC_CACHE/int8``, keyed by the
@@ -1151,7 +950,7 @@ class WhisperASR:
                 raise ValueError(f"int8 takes a float32 model on a CPU, not {self.dtype} on {self.device}")
             if getattr(self.model, "proj_out", None) is not None:  # packed in a thread while the rest loads
                 self._half_projection = Float16RowLinear(self.model.proj_out, background=True)
-            self.int8 = quantize_linears(self.model.model, _int8_fuse, self._int8_cache()) > 0
+            self.int8 = quantize_linears(self.model.model, layers.int8_fuse, self._int8_cache()) > 0
         if self.device.type == "cpu" and (self._pack_linears() or self.int8):
             # The weights left (embeddings, norms, biases, convolutions) may still be views into the checkpoint file's
             # memory map, which then stays mapped with the replaced weights' pages: copy them out so it is released.

@@ -37,7 +37,8 @@ from ..audio import AudioError, load_audio
 from ..decoding.ar import greedy_decode
 from ..manifest import Utterance
 from ..models.encoded import EncoderOutput
-from ..models.whisper import EMBEDDING_KEY, WhisperASR
+from ..models.whisper import WhisperASR
+from ..models.whisper_loading import EMBEDDING_KEY
 from .data import SPEEDS, frozen_teacher, perturb_speed, teacher_batch
 from .recipe import length_batches, warmup_cosine
 

@@ -31,7 +31,8 @@ from ..decoding.ar import greedy_decode
 from ..metrics import error_rates
 from ..models.ctc import CTCHead
 from ..models.tokenizer import SPECIAL_TOKENS, build_char_tokenizer
-from ..models.whisper import WhisperASR, stack_frames
+from ..models.features import stack_frames
+from ..models.whisper import WhisperASR
 from .data import SPEEDS, Example, load_examples, split_manifests
 
 
@@ -181,7 +182,7 @@ def _spec_augment(x: torch.Tensor, lengths: torch.Tensor, opt: TrainOptions, rng
                   fill: Optional[torch.Tensor] = None) -> torch.Tensor:
     """SpecAugment frequency and time masks on stacked features ``[B, n_mels * frame_stack, T]``, per row within its
     length; a frequency mask covers the same mel bins in every stacked frame (stacked rows ``m * frame_stack + j``,
-    see :func:`~rayspec.models.whisper.stack_frames`). Masked cells get ``fill`` (``[n_mels * frame_stack, 1]``, the
+    see :func:`~rayspec.models.features.stack_frames`). Masked cells get ``fill`` (``[n_mels * frame_stack, 1]``, the
     feature mean, i.e. 0 after normalization) or 0."""
     fill = torch.zeros(x.shape[1], 1) if fill is None else fill
     x = x.clone()
