@@ -179,7 +179,8 @@ def main(argv=None) -> None:
              f"{len(utts)} clips of {os.path.basename(a.manifest)}, {a.threads} threads")
     worst = np.array([max(ranks) for trace in traces for _, ranks in trace])
     notes = [f"- the kept beams' worst rank per step: all the best of their source in {np.mean(worst == 0):.0%} of the "
-             f"steps, a second-ranked candidate at worst in {np.mean(worst == 1):.0%}, lower in {np.mean(worst >= 2):.0%}.",
+             f"steps, a second-ranked candidate at worst in {np.mean(worst == 1):.0%}, lower in "
+             f"{np.mean(worst >= 2):.0%}.",
              f"- {steps} beam steps ({plain_passes} plain target passes with the prompt's); a plain step "
              f"{step_ms:.1f} ms (fastest of {a.repeats} rounds over {len(few)} clips); the encoder side "
              f"{encode_s:.1f} s, plain beam search's decoder side {decode_s:.1f} s ({decoder_share:.0%} of the two).",

@@ -38,8 +38,8 @@ from .cache import DecoderCache
 from .errors import ModelLoadError
 from .features import log_mel, stack_frames, supports
 from . import invariant
-from .linear import (REDUCTION_BLOCK, Float16RowLinear, Int8Linear, PackedLinear, linear, linear_in_blocks, linear_layer,
-                     pack_linears, quantize_linears)
+from .linear import (REDUCTION_BLOCK, Float16RowLinear, Int8Linear, PackedLinear, linear, linear_in_blocks,
+                     linear_layer, pack_linears, quantize_linears)
 from .registry import cache_dir
 from . import whisper_layers as layers
 from .whisper_loading import load_parts
@@ -707,8 +707,8 @@ class WhisperASR:
 
     def _add_product(self, layer: torch.nn.Module, x: torch.Tensor, residual: torch.Tensor, dropout: float = 0.0
                      ) -> torch.Tensor:
-        """``residual + dropout(self._linear(layer, x))``: the module's :func:`~rayspec.models.whisper_layers.add_product` where the products are
-        not row-blocked."""
+        """``residual + dropout(self._linear(layer, x))``: :func:`~rayspec.models.whisper_layers.add_product` where the
+        products are not row-blocked."""
         if self._row_blocked:
             return residual + layers.apply_dropout(self._linear(layer, x), dropout, True)
         return layers.add_product(layer, x, residual, dropout)
@@ -934,7 +934,8 @@ class WhisperASR:
 
         ``int8`` (compute type ``int8``, a float32 model on a CPU): those layers become
         :class:`~rayspec.models.linear.Int8Linear` instead (weights per channel, activations per row in int8; a
-        quarter of float32's weight memory; an attention's input products fused, :data:`~rayspec.models.whisper_layers.INT8_FUSED`), and the output
+        quarter of float32's weight memory; an attention's input products fused,
+        :data:`~rayspec.models.whisper_layers.INT8_FUSED`), and the output
         projection gets a float16 copy beside the float32 token embedding it is tied to (:meth:`project`); the
         embeddings, the convolutions and attention stay float32. A model loaded by :meth:`from_pretrained` from a
         safetensors checkpoint keeps its quantized weights in a cache folder (``$RAYSPEC_CACHE/int8``, keyed by the
