@@ -53,8 +53,8 @@ def add_model_args(p: argparse.ArgumentParser, target: str | None = None) -> Non
 
 
 def add_decode_args(p: argparse.ArgumentParser) -> None:
-    from .decoding.options import (CPU_SPECULATE_MAX_ROWS, DEFAULT_MAX_BATCH, METHOD_SUMMARIES, STATIC_STEP_MODES,
-                                   SpeculationOptions, SSDOptions)
+    from .decoding.options import (CPU_SPECULATE_MAX_ROWS, DEFAULT_MAX_BATCH, MEL_PADDINGS, METHOD_SUMMARIES,
+                                   STATIC_STEP_MODES, SpeculationOptions, SSDOptions)
 
     g = p.add_argument_group("decoding")
     g.add_argument("--method", choices=[AUTO_METHOD, *sorted(METHOD_SUMMARIES)], default=AUTO_METHOD,
@@ -85,6 +85,11 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--compression-ratio-threshold", type=float, default=2.4,
                    help="flag rows whose text's zlib compression ratio exceeds this (column repetitive: text that "
                         "repeats itself, a likely hallucination; the text is kept). Default 2.4, as Whisper")
+    g.add_argument("--mel-padding", choices=MEL_PADDINGS, default="silence",
+                   help="how a 30 s Whisper window's log-mel features continue after a shorter clip: silence (the "
+                        "default; transformers' feature extractor) or zeros (openai/whisper's transcribe() and "
+                        "faster-whisper: the features they decode). The transcripts differ; every method stays exact "
+                        "against ar at either")
     g.add_argument("--short-window", type=float, default=0.0, metavar="SECONDS",
                    help="lossy speed-up for short clips: cut the encoder's 30 s window to each batch's longest clip "
                         "+ 2 s, at least SECONDS (whisper.cpp's audio_ctx, chosen per batch). whisper-base: 10 kept "
@@ -317,7 +322,8 @@ def decode_options(args, target: Optional[str] = None):
                          language=args.language, task=args.task,
                          no_speech_threshold=args.no_speech_threshold,
                          compression_ratio_threshold=args.compression_ratio_threshold,
-                         short_window_s=args.short_window, speculate_max_rows=max_rows_value(args.speculate_max_rows),
+                         mel_padding=args.mel_padding, short_window_s=args.short_window,
+                         speculate_max_rows=max_rows_value(args.speculate_max_rows),
                          static_steps=args.static_steps, cuda_graphs=args.cuda_graphs,
                          max_graph_batch=args.max_graph_batch, temperatures=temperatures(args.temperature),
                          best_of=args.best_of, log_prob_threshold=args.log_prob_threshold, seed=args.seed,

@@ -102,7 +102,7 @@ def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
     Raises:
         ModelLoadError: a language the model does not have.
     """
-    feats, lengths = target.features(audios)
+    feats, lengths = target.features(audios, mel_padding=options.mel_padding)
     enc = target.encode(target.short_window(feats, lengths, options.short_window_s), lengths)
     requests = requests if requests and any(r is not None for r in requests) else None
     enc.prompts = row_prompts(target, options, enc, requests)
@@ -126,7 +126,7 @@ def encode_audio(target: WhisperASR, options: DecodeOptions, audios: list[np.nda
                  defers_drafts(options.ssd, len(audios), speculate_max_rows(target.device, options.speculate_max_rows)))
         out.ctc = ctc_drafts(ctc, target, enc, deferred=defer)
     if needs_draft(options) and drafted:  # a decoder-only draft reads the target's encoder states (no second encoder)
-        out.draft = draft.encode(*draft.features(audios)) if draft.has_encoder else enc
+        out.draft = draft.encode(*draft.features(audios, mel_padding=options.mel_padding)) if draft.has_encoder else enc
     return out
 
 

@@ -154,13 +154,15 @@ class RayspecEngine:
     :func:`~rayspec.pipeline.decode_batch`, batch by batch (the batches of :func:`~rayspec.batching.plan_batches`)."""
 
     def __init__(self, target: str, device: str, dtype: torch.dtype, draft: Optional[str] = None,
-                 ctc: Optional[str] = None, medusa: Optional[str] = None, speculative: bool = True) -> None:
+                 ctc: Optional[str] = None, medusa: Optional[str] = None, speculative: bool = True,
+                 mel_padding: str = "silence") -> None:
         from ..models.ctc import CTCHead
         from ..models.errors import ModelLoadError
         from ..models.registry import default_drafter
         from ..models.whisper import WhisperASR
 
         self.target = WhisperASR.from_pretrained(target, device, dtype).pack_for_inference()
+        self.mel_padding = mel_padding  # every rayspec row's and the openai/whisper rows' features (--mel-padding)
         self.draft = self.ctc = self.medusa = None
         self.methods: list[str] = []
         if not speculative:
@@ -186,7 +188,7 @@ class RayspecEngine:
     def options(self, mode: str, method: str = "ar"):
         from ..options import decode_options_from
 
-        values = dict(MODES[mode], method=method)
+        values = dict(MODES[mode], method=method, mel_padding=self.mel_padding)
         if method == "medusa":
             values["medusa"] = self.medusa
         return decode_options_from(values)
@@ -220,7 +222,7 @@ class RayspecEngine:
 class OpenAIEngine:
     """openai/whisper on the target's weights: ``decode`` on rayspec's features, ``transcribe`` on the waveform."""
 
-    def __init__(self, target_name: str, rayspec_target) -> None:
+    def __init__(self, target_name: str, rayspec_target, mel_padding: str = "silence") -> None:
         import whisper
 
         from ..peers.openai_whisper import load_openai_whisper
@@ -228,6 +230,7 @@ class OpenAIEngine:
         self.version = getattr(whisper, "__version__", "?")
         self.model = load_openai_whisper(target_name)
         self.rs = rayspec_target
+        self.mel_padding = mel_padding  # of the features decode reads (rayspec's --mel-padding)
 
     def config(self, mode: str, audios) -> Config:
         import whisper
@@ -259,7 +262,7 @@ class OpenAIEngine:
             def run() -> Output:
                 texts, tokens = [], []
                 for a, cap in zip(audios, caps):
-                    feats, _ = rs.features([a])
+                    feats, _ = rs.features([a], mel_padding=self.mel_padding)
                     r = openai_decode(model, feats, beam_size=beam, sample_len=cap, language=language or "en")[0]
                     texts.append(r.text)
                     tokens.append(list(r.tokens))
@@ -619,14 +622,15 @@ def cmd_bench_decoding(args) -> int:
     utts = [u for m in args.manifests for u in read_manifest(m)]
     if args.limit:
         utts = utts[: args.limit]
-    rs = RayspecEngine(args.target, args.device, dtype_of(ctype), args.draft, args.ctc, args.medusa)
+    rs = RayspecEngine(args.target, args.device, dtype_of(ctype), args.draft, args.ctc, args.medusa,
+                       mel_padding=args.mel_padding)
     target = rs.target
     rate = target.sample_rate
     audios = [load_audio(u.audio, rate) for u in tqdm(utts, desc="audio", leave=False)]
     keys = [u.id for u in utts]
     refs = [u.text for u in utts]
     audio_s = sum(len(a) for a in audios) / rate
-    oa = OpenAIEngine(args.target, target) if _available("whisper") else None
+    oa = OpenAIEngine(args.target, target, args.mel_padding) if _available("whisper") else None
     fw = FasterWhisperEngine(target.name, args.models_dir, threads) if _available("faster_whisper") else None
     sizes = list(dict.fromkeys(args.batch_sizes))
     t_start = time.perf_counter()
@@ -665,7 +669,8 @@ def cmd_bench_decoding(args) -> int:
         score(noisy, n_refs)
     wall = time.perf_counter() - t_start
     setup = (f"Setup: {cpu_description()}, {threads} threads (torch and CTranslate2), "
-             f"model {target.name}, compute type {ctype} (all engines), {len(utts)} clips "
+             f"model {target.name}, compute type {ctype} (all engines), rayspec's --mel-padding {args.mel_padding}, "
+             f"{len(utts)} clips "
              f"({audio_s:.0f} s of audio), repeats {args.repeats} (fastest counts), {_versions()}; the run took "
              f"{wall / 60:.1f} min.")
     titles = (f"{target.name} on {len(utts)} clips, {threads} threads, {ctype}",

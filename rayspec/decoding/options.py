@@ -37,6 +37,9 @@ METHOD_SUMMARIES: dict[str, str] = {
 """``--method`` name -> one sentence for ``--help`` (the implementations: :data:`rayspec.methods.METHODS`)."""
 TIMESTAMPS = ("none", "segment", "word")
 """Values of ``--timestamps``."""
+MEL_PADDINGS = ("silence", "zeros")
+"""Values of ``--mel-padding``: how a stock Whisper's 30 s window of log-mel features is filled after the audio
+(:meth:`~rayspec.models.whisper.WhisperASR.features`)."""
 STATIC_STEP_MODES = ("auto", "on", "off")
 """Values of ``--static-steps`` (:mod:`rayspec.runner.static_step`)."""
 DEFAULT_MAX_BATCH = 64
@@ -241,6 +244,12 @@ class DecodeOptions:
             measured costs (:mod:`rayspec.spec_decode.rule`), for lossless acceptance; lossy acceptance (SSD's relaxed
             threshold) and SSD's verification pass keep the device's fixed cap
             (:func:`~rayspec.spec_decode.loop.speculate_max_rows`: 2 on a CPU).
+        mel_padding: how a stock Whisper's log-mel features fill its 30 s window after the audio (:data:`MEL_PADDINGS`):
+            "silence" (the default) computes them over the audio padded with silence, as transformers'
+            ``WhisperFeatureExtractor`` and openai/whisper's ``log_mel_spectrogram(pad_or_trim(audio))`` do; "zeros"
+            sets the frames from the audio's end on to 0, as openai/whisper's ``transcribe()`` and faster-whisper do
+            (:meth:`~rayspec.models.whisper.WhisperASR.features`). The transcripts differ between the two; every
+            method stays exact against ``ar`` at either.
         short_window_s: 0 (the default) runs a stock Whisper's encoder over its whole 30 s window, the exact
             reference; ``S > 0`` cuts each batch's window to its longest row + 2 s, at least ``S`` seconds
             (:meth:`~rayspec.models.whisper.WhisperASR.short_window`): lossy (``mode`` "lossy"), and the
@@ -289,6 +298,7 @@ class DecodeOptions:
     task: str = "transcribe"
     no_speech_threshold: Optional[float] = 0.6
     compression_ratio_threshold: float = 2.4
+    mel_padding: str = "silence"
     short_window_s: float = 0.0
     speculate_max_rows: Optional[int] = None
     static_steps: str = "auto"
@@ -325,6 +335,8 @@ class DecodeOptions:
             raise ValueError(f"static_steps must be one of {', '.join(STATIC_STEP_MODES)}, got {self.static_steps!r}")
         if self.max_graph_batch < 1:
             raise ValueError(f"max_graph_batch must be >= 1, got {self.max_graph_batch}")
+        if self.mel_padding not in MEL_PADDINGS:
+            raise ValueError(f"unknown mel_padding {self.mel_padding!r}: {' or '.join(MEL_PADDINGS)}")
         if self.short_window_s < 0:
             raise ValueError(f"short_window_s must be >= 0 (0: the full window), got {self.short_window_s}")
         if self.method not in METHOD_SUMMARIES:

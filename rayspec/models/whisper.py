@@ -33,6 +33,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ..decoding.options import MEL_PADDINGS
 from ..runner.attention import decode_attention
 from .cache import DecoderCache
 from .errors import ModelLoadError
@@ -354,12 +355,19 @@ class WhisperASR:
         return bias
 
     # ------------------------------------------------------------------ encoder
-    def features(self, audios: Sequence[np.ndarray], map_fn=map) -> tuple[torch.Tensor, torch.Tensor]:
+    def features(self, audios: Sequence[np.ndarray], map_fn=map, mel_padding: str = "silence"
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
         """Log-mel features of a batch, each utterance computed on its own (so padding never leaks into them).
 
         Args:
             audios: float32 mono waveforms at :attr:`sample_rate` Hz.
             map_fn: maps the per-utterance computation over ``audios`` (e.g. a thread pool's ``map``).
+            mel_padding: a fixed-window model's window after the audio (:data:`~rayspec.decoding.options.
+                MEL_PADDINGS`): "silence", the log-mel of the audio padded with silence to the window (transformers'
+                ``WhisperFeatureExtractor``); "zeros", those features with every frame from the audio's end on
+                (``samples // hop_length``) set to 0, as openai/whisper's ``transcribe()`` (its window of
+                ``log_mel_spectrogram(audio, padding=N_SAMPLES)`` cut to the audio's frames, then ``pad_or_trim``)
+                and faster-whisper fill it. Masking models ignore it (their padding is masked).
 
         Returns:
             ``(features, frame_lengths)``: features ``[B, n_mels * frame_stack, T]`` in the model dtype (``T`` in
@@ -368,9 +376,20 @@ class WhisperASR:
             real (unpadded) frames of each row.
 
         Raises:
-            ValueError: an utterance longer than :attr:`max_audio_seconds`.
+            ValueError: an utterance longer than :attr:`max_audio_seconds`, or an unknown ``mel_padding``.
         """
         self._need_encoder()
+        if mel_padding not in MEL_PADDINGS:
+            raise ValueError(f"unknown mel_padding {mel_padding!r}: {' or '.join(MEL_PADDINGS)}")
+        feats, lengths = self._features(audios, map_fn)
+        if mel_padding == "zeros" and not self.encoder_masking:
+            hop = self.feature_extractor.hop_length * self.frame_stack
+            for i, audio in enumerate(audios):
+                feats[i, :, len(audio) // hop :] = 0
+        return feats, lengths
+
+    def _features(self, audios: Sequence[np.ndarray], map_fn) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`features` with ``mel_padding`` "silence"."""
         fe = self.feature_extractor
         for audio in audios:
             if len(audio) > self.max_audio_seconds * self.sample_rate:
