@@ -8,6 +8,7 @@ import os
 from .process import DEFAULT_CONFIGS
 import tempfile
 
+from ..decoding.options import MEL_PADDINGS
 from ..options import add_model_args
 
 
@@ -195,7 +196,7 @@ def add_bench_parser(sub) -> None:
                     help="main rows to run, by engine and mode, comma-separated, e.g. 'rayspec beam 5,faster-whisper "
                          "beam 5' (every batch size of each; default all rows): a speed comparison with round-robin "
                          "--repeats in less time")
-    dg.add_argument("--mel-padding", choices=("silence", "zeros"), default="silence",
+    dg.add_argument("--mel-padding", choices=MEL_PADDINGS, default="silence",
                     help="rayspec's log-mel window after a shorter clip (rayspec transcribe --mel-padding), for its "
                          "rows and the features openai/whisper's decode rows read (default silence)")
     ts = p.add_argument_group("timestamps suite (manifest: LJSpeech's clips.jsonl; --limit: speed clips, default 40; "

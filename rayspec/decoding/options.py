@@ -244,12 +244,12 @@ class DecodeOptions:
             measured costs (:mod:`rayspec.spec_decode.rule`), for lossless acceptance; lossy acceptance (SSD's relaxed
             threshold) and SSD's verification pass keep the device's fixed cap
             (:func:`~rayspec.spec_decode.loop.speculate_max_rows`: 2 on a CPU).
-        mel_padding: how a stock Whisper's log-mel features fill its 30 s window after the audio (:data:`MEL_PADDINGS`):
-            "silence" (the default) computes them over the audio padded with silence, as transformers'
-            ``WhisperFeatureExtractor`` and openai/whisper's ``log_mel_spectrogram(pad_or_trim(audio))`` do; "zeros"
-            sets the frames from the audio's end on to 0, as openai/whisper's ``transcribe()`` and faster-whisper do
-            (:meth:`~rayspec.models.whisper.WhisperASR.features`). The transcripts differ between the two; every
-            method stays exact against ``ar`` at either.
+        mel_padding: how a stock Whisper's log-mel features fill its 30 s window after the audio
+            (:data:`MEL_PADDINGS`): "silence" (the default) computes them over the audio padded with silence, as
+            transformers' ``WhisperFeatureExtractor`` and openai/whisper's ``log_mel_spectrogram(pad_or_trim(audio))``
+            do; "zeros" sets the frames from the audio's end on to 0, as openai/whisper's ``transcribe()`` and
+            faster-whisper do (:meth:`~rayspec.models.whisper.WhisperASR.features`). The transcripts differ between
+            the two; every method stays exact against ``ar`` at either.
         short_window_s: 0 (the default) runs a stock Whisper's encoder over its whole 30 s window, the exact
             reference; ``S > 0`` cuts each batch's window to its longest row + 2 s, at least ``S`` seconds
             (:meth:`~rayspec.models.whisper.WhisperASR.short_window`): lossy (``mode`` "lossy"), and the
