@@ -162,7 +162,7 @@ class RayspecEngine:
         from ..models.whisper import WhisperASR
 
         self.target = WhisperASR.from_pretrained(target, device, dtype).pack_for_inference()
-        self.mel_padding = mel_padding  # every rayspec row's and the openai/whisper rows' features (--mel-padding)
+        self.mel_padding = mel_padding  # the log-mel window of every rayspec row (--mel-padding)
         self.draft = self.ctc = self.medusa = None
         self.methods: list[str] = []
         if not speculative:
