@@ -108,6 +108,8 @@ def self_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, heads: int
         raise ValueError("fused attention: q, k, v need unit stride along their last axis and one dtype")
     b, s, _ = q.shape
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if not b * s:
+        return out
     rc = _library().rs_attention_bf16(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), b, s, heads,
                                       q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
                                       torch.get_num_threads())
