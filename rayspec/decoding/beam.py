@@ -38,7 +38,7 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from ..models.cache import DecoderCache
+from ..models.cache import DecoderCache, write_slots
 from ..models.encoded import EncoderOutput
 from ..models.whisper import KEY_BLOCK, WhisperASR
 from ..models.whisper_layers import attention_inputs, layer_norm
@@ -180,12 +180,11 @@ def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torc
         if top > cache.capacity:
             raise ValueError(f"decoder positions up to {top} exceed the cache capacity {cache.capacity}")
         position = min(at, t.max_target_positions - 1)
-        visible = write = None
+        visible = slots = None
         cache.expose(top)
     else:
         positions, slots, top, visible = cache.attention_layout(q, None, None, t.max_target_positions,
                                                                 KEY_BLOCK if t.batch_invariant else 1)
-        write = slots[:, None, :, None].expand(b, t.num_heads, q, t.head_dim)
     cross_k, cross_v, cross_mask = cross.cut()
     order = [r for g in groups for r in g]
     even = len({len(g) for g in groups}) == 1
@@ -208,8 +207,8 @@ def grouped_decoder_hidden(target: WhisperASR, cache: DecoderCache, tokens: torc
                 cache.self_k[i][:, :, at:top] = t._heads(kh)
                 cache.self_v[i][:, :, at:top] = t._heads(vh)
             else:
-                cache.self_k[i].scatter_(2, write, t._heads(kh))
-                cache.self_v[i].scatter_(2, write, t._heads(vh))
+                write_slots(cache.self_k[i], slots, t._heads(kh))
+                write_slots(cache.self_v[i], slots, t._heads(vh))
             x = t._attend(attn, qh, cache.self_k[i][:, :, :top], cache.self_v[i][:, :, :top], visible, residual=x)
 
             xattn = layer.encoder_attn

@@ -372,8 +372,7 @@ class DecoderCache:
             dst = base + torch.arange(a, device=self.device)
             for cache in (*self.self_k, *self.self_v):
                 b, h, _, d = cache.shape
-                moved = cache.gather(2, src[:, None, :, None].expand(b, h, a, d))
-                cache.scatter_(2, dst[:, None, :, None].expand(b, h, a, d), moved)
+                write_slots(cache, dst, cache.gather(2, src[:, None, :, None].expand(b, h, a, d)))
         self._set_lengths(self.host_lengths + counts)
         self.pending = 0
 
@@ -465,3 +464,16 @@ def attention_layout(lengths: torch.Tensor, q: int, top: int, ancestors: Optiona
     anc = ancestors.gather(2, rel.clamp(0, q - 1)[:, None, :].expand(b, q, top))
     visible = (rel < 0)[:, None, :] | (is_new[:, None, :] & anc)
     return positions, slots, visible[:, None]
+
+
+def write_slots(layer: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
+    """``layer[b, :, slots[b, j]] = values[b, :, j]`` in place: one KV cache layer ``[B, H, C, Dh]``, int64 key slots
+    ``[B, Q]`` (distinct within a row), values ``[B, H, Q, Dh]`` of the layer's dtype (any strides).
+
+    What ``layer.scatter_(2, slots[:, None, :, None].expand(B, H, Q, Dh), values)`` does, as ``index_put_`` on the
+    ``[B, C, H, Dh]`` view: PyTorch's CPU scatter copies bfloat16 element by element (2 threads, 8 heads of 64:
+    16 rows x 1 token 545 us, 80 rows 30 ms, where ``index_put_`` takes 8 and 20 us; float32 scatter 19 and 52 us).
+    No device read, so a captured CUDA graph may hold it.
+    """
+    rows = torch.arange(layer.shape[0], device=layer.device)[:, None].expand_as(slots)
+    layer.transpose(1, 2).index_put_((rows, slots), values.transpose(1, 2))

@@ -25,7 +25,7 @@ from torch.nn import functional as F
 
 from ..tts.codec import CODES_PER_BOOK
 from ..tts.phones import PHONES
-from .cache import DecoderCache
+from .cache import DecoderCache, write_slots
 from .linear import linear_layer
 from .pretrained import Pretrained
 
@@ -66,16 +66,16 @@ class _Block(nn.Module):
         return x.view(b, q, self.heads, d // self.heads).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, cache: tuple | None = None) -> torch.Tensor:
-        """``x`` float ``[B, Q, D]``. ``cache``: None (training, causal over ``Q``) or ``(k_cache, v_cache, write,
+        """``x`` float ``[B, Q, D]``. ``cache``: None (training, causal over ``Q``) or ``(k_cache, v_cache, slots,
         top, visible)`` from :meth:`DecoderCache.attention_layout`."""
         q, k, v = (self._split(t) for t in linear_layer(self.qkv, self.ln1(x)).chunk(3, dim=-1))
         p = self.dropout if self.training else 0.0
         if cache is None:
             a = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=p)
         else:
-            k_cache, v_cache, write, top, visible = cache
-            k_cache.scatter_(2, write, k)
-            v_cache.scatter_(2, write, v)
+            k_cache, v_cache, slots, top, visible = cache
+            write_slots(k_cache, slots, k)
+            write_slots(v_cache, slots, v)
             a = F.scaled_dot_product_attention(q, k_cache[:, :, :top], v_cache[:, :, :top], attn_mask=visible)
         b, _, n, _ = a.shape
         x = x + F.dropout(linear_layer(self.out, a.transpose(1, 2).reshape(b, n, -1)), p, self.training)
@@ -176,10 +176,9 @@ class SpeechLM(Pretrained, nn.Module):
         """
         b, q = prev.shape
         _, slots, top, visible = cache.attention_layout(q)
-        write = slots[:, None, :, None].expand(b, self.heads, q, cache.self_k[0].shape[-1])
         x = cond + self.coarse_in(prev)
         for block, k, v in zip(self.blocks, cache.self_k, cache.self_v):
-            x = block(x, (k, v, write, top, visible))
+            x = block(x, (k, v, slots, top, visible))
         cache.pending = q
         x = self.ln_f(x)
         return self.head(x), x

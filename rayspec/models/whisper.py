@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from ..decoding.options import MEL_PADDINGS
 from ..runner.attention import decode_attention
-from .cache import DecoderCache
+from .cache import DecoderCache, write_slots
 from .errors import ModelLoadError
 from .features import log_mel, stack_frames, supports
 from . import invariant
@@ -656,7 +656,8 @@ class WhisperASR:
 
         Args:
             tokens, positions, slots: int64 ``[B, Q]``: the new tokens, their decoder positions and the key/value
-                slots they are written to (``scatter_`` into ``self_k`` / ``self_v``, in place).
+                slots they are written to (:func:`~rayspec.models.cache.write_slots` into ``self_k`` / ``self_v``, in
+                place).
             visible: bool ``[B, 1, Q, top]``, which key slots each new token attends to.
             self_k, self_v: per layer ``[B, H, C, Dh]`` self-attention keys/values (``C >= top``).
             cross_k, cross_v: per layer ``[B, H, S, Dh]``; cross_mask: bool ``[B, 1, 1, S]`` or None.
@@ -669,7 +670,6 @@ class WhisperASR:
         b, q = tokens.shape
         x = dec.embed_tokens(tokens) * dec.embed_scale + dec.embed_positions.weight[positions]
         x = layers.apply_dropout(x, dec.dropout, dec.training)
-        write = slots[:, None, :, None].expand(b, self.num_heads, q, self.head_dim)
         # Layers are run through their weights (linear_layer / F.layer_norm), not their modules' __call__: the same
         # arithmetic, without the module-call overhead that dominates a CPU decoder step of a small model at batch 1,
         # and with the products through packed weights on a CPU (rayspec.models.linear).
@@ -677,8 +677,8 @@ class WhisperASR:
             attn = layer.self_attn
             qh, kh, vh = layers.attention_inputs(attn, layers.layer_norm(layer.self_attn_layer_norm, x), self._linear)
             qh = self._heads(qh * attn.scaling)
-            self_k[i].scatter_(2, write, self._heads(kh))
-            self_v[i].scatter_(2, write, self._heads(vh))
+            write_slots(self_k[i], slots, self._heads(kh))
+            write_slots(self_v[i], slots, self._heads(vh))
             k = self_k[i][:, :, :top]
             v = self_v[i][:, :, :top]
             drop = layer.dropout if layer.training else 0.0
