@@ -9,10 +9,10 @@ float32 elsewhere. float32 is the exact reference: the transcripts the tests and
 exact method stays identical to ``ar`` at the type chosen (bfloat16 and int8 decoders run batch-invariant steps:
 :attr:`~rayspec.models.whisper.WhisperASR.batch_invariant`).
 
-Measured on a 2-core Intel Xeon with AMX, whisper-base, 99 held-out LJSpeech clips at batch 1, whole processes
-(``bench/peers-process``): bfloat16 took 71.9 s, float32 126.7 s, at 3.38% and 3.32% WER. With every kernel library
-held to AVX2, as on a CPU without AVX-512 (``bench/peers-process-avx2``, one round): int8 took 118.1 s,
-faster-whisper int8 115.5 s (int8 0.98x faster-whisper's), at 3.63% and 3.57% WER (float32: 3.32%).
+Measured on a 2-core AMD EPYC with AVX-512 BF16 (no AMX), whisper-base, 99 held-out LJSpeech clips at batch 1,
+whole processes, 2026-11-30 (``bench/peers-process``): the default (bfloat16, method ``auto``) took 44.6 s, float32
+74.9 s, faster-whisper int8 82.4 s, at 3.38%, 3.32% and 3.26% WER. With every kernel library held to AVX2
+(``bench/peers-process-avx2``): int8 took 87.5 s, faster-whisper int8 102.2 s, at 3.63% and 3.69% WER.
 """
 
 from __future__ import annotations
