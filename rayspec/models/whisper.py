@@ -667,7 +667,6 @@ class WhisperASR:
             Float ``[B, Q, D]``, the last layer's states after the final layer norm.
         """
         dec = self._half("decoder")
-        b, q = tokens.shape
         x = dec.embed_tokens(tokens) * dec.embed_scale + dec.embed_positions.weight[positions]
         x = layers.apply_dropout(x, dec.dropout, dec.training)
         # Layers are run through their weights (linear_layer / F.layer_norm), not their modules' __call__: the same

@@ -52,10 +52,10 @@ def encoder_layer(layer, x: torch.Tensor, bias: torch.Tensor | None) -> torch.Te
     """A transformers ``WhisperEncoderLayer`` over ``x`` ``[B, S, D]`` (``bias``: additive attention mask
     ``[B, 1, 1, S]`` or None): the same operations in the same order as its ``forward`` with SDPA attention (in
     bfloat16 on a CPU with AVX-512 BF16 and no AMX, unmasked: :mod:`~rayspec.models.fused_attention`'s kernel, 2.2x
-    faster there, not bitwise SDPA's), with the products through :func:`~rayspec.models.linear.linear_layer` (packed weights on a CPU without autograd:
-    whisper-base's encoder layers, 1,500 positions, 2 threads: 10-14% faster products than MKL's) and, in inference,
-    the residual adds and the GELU fused into them where that gives the same bits (:func:`~rayspec.models.linear.
-    linear_add`, :func:`~rayspec.models.linear.linear_gelu`)."""
+    faster there, not bitwise SDPA's), with the products through :func:`~rayspec.models.linear.linear_layer`
+    (packed weights on a CPU without autograd: whisper-base's encoder layers, 1,500 positions, 2 threads: 10-14%
+    faster products than MKL's) and, in inference, the residual adds and the GELU fused into them where that gives
+    the same bits (:func:`~rayspec.models.linear.linear_add`, :func:`~rayspec.models.linear.linear_gelu`)."""
     attn = layer.self_attn
     b, s, d = x.shape
 
