@@ -2,6 +2,8 @@
 reference (no larger than PyTorch's own bfloat16 attention's), a row's bits independent of the batch, the thread
 count and the input strides, and PyTorch's attention kept where the kernel cannot be built."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -85,6 +87,9 @@ def test_a_failed_build_warns_once_and_keeps_pytorchs_attention(tmp_path, monkey
     try:
         with pytest.warns(UserWarning, match="fused attention kernel not built"):
             assert fa._library() is None
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert fa._library() is None  # remembered: no second build, no second warning
         assert not fa.applies(torch.zeros(1, 4, 64, dtype=torch.bfloat16), 1)
     finally:
         monkeypatch.undo()
