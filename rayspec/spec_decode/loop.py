@@ -269,8 +269,8 @@ class VerifyLoop:
         if max_rows is None and COST_RULE and self.proposer is not None:
             seed = seed_costs(target.device.type, route, getattr(target, "static_steps", None), self.max_nodes)
             self.costs = costs_for(target, route, seed)
-        # draft tokens accepted, speculating row-rounds (a prior of one round: the method's seed, or one token with
-        # a fixed cap); shared with the method's later loops on this target through its costs
+        # draft tokens accepted, speculating row-rounds (a prior: the method's seed as PRIOR_ROUNDS rounds, or one
+        # token with a fixed cap); shared with the method's later loops on this target through its costs
         self._accepted = self.costs.accepted if self.costs is not None else [1.0, 1]
         self.eos = target.eos_token_id
         self.sot = target.prompt_ids[0]
@@ -447,7 +447,7 @@ class VerifyLoop:
             requests = [DraftRequest(r.index, r.seq[r.sot:], r.room, f) for r, f in zip(live, flags)]
             proposals = (self.proposer.propose(requests, cache.cross()) if getattr(self.proposer, "needs_cross", False)
                          else self.proposer.propose(requests))
-        feedback = self._round(live, proposals, cache)
+        feedback, shape = self._round(live, proposals, cache)
         done = [k for k, r in enumerate(live) if r.hyp.finished or r.room <= 0]
         if self.proposer is not None:
             gone = set(done)
@@ -456,11 +456,13 @@ class VerifyLoop:
             for r, f in zip(live, flags):
                 r.started |= f
             if self.costs is not None:  # the whole round: drafting, verification, scoring, host work
-                self.costs.record(len(live), any(flags), time.perf_counter() - t0, starters)
+                self.costs.record(len(live), any(flags), time.perf_counter() - t0, starters, shape)
                 self.costs.add_lengths([len(live[k].hyp.tokens) for k in done])
         return done
 
-    def _round(self, live: list[_Row], proposals: list[Proposal], cache) -> list[Feedback]:
+    def _round(self, live: list[_Row], proposals: list[Proposal], cache) -> tuple[list[Feedback], tuple[int, int]]:
+        """Verify the proposals of the live rows in one target pass and commit what is kept; returns per row what the
+        proposer hears, and the pass's shape (rows, tokens per row)."""
         t = self.target
         trees = TokenTrees.build([r.seq[r.target_len :] for r in live], [p.tree for p in proposals])
         # the root's output is a row's first generated token (a root's depth is its index: contexts are chains)
@@ -560,7 +562,7 @@ class VerifyLoop:
                 if r.room <= 0:
                     break
         cache.commit(keep, counts)
-        return feedback
+        return feedback, (b, q)
 
 
 def _drop(cache, live: list[_Row], gone: list[int]) -> list[_Row]:

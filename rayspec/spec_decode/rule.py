@@ -17,11 +17,19 @@ number of live rows and how many drafted tokens the target accepts. Instead of a
   values and its catch-up over the row's tokens so far), so a row that would start in the tail of a batch with few
   tokens left does not.
 * :func:`expected_remaining`: the mean remaining length of finished rows that were longer than the row is now.
+* Warm-up: a round whose target pass has a shape (rows x tokens) the process has not run before is not timed: its
+  wall time holds one-time set-up (oneDNN builds a kernel per product shape: whisper-base's first speculating round
+  at batch 1 in bfloat16, 30 tokens, took 69 ms, later rounds of 30-31 tokens 35-42 ms), which would price
+  speculation out of the rounds that follow.
+* Acceptance: drafted tokens accepted per speculating row and round, a running mean whose prior (the method's seed)
+  counts as :data:`PRIOR_ROUNDS` rounds, since one round says little (a CTC draft is often kept whole or rejected at
+  its first token: with a prior of one round, a first draft rejected whole at a comma halved it and switched
+  ``ctc-draft`` off for the next 8 clips of a run).
 * Exploration: a bucket whose plain rounds since its last speculating round took :data:`EXPLORE_BUDGET` times what
   a speculating round there is expected to cost speculates once anyway, and that budget doubles each time until the
-  rule chooses to speculate there by itself, so that one unlucky early round (e.g. a first draft the target rejects
-  whole, which halves the acceptance prior) cannot switch speculation off for the rest of the process: the
-  estimates keep being measured, for at most ``1 / EXPLORE_BUDGET`` of the time spent, less as the run goes on.
+  rule chooses to speculate there by itself, so that unlucky early rounds (e.g. drafts the target rejects whole)
+  cannot switch speculation off for the rest of the process: the estimates keep being measured, for at most
+  ``1 / EXPLORE_BUDGET`` of the time spent, less as the run goes on.
 
 The rule only decides which rounds and rows verify drafts; tokens never depend on it (every exact method equals
 ``ar``).
@@ -34,6 +42,8 @@ from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 PRIOR_WEIGHT = 1.0  # a bucket's seed counts as this many measured rounds
+PRIOR_ROUNDS = 4.0  # the seed's accepted tokens count as this many speculating row-rounds (one round's count is
+# noisy: a CTC draft is often kept whole or rejected at its first token)
 PRIOR_REMAINING = 16.0  # expected tokens left of a row before any row has finished
 TAIL_REMAINING = 2.0  # expected tokens left of a row already longer than every finished row
 MAX_LENGTHS = 512  # finished lengths kept for expected_remaining
@@ -217,8 +227,9 @@ class RoundCosts:
         self.plain = plain if plain is not None else _Means()
         self.spec = _Means()
         self.start_sum, self.start_n = 0.0, 0
-        # drafted tokens accepted, speculating row-rounds (the seed's prior counts as one round)
-        self.accepted = [float(getattr(seed, "accepted", 1.0)), 1]
+        # drafted tokens accepted, speculating row-rounds (the seed's prior counts as PRIOR_ROUNDS rounds)
+        self.accepted = [PRIOR_ROUNDS * float(getattr(seed, "accepted", 1.0)), PRIOR_ROUNDS]
+        self.shapes: set = set()  # target pass shapes run so far (a new one is not timed)
         self.lengths: list[int] = []  # tokens of the rows finished so far (the last MAX_LENGTHS)
         self.plain_since: dict[int, float] = {}  # per bucket: seconds of plain rounds since its last speculating one
         self.budget: dict[int, float] = {}  # per bucket: EXPLORE_BUDGET, doubled by each exploration there
@@ -247,11 +258,17 @@ class RoundCosts:
         self.lengths.extend(lengths)
         del self.lengths[:-MAX_LENGTHS]
 
-    def record(self, rows: int, speculating: bool, seconds: float, starters: int = 0) -> None:
+    def record(self, rows: int, speculating: bool, seconds: float, starters: int = 0,
+               shape: Optional[tuple] = None) -> None:
         """Add a measured round: ``rows`` live rows, ``seconds`` of wall time; ``starters``: rows that speculated for
-        the first time in it (their share beyond a steady speculating round is the start cost)."""
+        the first time in it (their share beyond a steady speculating round is the start cost); ``shape``: its target
+        pass's (rows, tokens per row): a shape not seen before counts toward exploration but not toward the means
+        (its time holds one-time set-up)."""
         b = bucket(rows)
         self.plain_since[b] = 0.0 if speculating else self.plain_since.get(b, 0.0) + seconds
+        if shape is not None and shape not in self.shapes:
+            self.shapes.add(shape)
+            return
         if not speculating:
             self.plain.add(rows, seconds, self.seed(rows, False))
             return
