@@ -161,6 +161,25 @@ def test_plan_round_explores_once_plain_rounds_took_their_budget():
     assert plan_round(costs, [RowState(True, 3, 0)], 0.55, []) == [False]
 
 
+def test_exploration_only_where_the_seed_says_speculation_pays():
+    """On a CPU the ctc-draft seed pays up to 4 rows, not from 5: a bucket of 13 rows kept plain by its estimates
+    never explores (there a row's first CTC draft, its whole hypothesis, made rounds of 13 x 45 tokens cost ~1 s),
+    however long its plain rounds run; a bucket of 1 row still does."""
+    costs = RoundCosts(CPU_SEEDS["ctc-draft"])
+    assert [r for r in (1, 2, 4, 5, 8, 13, 16) if costs.seed_pays(r)] == [1, 2, 4]
+    big, one = [RowState(True, 3, 100)] * 13, [RowState(True, 3, 100)]
+    for _ in range(EXPLORE_PLAIN):
+        costs.record(13, False, 0.060)
+        costs.record(1, False, 0.016)
+    explored = {13: 0, 1: 0}
+    for _ in range(2000):
+        for rows in (big, one):
+            flags = plan_round(costs, rows, 0.2, [])  # poor acceptance: the estimates keep both plain
+            explored[len(rows)] += any(flags)
+            costs.record(len(rows), any(flags), 0.060 if len(rows) == 13 else 0.016)
+    assert explored[13] == 0 and explored[1] > 0
+
+
 def test_a_round_of_a_new_pass_shape_is_not_timed():
     """A round whose target pass has a shape not run before holds one-time set-up (oneDNN builds a kernel per
     product shape: 69 ms against ~25 ms for whisper-base's first speculating round at batch 1): it counts toward

@@ -25,11 +25,12 @@ number of live rows and how many drafted tokens the target accepts. Instead of a
   counts as :data:`PRIOR_ROUNDS` rounds, since one round says little (a CTC draft is often kept whole or rejected at
   its first token: with a prior of one round, a first draft rejected whole at a comma halved it and switched
   ``ctc-draft`` off for the next 8 clips of a run).
-* Exploration: a bucket whose plain rounds since its last speculating round took :data:`EXPLORE_BUDGET` times what
-  a speculating round there is expected to cost speculates once anyway, and that budget doubles each time until the
-  rule chooses to speculate there by itself, so that unlucky early rounds (e.g. drafts the target rejects whole)
-  cannot switch speculation off for the rest of the process: the estimates keep being measured, for at most
-  ``1 / EXPLORE_BUDGET`` of the time spent, less as the run goes on.
+* Exploration: a bucket where the seed says speculation pays (:meth:`RoundCosts.seed_pays`) and whose plain rounds
+  since its last speculating round took :data:`EXPLORE_BUDGET` times what a speculating round there is expected to
+  cost speculates once anyway, and that budget doubles each time until the rule chooses to speculate there by
+  itself, so that unlucky early rounds (e.g. drafts the target rejects whole) cannot switch speculation off for the
+  rest of the process: the estimates keep being measured, for at most ``1 / EXPLORE_BUDGET`` of the time spent, less
+  as the run goes on.
 
 The rule only decides which rounds and rows verify drafts; tokens never depend on it (every exact method equals
 ``ar``).
@@ -279,14 +280,26 @@ class RoundCosts:
             return
         self.spec.add(rows, seconds, self.seed(rows, True))
 
+    def seed_pays(self, rows: int) -> bool:
+        """Whether the seed (the device's and method's prior: its round costs and accepted tokens) says a round of
+        ``rows`` rows that all speculate pays. Where it does not (on a CPU, ``ctc-draft`` from 5 rows on), exploring
+        has little to find and costs most: a row's first CTC draft is its whole hypothesis, and SSD's exact fallback
+        explored rounds of 13 rows x 45 tokens (988 ms) and 9 x 55 (636 ms) on 80 clips at batch 16 in bfloat16,
+        none of which paid; there only the estimates' own choice speculates."""
+        accepted = float(getattr(self.seed, "accepted", 1.0))
+        return round_pays(self.seed(rows, False), self.seed(rows, True), rows, rows, accepted)
+
     def explore(self, rows: int, chosen: bool) -> bool:
         """Whether a round of ``rows`` live rows that the estimates keep plain (``chosen``: they speculate) speculates
         anyway to re-measure them: once the bucket's plain rounds since it last speculated took its budget
         (:data:`EXPLORE_BUDGET`, doubled by each exploration there, reset once the estimates choose to speculate)
-        times a speculating round's expected cost."""
+        times a speculating round's expected cost, and only where the seed itself says speculation pays
+        (:meth:`seed_pays`)."""
         b = bucket(rows)
         if chosen:
             self.budget[b] = EXPLORE_BUDGET
+            return False
+        if not self.seed_pays(rows):
             return False
         budget = self.budget.get(b, EXPLORE_BUDGET)
         if self.plain_since.get(b, 0.0) < budget * self.estimate(rows, True):
