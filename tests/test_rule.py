@@ -82,7 +82,7 @@ def test_round_costs_blend_seed_and_measurements():
 
 def _recorded(plain=((1, AN4["plain1"]), (2, 0.021), (16, AN4["plain16"])), spec=((1, AN4["spec1"]), (16, 0.300)),
               start=AN4["start"], lengths=(6, 7, 7, 8, 9)) -> RoundCosts:
-    costs = RoundCosts(LinearSeed(0.012, 0.0048, 0.050, 0.016, start=start))
+    costs = RoundCosts(LinearSeed(0.012, 0.0048, 0.020, 0.016, start=start, accepted=2.7))  # pays at 1 to 16 rows
     for _ in range(20):
         for rows, s in plain:
             costs.record(rows, False, s)
@@ -161,16 +161,19 @@ def test_plan_round_explores_once_plain_rounds_took_their_budget():
     assert plan_round(costs, [RowState(True, 3, 0)], 0.55, []) == [False]
 
 
-def test_exploration_only_where_the_seed_says_speculation_pays():
-    """On a CPU the ctc-draft seed pays up to 4 rows, not from 5: a bucket of 13 rows kept plain by its estimates
-    never explores (there a row's first CTC draft, its whole hypothesis, made rounds of 13 x 45 tokens cost ~1 s),
-    however long its plain rounds run; a bucket of 1 row still does."""
+def test_speculation_only_where_the_seed_says_it_pays():
+    """On a CPU the ctc-draft seed pays up to 4 rows, not from 5: a round of 13 rows stays plain whatever its
+    estimates say (there a row's first CTC draft, its whole hypothesis, made rounds of 13 x 45 tokens cost ~1 s, and
+    estimates carried over from rounds of one row chose rounds that did not pay) and never explores, however long its
+    plain rounds run; a bucket of 1 row still explores."""
     costs = RoundCosts(CPU_SEEDS["ctc-draft"])
     assert [r for r in (1, 2, 4, 5, 8, 13, 16) if costs.seed_pays(r)] == [1, 2, 4]
     big, one = [RowState(True, 3, 100)] * 13, [RowState(True, 3, 100)]
     for _ in range(EXPLORE_PLAIN):
         costs.record(13, False, 0.060)
         costs.record(1, False, 0.016)
+    costs.record(1, True, 0.010)  # cheap speculating rounds of one row: the spec ratio falls
+    assert plan_round(costs, big, 5.0, []) == [False] * 13  # the estimates alone would speculate
     explored = {13: 0, 1: 0}
     for _ in range(2000):
         for rows in (big, one):

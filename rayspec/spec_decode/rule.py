@@ -25,12 +25,13 @@ number of live rows and how many drafted tokens the target accepts. Instead of a
   counts as :data:`PRIOR_ROUNDS` rounds, since one round says little (a CTC draft is often kept whole or rejected at
   its first token: with a prior of one round, a first draft rejected whole at a comma halved it and switched
   ``ctc-draft`` off for the next 8 clips of a run).
-* Exploration: a bucket where the seed says speculation pays (:meth:`RoundCosts.seed_pays`) and whose plain rounds
-  since its last speculating round took :data:`EXPLORE_BUDGET` times what a speculating round there is expected to
-  cost speculates once anyway, and that budget doubles each time until the rule chooses to speculate there by
-  itself, so that unlucky early rounds (e.g. drafts the target rejects whole) cannot switch speculation off for the
-  rest of the process: the estimates keep being measured, for at most ``1 / EXPLORE_BUDGET`` of the time spent, less
-  as the run goes on.
+* Prior: only a live-rows bucket where the seed says speculation pays (:meth:`RoundCosts.seed_pays`: on a CPU,
+  ``ctc-draft`` up to 4 rows) speculates at all; the estimates decide within it.
+* Exploration: a bucket whose plain rounds since its last speculating round took :data:`EXPLORE_BUDGET` times what
+  a speculating round there is expected to cost speculates once anyway, and that budget doubles each time until the
+  rule chooses to speculate there by itself, so that unlucky early rounds (e.g. drafts the target rejects whole)
+  cannot switch speculation off for the rest of the process: the estimates keep being measured, for at most
+  ``1 / EXPLORE_BUDGET`` of the time spent, less as the run goes on.
 
 The rule only decides which rounds and rows verify drafts; tokens never depend on it (every exact method equals
 ``ar``).
@@ -282,10 +283,12 @@ class RoundCosts:
 
     def seed_pays(self, rows: int) -> bool:
         """Whether the seed (the device's and method's prior: its round costs and accepted tokens) says a round of
-        ``rows`` rows that all speculate pays. Where it does not (on a CPU, ``ctc-draft`` from 5 rows on), exploring
-        has little to find and costs most: a row's first CTC draft is its whole hypothesis, and SSD's exact fallback
-        explored rounds of 13 rows x 45 tokens (988 ms) and 9 x 55 (636 ms) on 80 clips at batch 16 in bfloat16,
-        none of which paid; there only the estimates' own choice speculates."""
+        ``rows`` rows that all speculate pays: rounds of more rows stay plain (:func:`plan_round`). On a CPU that is
+        ``ctc-draft`` (and SSD's CTC fallback) up to 4 rows, ``draft`` up to 10, ``medusa`` 1. Beyond, a round costs
+        most and gains least: a row's first CTC draft is its whole hypothesis; SSD's exact fallback explored rounds of
+        13 rows x 45 tokens (988 ms) and 9 x 55 (636 ms) on 80 dev clips at batch 16 in bfloat16, none paying, and
+        ``ctc-draft``'s estimates, extrapolated there from the cheap rounds of one row, chose rounds that cost the
+        default batched transcription 4% (99 held-out clips, 38.6 s against 37.1 s)."""
         accepted = float(getattr(self.seed, "accepted", 1.0))
         return round_pays(self.seed(rows, False), self.seed(rows, True), rows, rows, accepted)
 
@@ -293,13 +296,10 @@ class RoundCosts:
         """Whether a round of ``rows`` live rows that the estimates keep plain (``chosen``: they speculate) speculates
         anyway to re-measure them: once the bucket's plain rounds since it last speculated took its budget
         (:data:`EXPLORE_BUDGET`, doubled by each exploration there, reset once the estimates choose to speculate)
-        times a speculating round's expected cost, and only where the seed itself says speculation pays
-        (:meth:`seed_pays`)."""
+        times a speculating round's expected cost."""
         b = bucket(rows)
         if chosen:
             self.budget[b] = EXPLORE_BUDGET
-            return False
-        if not self.seed_pays(rows):
             return False
         budget = self.budget.get(b, EXPLORE_BUDGET)
         if self.plain_since.get(b, 0.0) < budget * self.estimate(rows, True):
@@ -336,9 +336,10 @@ def plan_round(costs: RoundCosts, rows: Sequence[RowState], accepted: float, len
 
     Rows that speculated before go on while the round pays (:func:`round_pays`); a row that has not yet starts only
     where :func:`start_pays` says so for its :func:`expected_remaining` tokens; the round speculates iff it pays for
-    the rows that would. Before its first speculating round in a live-rows bucket, :data:`EXPLORE_PLAIN` plain
-    rounds there are measured (the cost speculation is weighed against). A round the estimates keep plain
-    speculates anyway for every row with room where :meth:`RoundCosts.explore` says it is time to re-measure.
+    the rows that would. Only rounds of as many rows as the seed says can pay speculate (:meth:`RoundCosts.seed_pays`).
+    Before its first speculating round in a live-rows bucket, :data:`EXPLORE_PLAIN` plain rounds there are measured
+    (the cost speculation is weighed against). A round the estimates keep plain speculates anyway for every row with
+    room where :meth:`RoundCosts.explore` says it is time to re-measure.
 
     Args:
         costs: the method's :class:`RoundCosts`.
@@ -349,7 +350,7 @@ def plan_round(costs: RoundCosts, rows: Sequence[RowState], accepted: float, len
     n = len(rows)
     if n == 0:
         return []
-    if costs.plain.counts.get(bucket(n), 0) < EXPLORE_PLAIN:
+    if costs.plain.counts.get(bucket(n), 0) < EXPLORE_PLAIN or not costs.seed_pays(n):
         return [False] * n
     plain, spec = costs.estimate(n, False), costs.estimate(n, True)
     saving = token_saving(plain, spec, n, accepted)
