@@ -25,8 +25,9 @@ number of live rows and how many drafted tokens the target accepts. Instead of a
   counts as :data:`PRIOR_ROUNDS` rounds, since one round says little (a CTC draft is often kept whole or rejected at
   its first token: with a prior of one round, a first draft rejected whole at a comma halved it and switched
   ``ctc-draft`` off for the next 8 clips of a run).
-* Prior: only a live-rows bucket where the seed says speculation pays (:meth:`RoundCosts.seed_pays`: on a CPU,
-  ``ctc-draft`` up to 4 rows) speculates at all; the estimates decide within it.
+* Bounds: where the seed is measured on the kind of device it seeds (the CPU defaults), only rounds of as many live
+  rows as it says can pay speculate at all (:meth:`RoundCosts.may_speculate`: on a CPU, ``ctc-draft`` up to 4 rows);
+  the estimates decide within that.
 * Exploration: a bucket whose plain rounds since its last speculating round took :data:`EXPLORE_BUDGET` times what
   a speculating round there is expected to cost speculates once anyway, and that budget doubles each time until the
   rule chooses to speculate there by itself, so that unlucky early rounds (e.g. drafts the target rejects whole)
@@ -115,8 +116,9 @@ Seed = Callable[[int, bool], float]
 @dataclass(frozen=True)
 class LinearSeed:
     """A round's seed cost in seconds, ``base + per_row * rows`` for plain and for speculating rounds, the start
-    cost of a row (seconds; 0 for drafters without per-row set-up) and the prior of drafted tokens accepted per
-    speculating row and round.
+    cost of a row (seconds; 0 for drafters without per-row set-up), the prior of drafted tokens accepted per
+    speculating row and round, and whether it is ``bounded``: rounds of more rows than it says can pay never
+    speculate (:meth:`RoundCosts.may_speculate`; the CPU defaults, measured on the kind of device they seed).
 
     The CPU defaults (whisper-base, float32, 2 threads) come from the methods bench (bench/methods, LJSpeech) and
     the AN4 runs of issue 65: a plain round 16 ms at 1 row and 88 ms at 16 rows on AN4 (33 ms at 1 row on
@@ -132,6 +134,7 @@ class LinearSeed:
     spec_row: float
     start: float = 0.0
     accepted: float = 1.0
+    bounded: bool = False
 
     def __call__(self, rows: int, speculating: bool) -> float:
         if speculating:
@@ -140,9 +143,9 @@ class LinearSeed:
 
 
 CPU_SEEDS = {
-    "draft": LinearSeed(0.012, 0.0048, 0.020, 0.020, start=0.045, accepted=2.7),
-    "medusa": LinearSeed(0.012, 0.0048, 0.010, 0.012, accepted=0.55),
-    "ctc-draft": LinearSeed(0.012, 0.0048, 0.016, 0.012, accepted=1.1),
+    "draft": LinearSeed(0.012, 0.0048, 0.020, 0.020, start=0.045, accepted=2.7, bounded=True),
+    "medusa": LinearSeed(0.012, 0.0048, 0.010, 0.012, accepted=0.55, bounded=True),
+    "ctc-draft": LinearSeed(0.012, 0.0048, 0.016, 0.012, accepted=1.1, bounded=True),
 }
 ACCELERATOR_SEEDS = {  # a launch-bound device: a step costs about the same at 1 and 64 rows
     "draft": LinearSeed(0.005, 0.00005, 0.015, 0.0005, start=0.004, accepted=2.7),
@@ -281,14 +284,16 @@ class RoundCosts:
             return
         self.spec.add(rows, seconds, self.seed(rows, True))
 
-    def seed_pays(self, rows: int) -> bool:
-        """Whether the seed (the device's and method's prior: its round costs and accepted tokens) says a round of
-        ``rows`` rows that all speculate pays: rounds of more rows stay plain (:func:`plan_round`). On a CPU that is
-        ``ctc-draft`` (and SSD's CTC fallback) up to 4 rows, ``draft`` up to 10, ``medusa`` 1. Beyond, a round costs
-        most and gains least: a row's first CTC draft is its whole hypothesis; SSD's exact fallback explored rounds of
-        13 rows x 45 tokens (988 ms) and 9 x 55 (636 ms) on 80 dev clips at batch 16 in bfloat16, none paying, and
-        ``ctc-draft``'s estimates, extrapolated there from the cheap rounds of one row, chose rounds that cost the
-        default batched transcription 4% (99 held-out clips, 38.6 s against 37.1 s)."""
+    def may_speculate(self, rows: int) -> bool:
+        """Whether a round of ``rows`` live rows may speculate at all: yes, unless the seed is ``bounded`` (the CPU
+        defaults) and says a round of that many rows all speculating does not pay (:func:`round_pays` on the seed's
+        costs and accepted tokens; on a CPU, ``ctc-draft`` and SSD's CTC fallback up to 4 rows, ``draft`` up to 10,
+        ``medusa`` 1). Beyond, a CPU round costs most and gains least: a row's first CTC draft is its whole hypothesis;
+        SSD's exact fallback explored rounds of 13 rows x 45 tokens (988 ms) and 9 x 55 (636 ms) on 80 dev clips at
+        batch 16 in bfloat16, none paying, and ``ctc-draft``'s estimates, carried there from the cheap rounds of one
+        row, chose rounds that made the default batched transcription of 99 held-out clips 4% slower."""
+        if not getattr(self.seed, "bounded", False):
+            return True
         accepted = float(getattr(self.seed, "accepted", 1.0))
         return round_pays(self.seed(rows, False), self.seed(rows, True), rows, rows, accepted)
 
@@ -336,7 +341,7 @@ def plan_round(costs: RoundCosts, rows: Sequence[RowState], accepted: float, len
 
     Rows that speculated before go on while the round pays (:func:`round_pays`); a row that has not yet starts only
     where :func:`start_pays` says so for its :func:`expected_remaining` tokens; the round speculates iff it pays for
-    the rows that would. Only rounds of as many rows as the seed says can pay speculate (:meth:`RoundCosts.seed_pays`).
+    the rows that would, within :meth:`RoundCosts.may_speculate`.
     Before its first speculating round in a live-rows bucket, :data:`EXPLORE_PLAIN` plain rounds there are measured
     (the cost speculation is weighed against). A round the estimates keep plain speculates anyway for every row with
     room where :meth:`RoundCosts.explore` says it is time to re-measure.
@@ -350,7 +355,7 @@ def plan_round(costs: RoundCosts, rows: Sequence[RowState], accepted: float, len
     n = len(rows)
     if n == 0:
         return []
-    if costs.plain.counts.get(bucket(n), 0) < EXPLORE_PLAIN or not costs.seed_pays(n):
+    if costs.plain.counts.get(bucket(n), 0) < EXPLORE_PLAIN or not costs.may_speculate(n):
         return [False] * n
     plain, spec = costs.estimate(n, False), costs.estimate(n, True)
     saving = token_saving(plain, spec, n, accepted)
