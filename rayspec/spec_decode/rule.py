@@ -264,7 +264,7 @@ class RoundCosts:
         del self.lengths[:-MAX_LENGTHS]
 
     def record(self, rows: int, speculating: bool, seconds: float, starters: int = 0,
-               shape: Optional[tuple] = None) -> None:
+               shape: Optional[tuple[int, int]] = None) -> None:
         """Add a measured round: ``rows`` live rows, ``seconds`` of wall time; ``starters``: rows that speculated for
         the first time in it (their share beyond a steady speculating round is the start cost); ``shape``: its target
         pass's (rows, tokens per row): a shape not seen before counts toward exploration but not toward the means
@@ -341,10 +341,10 @@ def plan_round(costs: RoundCosts, rows: Sequence[RowState], accepted: float, len
 
     Rows that speculated before go on while the round pays (:func:`round_pays`); a row that has not yet starts only
     where :func:`start_pays` says so for its :func:`expected_remaining` tokens; the round speculates iff it pays for
-    the rows that would, within :meth:`RoundCosts.may_speculate`.
-    Before its first speculating round in a live-rows bucket, :data:`EXPLORE_PLAIN` plain rounds there are measured
-    (the cost speculation is weighed against). A round the estimates keep plain speculates anyway for every row with
-    room where :meth:`RoundCosts.explore` says it is time to re-measure.
+    the rows that would, within :meth:`RoundCosts.may_speculate`. Before its first speculating round in a live-rows
+    bucket, :data:`EXPLORE_PLAIN` plain rounds there are measured (the cost speculation is weighed against). A round
+    the estimates keep plain speculates anyway for every row with room where :meth:`RoundCosts.explore` says it is
+    time to re-measure.
 
     Args:
         costs: the method's :class:`RoundCosts`.
