@@ -159,10 +159,11 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
                         "its dev split, see its card; calibrate your own head with the table in its training summary)")
     c.add_argument("--tau-slm", type=float, default=s.tau_slm,
                    help="verification accepts a token whose target probability exceeds this "
-                        f"(default {s.tau_slm}; with --fallback ctc every round is verified this way)")
+                        f"(default {s.tau_slm}; with --fallback ctc every round is verified this way; not read "
+                        "with --exact)")
     c.add_argument("--exact", action=argparse.BooleanOptionalAction, default=s.exact,
-                   help="verified tokens must also be the target's argmax; with --tau-ctc 0 the output then equals "
-                        f"ar (default {'on' if s.exact else 'off'})")
+                   help="verify by the target's argmax instead (greedy acceptance; --tau-slm is not read): with "
+                        f"--tau-ctc 0 the output then equals ar (default {'on' if s.exact else 'off'})")
     c.add_argument("--fallback", choices=["ar", "draft", "ctc"], default=s.fallback,
                    help="decoder after the verified prefix: ctc (default): the rest of the CTC hypothesis "
                         "re-aligned after each correction and verified as the first pass was (--tau-slm, --exact) "

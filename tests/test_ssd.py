@@ -126,6 +126,14 @@ def test_ctc_proposer_sends_both_branches_after_a_substitution():
     # a row that starts after decided tokens (SSD's verified prefix 10, 11 and the target's 99) re-joins there
     late = CTCProposer([[10, 11, 12, 13]], eos, len(prompt), max_draft=8)
     assert late.propose([DraftRequest(0, prompt + [10, 11, 99], 20)])[0].tree.tokens == (13, eos, 12, 13, eos)
+    # ... with a draft length of twice its agreement with the hypothesis (at least MIN_DRAFT), as after a first
+    # round that kept that many tokens: not the whole rest of a long hypothesis
+    hyp = list(range(10, 40))
+    agreed = CTCProposer([hyp], eos, len(prompt), max_draft=64)
+    assert agreed.propose([DraftRequest(0, prompt + hyp[:5], 60)])[0].tree.tokens == tuple(hyp[5:15])
+    diverged = CTCProposer([hyp], eos, len(prompt), max_draft=64)
+    tree = diverged.propose([DraftRequest(0, prompt + [10, 99], 60)])[0].tree
+    assert tree.tokens == tuple(hyp[2:6] + hyp[1:5])  # replaced 11, or inserted before it: MIN_DRAFT each
 
 
 def test_retokenize_roundtrip(tiny_target):
@@ -354,8 +362,8 @@ def test_decoder_work_per_utterance_is_pinned(tiny_target, monkeypatch, fallback
         assert calls["passes"] == 1 + n - 4  # the verification, then AR rounds until the longest row ends
     else:  # the rest of each hypothesis, re-joined after the target's tokens, saves passes on both rows (the tiny
         # target repeats tokens, so re-joins are ambiguous: these are this input's counts)
-        assert [h.stats.target_forward_passes for h in out] == [1, 5, 12]
-        assert [h.stats.draft_tokens_accepted for h in out] == [0, 7, 1]
+        assert [h.stats.target_forward_passes for h in out] == [1, 4, 12]
+        assert [h.stats.draft_tokens_accepted for h in out] == [0, 8, 1]
         assert calls["passes"] == 12
 
 

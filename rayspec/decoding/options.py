@@ -107,7 +107,10 @@ class SSDOptions:
             calibrated for whisper-base's bundled head on its dev split, see its card).
         tau_slm: verification threshold on each token's target probability (eq. 5; default 0.2, the paper's
             high-accuracy setting, Table 1).
-        exact: also require every verified token to be the target's argmax (output == AR greedy when tau_ctc = 0).
+        exact: verify by the target's argmax alone (greedy acceptance, ``tau_slm`` not read): output == AR greedy
+            when tau_ctc = 0. Requiring a probability above ``tau_slm`` as well would change no token (a rejected
+            argmax is the target's next token anyway), only stop the kept prefix earlier and keep the verification
+            off the greedy rule's cheaper scoring paths (the lazy projection, a static step's fused head).
         verify: run the verification pass; False sends every gate-rejected utterance to full AR from the prompt
             (the paper's "CTC gate + AR" ablation).
         fallback: "ar" (greedy: the paper's), "draft" (draft-model speculation from the prefix) or "ctc" (the
@@ -130,10 +133,10 @@ class SSDOptions:
 
     @property
     def rule(self) -> AcceptanceRule:
-        """The verification rule (eq. 5, with ``exact`` the target's argmax as well)."""
-        from ..spec_decode.acceptance import AcceptanceRule
+        """The verification rule: eq. 5's threshold, or with ``exact`` the greedy rule."""
+        from ..spec_decode.acceptance import GREEDY, AcceptanceRule
 
-        return AcceptanceRule("threshold", tau=self.tau_slm, exact=self.exact)
+        return GREEDY if self.exact else AcceptanceRule("threshold", tau=self.tau_slm, exact=False)
 
 
 @dataclass(frozen=True)

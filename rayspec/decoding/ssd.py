@@ -7,7 +7,7 @@ Per utterance:
    pass, if every frame's CTC entropy is below ``tau_ctc`` (route "ctc").
 2. Verify (eq. 4-5): the hypothesis, re-tokenized with the target's tokenizer and followed by EOS, is scored in ONE
    teacher-forced target pass (logits only at the hypothesis positions). It is accepted if every token's probability
-   exceeds ``tau_slm`` (route "verified"); with ``exact`` a token must also be the target's argmax. Verifying the
+   exceeds ``tau_slm`` (route "verified"); with ``exact`` if every token is the target's argmax. Verifying the
    closing EOS too (beyond the paper) rejects hypotheses the target would continue.
 3. Fallback (eq. 6-7): from the longest verified prefix, the target's own next token is already known from the
    verification logits; decoding continues from there, reusing the verification pass's KV cache for the prefix
