@@ -16,10 +16,11 @@ rejected draft and as prompt-lookup decoding finds the generated text's tail in 
 
 The first round proposes the whole hypothesis; after that the draft length adapts per row (doubling after a fully
 kept draft, twice the kept length after a rejection, as transformers' assisted generation adapts its candidate
-count), because a wide verification pass of a hypothesis that has diverged costs more than it saves. A row that
-starts after tokens already decided (SSD's verified prefix and the target's token after it, or a row that speculates
-late, after plain rounds) starts at the draft length a first round that kept as many tokens would leave: twice its
-agreement with the hypothesis (at least :data:`MIN_DRAFT`), not the whole rest of it. The output is
+count), because a wide verification pass of a hypothesis that has diverged costs more than it saves. A row whose
+first proposal comes after tokens already decided (SSD's verified prefix and the target's token after it; a row of
+a deferred batch, drafted in its first speculating round) starts at the draft length a first round that kept its
+agreement with the hypothesis would leave: twice the tokens the two share from the start (at least
+:data:`MIN_DRAFT`), not the whole rest of the hypothesis. The output is
 the target's greedy output; CTC drafts come free with the encoder. The window, the two branches and
 :data:`MIN_DRAFT` were chosen on the bundled whisper-base head's dev split (the last 80 Piper-read LJSpeech
 sentences and the last 80 speechocean762 train utterances of its training manifests, which its recipe holds out),
@@ -113,7 +114,7 @@ class CTCProposer:
                 self.starts[i] = ([k] if k == len(emitted)
                                   else _rejoin(hyp, k, emitted[k], self.punctuation, self.continuation))
                 # as after a first round that kept k tokens of the whole hypothesis: SSD's verification pass kept
-                # its verified prefix; a row that speculates late agreed with the hypothesis for k tokens
+                # its verified prefix; a deferred row's tokens so far agree with the hypothesis for k tokens
                 self.budget[i] = min(self.max_draft, max(MIN_DRAFT, 2 * k))
             elif i in self.kept:  # re-align after last round: the kept path, then the target's own token
                 path = self.kept.pop(i)
