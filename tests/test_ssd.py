@@ -172,6 +172,16 @@ def _run(decoder, enc, caps, drafts, draft=None, draft_enc=None):
     return hyps
 
 
+def test_exact_mode_verifies_with_the_greedy_rule():
+    """Exact SSD keeps a token where it is the target's argmax, whatever its probability (a threshold on top would
+    change no token, only keep less a pass); the lossy default keeps one above tau_slm (eq. 5)."""
+    from rayspec.spec_decode.acceptance import GREEDY
+
+    assert SSDOptions(exact=True, tau_slm=0.9).rule == GREEDY
+    lossy = SSDOptions(tau_slm=0.3).rule
+    assert (lossy.kind, lossy.tau, lossy.exact) == ("threshold", 0.3, False)
+
+
 @pytest.mark.parametrize("tau_slm", [0.01, 0.1, 0.2, 0.9])
 @pytest.mark.parametrize("fallback", ["ar", "draft", "ctc"])
 def test_exact_with_gate_off_equals_ar(tiny_target, tiny_draft, tau_slm, fallback):
