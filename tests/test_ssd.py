@@ -174,7 +174,7 @@ def _run(decoder, enc, caps, drafts, draft=None, draft_enc=None):
 
 def test_exact_mode_verifies_with_the_greedy_rule():
     """Exact SSD keeps a token where it is the target's argmax, whatever its probability (a threshold on top would
-    change no token, only keep less a pass); the lossy default keeps one above tau_slm (eq. 5)."""
+    change no token, only keep fewer tokens a pass); the lossy default keeps one above tau_slm (eq. 5)."""
     from rayspec.spec_decode.acceptance import GREEDY
 
     assert SSDOptions(exact=True, tau_slm=0.9).rule == GREEDY

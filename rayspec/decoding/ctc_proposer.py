@@ -113,15 +113,15 @@ class CTCProposer:
                 k = _common_prefix(hyp, emitted)
                 self.starts[i] = ([k] if k == len(emitted)
                                   else _rejoin(hyp, k, emitted[k], self.punctuation, self.continuation))
-                # as after a first round that kept k tokens of the whole hypothesis: SSD's verification pass kept
-                # its verified prefix; a deferred row's tokens so far agree with the hypothesis for k tokens
-                self.budget[i] = min(self.max_draft, max(MIN_DRAFT, 2 * k))
+                # as after a first round that proposed the whole hypothesis (+ EOS) and kept k tokens: SSD's
+                # verification pass kept its verified prefix; a deferred row's tokens agree with it for k tokens
+                self.budget[i] = self._next_budget(k, len(hyp) + 1)
             elif i in self.kept:  # re-align after last round: the kept path, then the target's own token
                 path = self.kept.pop(i)
                 k, b = len(path), self.owner[i][path[-1]] if path else 0
                 if self.sent[i]:  # (a round without a draft leaves the draft length as it was)
                     sent = self.sent[i][b]
-                    self.budget[i] = min(self.max_draft, 2 * sent if k >= sent else max(MIN_DRAFT, 2 * k))
+                    self.budget[i] = self._next_budget(k, sent)
                 pos = self.starts[i][b] + k
                 new = emitted[self.emitted[i] + k :]
                 self.starts[i] = (_rejoin(hyp, pos, new[0], self.punctuation, self.continuation) if new
@@ -134,6 +134,11 @@ class CTCProposer:
             self.sent[i], self.emitted[i] = [len(d) for d in drafts] if len(tree) else [], len(emitted)
             out.append(Proposal(tree))
         return out
+
+    def _next_budget(self, kept: int, sent: int) -> int:
+        """The draft length after a round that proposed ``sent`` tokens (one branch) and kept ``kept``: doubled after a
+        draft kept whole, else twice the kept length (at least :data:`MIN_DRAFT`), at most ``max_draft``."""
+        return min(self.max_draft, 2 * sent if kept >= sent else max(MIN_DRAFT, 2 * kept))
 
     def _draft(self, keys: list) -> None:
         """Draft the hypotheses of rows ``keys`` (deferred), one head pass per batch they come from."""
